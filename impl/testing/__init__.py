@@ -1,0 +1,1 @@
+"""Simulated tiers, clocks and faults for tests: everything nondeterministic, made scriptable."""

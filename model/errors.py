@@ -1,0 +1,129 @@
+"""The error tree every millstream package shares.
+
+Errors are split by whose fault they are and by whether retrying can help:
+
+* ``CallerError`` -- the request is invalid in the state it met (a sealed segment, a wrong
+  offset).  Nothing changed; the same request will fail again.
+* ``StorageError`` -- a durable tier failed or holds data that cannot be trusted.
+* ``RetryableError`` -- the request's outcome is unknown or it could not run now; the same
+  request may succeed later (after a reconnect, or once the container has recovered).
+* ``InternalError`` -- "cannot happen": a broken invariant inside millstream.
+
+Each error names, in its docstring, when it is raised and what state the caller is left in.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadAttributeUpdateError",
+    "BadOffsetError",
+    "CallerError",
+    "ContainerUnavailableError",
+    "DataCorruptionError",
+    "DataLogFencedError",
+    "DurableDataLogError",
+    "InternalError",
+    "InvalidArgumentError",
+    "MillstreamError",
+    "ObjectClosedError",
+    "PayloadTooLargeError",
+    "RetryableError",
+    "StorageError",
+    "StreamSegmentExistsError",
+    "StreamSegmentMergedError",
+    "StreamSegmentNotExistsError",
+    "StreamSegmentNotSealedError",
+    "StreamSegmentSealedError",
+    "StreamSegmentTruncatedError",
+    "WriteFailedError",
+]
+
+
+class MillstreamError(Exception):
+    """Root of every error millstream raises on purpose. Not raised itself."""
+
+
+class RetryableError(MillstreamError):
+    """The same request may succeed if retried; its earlier attempt may or may not have taken effect."""
+
+
+class CallerError(MillstreamError):
+    """The request is invalid in the state it met. Nothing changed; retrying it unchanged fails again."""
+
+
+class InvalidArgumentError(CallerError, ValueError):
+    """An argument is malformed (wrong type, out of range). Raised before anything is queued."""
+
+
+class PayloadTooLargeError(InvalidArgumentError):
+    """An append, attribute set or frame exceeds its limit (see ``millstream.limits``). Nothing was queued."""
+
+
+class StreamSegmentNotExistsError(CallerError, LookupError):
+    """The segment was never created, or has been deleted. Nothing changed."""
+
+
+class StreamSegmentMergedError(StreamSegmentNotExistsError):
+    """The segment was merged into another one and accepts no further operations. Nothing changed."""
+
+
+class StreamSegmentExistsError(CallerError):
+    """A segment of that name already exists. Nothing changed."""
+
+
+class StreamSegmentSealedError(CallerError):
+    """The segment is sealed: it takes no appends, attribute updates, seals or merges into it."""
+
+
+class StreamSegmentNotSealedError(CallerError):
+    """A merge source must be sealed first. Nothing changed."""
+
+
+class BadOffsetError(CallerError):
+    """A conditional append's expected offset is not the segment's length, or a truncation offset lies
+    outside ``[start offset, length]``. Nothing changed."""
+
+
+class BadAttributeUpdateError(CallerError):
+    """An attribute update's condition failed (e.g. a compare-and-set saw another value), or it names an
+    attribute the segment may not hold. The whole operation (data included) was rejected."""
+
+
+class StreamSegmentTruncatedError(CallerError):
+    """The requested offset lies below the segment's start offset (that data was truncated away), or a
+    truncated segment was named as a merge source."""
+
+
+class StorageError(MillstreamError):
+    """A durable tier failed or holds data that cannot be trusted."""
+
+
+class DataCorruptionError(StorageError):
+    """Stored data failed validation (checksum, framing, or replay).  The container refuses to start
+    rather than serve wrong bytes; the log is left untouched as evidence."""
+
+
+class DurableDataLogError(StorageError):
+    """A Tier-1 durable data log operation failed."""
+
+
+class WriteFailedError(DurableDataLogError):
+    """A Tier-1 write failed.  Its outcome is unknown: the data may or may not be durable.  The log
+    closed itself; every later pending write failed too."""
+
+
+class DataLogFencedError(DurableDataLogError):
+    """Another owner (a newer epoch) took the log over.  This instance may not write again."""
+
+
+class ContainerUnavailableError(RetryableError):
+    """The segment container is not running (it is recovering or was stopped by a Tier-1 failure).
+    An operation failed with this error may or may not have taken effect; retry once it is back."""
+
+
+class ObjectClosedError(MillstreamError, RuntimeError):
+    """The object was closed; it accepts no further calls."""
+
+
+class InternalError(MillstreamError, AssertionError):
+    """Cannot happen: an internal invariant was broken.  Treat the process as untrustworthy."""
