@@ -12,10 +12,10 @@ container's behaviour; the exhaustive explorer in ``proofs/`` applies them.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable, Iterator
 
 import attrs
-
 from millstream.model.errors import (
     ContainerUnavailableError,
     DataCorruptionError,
@@ -301,7 +301,7 @@ def recover(state: ContainerState) -> ContainerState:
 
 
 def _with_result(results: tuple[Result, ...], operation_id: int, result: Result) -> tuple[Result, ...]:
-    return results[: operation_id - 1] + (result,) + results[operation_id:]
+    return (*results[: operation_id - 1], result, *results[operation_id:])
 
 
 def _pack(layout: FrameLayout, frame: OpenFrame, operation: Operation) -> tuple[tuple[Frame, ...], OpenFrame]:
@@ -343,7 +343,7 @@ def _invariants(state: ContainerState) -> Iterator[tuple[str, bool]]:
         and all(
             (later.operation.sequence_number > earlier.operation.sequence_number) if later.first
             else later.operation == earlier.operation
-            for earlier, later in zip(entries, entries[1:], strict=False)))
+            for earlier, later in itertools.pairwise(entries)))
     yield "LogReplaysCleanly", _replays_cleanly(state)
     acked = {op.id: op.offset for op in committed_ops if state.results[op.id - 1].kind is ResultKind.ACKED}
     yield "AckedAreDurable", (

@@ -14,7 +14,7 @@ V = TypeVar("V")
 class FrozenMap(Mapping[K, V], Generic[K, V]):
     """A dict that cannot change.  ``set`` and ``without`` return new maps."""
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_hash", "_items")
 
     def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
         self._items: dict[K, V] = dict(items)

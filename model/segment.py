@@ -12,7 +12,6 @@ import enum
 from collections.abc import Iterable
 
 import attrs
-
 from millstream.model.errors import (
     BadAttributeUpdateError,
     BadOffsetError,
@@ -33,6 +32,7 @@ from millstream.model.types import (
     AttributeUpdate,
     AttributeUpdateType,
     OperationKind,
+    SegmentStatus,
 )
 
 __all__ = [
@@ -48,18 +48,6 @@ __all__ = [
     "assigned_offset",
     "validate",
 ]
-
-
-class SegmentStatus(enum.Enum):
-    """A segment's lifecycle state; the values are the spec's names."""
-
-    ACTIVE = "active"
-    SEALED = "sealed"
-    MERGED = "merged"
-    DELETED = "deleted"
-
-    def __repr__(self) -> str:
-        return f"SegmentStatus.{self.name}"
 
 
 class Role(enum.Enum):
@@ -172,6 +160,8 @@ _ROLE_OF_KIND = {
 
 def validate(metadata: ContainerMetadata, request: Request) -> type[MillstreamError] | None:
     """The error ``request`` is rejected with against ``metadata``, or None if it is valid."""
+    if request.kind is OperationKind.CHECKPOINT:
+        return None
     target = _outcome(metadata, request.segment, _ROLE_OF_KIND[request.kind])
     if _is_error(target):
         return target  # type: ignore[return-value]
@@ -211,12 +201,14 @@ def apply(metadata: ContainerMetadata, request: Request, operation_id: int) -> C
     """The metadata after the valid operation ``operation_id`` (the spec's ``Apply``)."""
     kind = request.kind
     name = request.segment
+    if kind is OperationKind.CHECKPOINT:
+        return metadata
     if kind is OperationKind.CREATE:
         attributes = apply_attribute_updates(FrozenMap(), request.attribute_updates)
         return metadata.set(name, SegmentMetadata(SegmentStatus.ACTIVE, attributes=attributes))
     segment = metadata[name]
     if kind is OperationKind.APPEND:
-        runs = segment.runs + (Run(operation_id, request.data),) if request.data else segment.runs
+        runs = (*segment.runs, Run(operation_id, request.data)) if request.data else segment.runs
         return metadata.set(name, attrs.evolve(
             segment,
             length=segment.length + len(request.data),

@@ -21,6 +21,7 @@ __all__ = [
     "AttributeUpdate",
     "AttributeUpdateType",
     "OperationKind",
+    "SegmentStatus",
 ]
 
 INT64_MIN: Final = -(2**63)
@@ -77,6 +78,21 @@ class OperationKind(enum.Enum):
     MERGE = "merge"
     DELETE = "delete"
     UPDATE_ATTRIBUTES = "update_attributes"
+    CHECKPOINT = "checkpoint"
+    """The container's own metadata checkpoint: valid in every state, changes no segment."""
 
     def __repr__(self) -> str:
         return f"OperationKind.{self.name}"
+
+
+class SegmentStatus(enum.Enum):
+    """A segment's lifecycle state (the values are the spec's names).  No entry at all means the
+    segment was never created."""
+
+    ACTIVE = "active"
+    SEALED = "sealed"
+    MERGED = "merged"
+    DELETED = "deleted"
+
+    def __repr__(self) -> str:
+        return f"SegmentStatus.{self.name}"

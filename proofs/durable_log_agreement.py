@@ -77,7 +77,7 @@ def _request(spec_request: Record, operation_id: int) -> Request:
     source = spec_request["src"]
     return Request(
         kind=OperationKind(spec_request["kind"]),
-        segment=spec_request["seg"],
+        segment="" if spec_request["seg"] == NO_SEGMENT else spec_request["seg"],
         source=None if source == NO_SEGMENT else source,
         data=bytes([operation_id]) * spec_request["len"],
         offset=spec_request["off"],
@@ -120,7 +120,7 @@ def successors(config: Configuration, state: dl.ContainerState) -> Iterator[tupl
 def _operation(operation: dl.Operation) -> Record:
     request = operation.request
     return record(
-        kind=request.kind.value, seg=request.segment, src=request.source or NO_SEGMENT,
+        kind=request.kind.value, seg=request.segment or NO_SEGMENT, src=request.source or NO_SEGMENT,
         len=len(request.data), off=request.offset, size=request.size,
         id=operation.id, seq=operation.sequence_number, at=operation.offset)
 

@@ -141,7 +141,8 @@ def check_configs(profile: str, *, update: bool) -> list[str]:
             expected = (config.get("distinct"), config.get("generated"), config.get("depth"))
             actual = (outcome.distinct, outcome.generated, outcome.depth)
             if expected != actual:
-                failures.append(f"{config['cfg']}: expected (distinct, generated, depth) {expected}, TLC found {actual}")
+                failures.append(
+                    f"{config['cfg']}: expected (distinct, generated, depth) {expected}, TLC found {actual}")
     if update:
         MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n")
     return failures

@@ -47,13 +47,15 @@ CONSTANTS
 NoOffset == -1
 NoSegment == "none"
 
-Kinds == {"create", "append", "seal", "truncate", "merge", "delete"}
+Kinds == {"create", "append", "seal", "truncate", "merge", "delete", "checkpoint"}
 
-(* A request: `seg` is the target; `src` the merge source (else NoSegment);  *)
+(* A request: `seg` is the target (NoSegment for the container's own metadata *)
+(* checkpoint, which every state accepts and which changes no segment); `src`  *)
+(* the merge source (else NoSegment);                                          *)
 (* `len` the data length of an append; `off` the expected offset of a        *)
 (* conditional append (NoOffset for a plain one) or the truncation offset;   *)
 (* `size` its serialized size in units.                                      *)
-Request == [kind : Kinds, seg : Segments, src : Segments \cup {NoSegment},
+Request == [kind : Kinds, seg : Segments \cup {NoSegment}, src : Segments \cup {NoSegment},
             len : Nat, off : Int, size : Nat \ {0}]
 
 ASSUME Requests \subseteq Request
@@ -100,7 +102,8 @@ MissingError(sm) == IF sm.state = "merged" THEN "merged" ELSE "not_exists"
 (* "ok", or the name of the error the operation is rejected with. *)
 Validate(m, op) ==
     LET t == m[op.seg] IN
-    CASE op.kind = "create" ->
+    CASE op.kind = "checkpoint" -> "ok"
+      [] op.kind = "create" ->
             IF t.state \in {"absent", "deleted"} THEN "ok"
             ELSE IF t.state = "merged" THEN "merged" ELSE "exists"
       [] op.kind = "append" ->
@@ -135,7 +138,8 @@ AssignedOffset(m, op) ==
 
 (* The effect of a valid operation. *)
 Apply(m, op) ==
-    CASE op.kind = "create" -> [m EXCEPT ![op.seg] = Fresh]
+    CASE op.kind = "checkpoint" -> m
+      [] op.kind = "create" -> [m EXCEPT ![op.seg] = Fresh]
       [] op.kind = "append" ->
             IF op.len = 0 THEN m
             ELSE [m EXCEPT ![op.seg].data = @ \o <<[id |-> op.id, len |-> op.len]>>]

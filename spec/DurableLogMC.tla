@@ -11,6 +11,11 @@ AppendSealRequests ==
       Req("append", "a", NoSegment, 1, 0, 1),
       Req("seal", "a", NoSegment, 0, NoOffset, 1) }
 
+(* Records spanning frames, interleaved with the container's own metadata checkpoints. *)
+CheckpointRequests ==
+    { Req("append", "a", NoSegment, 2, NoOffset, 3),
+      Req("checkpoint", NoSegment, NoSegment, 0, NoOffset, 1) }
+
 (* Records that span DataFrames: a 3-unit append into 2-unit frames. *)
 SpanningRequests ==
     { Req("append", "a", NoSegment, 2, NoOffset, 3),

@@ -1,0 +1,341 @@
+"""SegmentContainer: the public face of one container -- segments you can create, append to, seal,
+truncate, merge, delete and read.
+
+Lifecycle (a table, ``LIFECYCLE``): STARTING -> RUNNING -> STOPPING -> STOPPED; any state but
+STOPPED goes to STOPPED on a failure.  A container that stopped because Tier 1 failed is not
+restarted in place: its host builds a new one on the same log, which recovers by replay.
+
+Every mutating call is one operation through the DurableLog; it returns once the operation is
+durable and visible to readers, or raises the typed error it was rejected with.  Arguments are
+validated before anything is queued (``InvalidArgumentError``, ``PayloadTooLargeError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Iterable, Sequence
+
+import attrs
+from millstream import limits
+from millstream.clock import Clock, SystemClock
+from millstream.errors import (
+    ContainerUnavailableError,
+    InternalError,
+    InvalidArgumentError,
+    PayloadTooLargeError,
+    StreamSegmentMergedError,
+    StreamSegmentNotExistsError,
+)
+from millstream.model.types import (
+    ATTRIBUTE_ID_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    NO_OFFSET,
+    AttributeUpdate,
+    AttributeUpdateType,
+    SegmentStatus,
+)
+from millstream.segmentstore.durable_data_log import DurableDataLog
+from millstream.segmentstore.durable_log import DurableLog
+from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata
+from millstream.segmentstore.operation_processor import OperationProcessor
+from millstream.segmentstore.operations import (
+    DeleteSegmentOperation,
+    MergeSegmentOperation,
+    MetadataCheckpointOperation,
+    Operation,
+    StreamSegmentAppendOperation,
+    StreamSegmentMapOperation,
+    StreamSegmentSealOperation,
+    StreamSegmentTruncateOperation,
+    UpdateAttributesOperation,
+)
+from millstream.segmentstore.read_index import ReadIndex, ReadResult
+from millstream.segmentstore.tracing import Tracer
+
+__all__ = ["LIFECYCLE", "ContainerState", "SegmentContainer", "SegmentInfo"]
+
+
+class ContainerState(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+#: (state, event) -> next state.  Anything not listed is a bug (InternalError).
+LIFECYCLE: dict[tuple[ContainerState, str], ContainerState] = {
+    (ContainerState.STARTING, "started"): ContainerState.RUNNING,
+    (ContainerState.STARTING, "failed"): ContainerState.STOPPED,
+    (ContainerState.RUNNING, "stop"): ContainerState.STOPPING,
+    (ContainerState.RUNNING, "failed"): ContainerState.STOPPED,
+    (ContainerState.STOPPING, "stopped"): ContainerState.STOPPED,
+    (ContainerState.STOPPING, "failed"): ContainerState.STOPPED,
+}
+
+
+@attrs.frozen
+class SegmentInfo:
+    """A segment's committed state."""
+
+    name: str
+    length: int
+    start_offset: int
+    sealed: bool
+    attributes: dict[int, int] = attrs.field(eq=True, hash=False)
+
+
+class SegmentContainer:
+    """One segment container over a durable data log.  Use ``async with`` or ``start``/``stop``."""
+
+    def __init__(
+        self,
+        container_id: int,
+        data_log: DurableDataLog,
+        *,
+        clock: Clock | None = None,
+        tracer: Tracer | None = None,
+        frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
+        checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
+    ) -> None:
+        self.container_id = container_id
+        self._clock = clock or SystemClock()
+        self._metadata = ContainerMetadata(container_id)
+        self._read_index = ReadIndex(self._clock)
+        self._durable_log = DurableLog(
+            self._metadata, data_log, clock=self._clock, on_committed=self._apply_committed, tracer=tracer,
+            frame_length_max=frame_length_max, checkpoint_frame_count=checkpoint_frame_count)
+        self._data_log = data_log
+        self._processor: OperationProcessor | None = None
+        self._state = ContainerState.STARTING
+        self._started = False
+        self._closing_task: asyncio.Task[None] | None = None
+        self.stopped: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ContainerState:
+        return self._state
+
+    def _transition(self, event: str) -> None:
+        following = LIFECYCLE.get((self._state, event))
+        if following is None:
+            raise InternalError(f"container {self.container_id}: no transition from {self._state} on {event!r}")
+        self._state = following
+
+    async def start(self) -> None:
+        """Recover from the log and start serving.  Raises ``DataCorruptionError`` if the log cannot be
+        trusted, or the log's error if it cannot be taken over; the container is STOPPED then."""
+        if self._started:
+            raise InternalError("a container starts once; build a new one to recover again")
+        self._started = True
+        try:
+            self._processor = await self._durable_log.start()
+        except BaseException as error:
+            self._transition("failed")
+            await self._data_log.close()
+            self.stopped.set_result(error)
+            raise
+        self._sync_read_index()
+        self._transition("started")
+        self._processor.stopped.add_done_callback(self._on_processor_stopped)
+
+    def _on_processor_stopped(self, stopped: asyncio.Future[BaseException | None]) -> None:
+        cause = stopped.result()
+        if self._state is not ContainerState.STOPPED:
+            self._transition("failed" if cause is not None else "stopped")
+        if cause is not None and not self.stopped.done():
+            # A Tier-1 failure: release the log; the host recovers a new container from it.
+            self._closing_task = asyncio.get_running_loop().create_task(self._close_log_after_failure(cause))
+
+    async def _close_log_after_failure(self, cause: BaseException) -> None:
+        try:
+            await self._data_log.close()
+        finally:
+            if not self.stopped.done():
+                self.stopped.set_result(cause)
+
+    async def stop(self) -> None:
+        """Stop taking operations, finish (bounded) what is in flight, release the log."""
+        if self._state is ContainerState.RUNNING:
+            self._transition("stop")
+        if self._processor is not None:
+            await self._processor.close()
+        if self._state is not ContainerState.STOPPED:
+            self._transition("stopped")
+        if self._closing_task is not None:
+            await self._closing_task
+        await self._data_log.close()
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    def kill(self) -> None:
+        """Die at once, as the process would (tests): nothing more is written or acknowledged."""
+        if self._processor is not None:
+            self._processor.kill()
+        self._state = ContainerState.STOPPED
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    async def __aenter__(self) -> SegmentContainer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # --- operations ----------------------------------------------------------------------------------
+
+    async def create_segment(self, name: str, attribute_updates: Sequence[AttributeUpdate] = ()) -> None:
+        """Create segment ``name``.  Raises ``StreamSegmentExistsError`` if it exists (and is not deleted)."""
+        operation = StreamSegmentMapOperation(_check_name(name), _check_attributes(attribute_updates))
+        await self._run(operation, name)
+
+    async def append(self, name: str, data: bytes | bytearray | memoryview,
+                     attribute_updates: Sequence[AttributeUpdate] = (), *, expected_offset: int | None = None) -> int:
+        """Append ``data`` (with ``attribute_updates``, atomically); return the offset it landed at.
+
+        With ``expected_offset`` the append is conditional: it is rejected with ``BadOffsetError``
+        unless the segment's length is exactly that.  Raises ``StreamSegmentSealedError`` on a sealed
+        segment and ``BadAttributeUpdateError`` if an attribute condition fails; nothing is appended then.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"data must be bytes-like, not {type(data).__name__}")
+        if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
+            raise PayloadTooLargeError(f"append of {len(data)} bytes exceeds {limits.APPEND_LENGTH_MAX_BYTES}")
+        if expected_offset is not None and (not isinstance(expected_offset, int) or expected_offset < 0):
+            raise InvalidArgumentError(f"expected_offset must be a non-negative int, not {expected_offset!r}")
+        payload = bytes(data) if isinstance(data, bytearray) else data
+        operation = StreamSegmentAppendOperation(
+            -1, payload, _check_attributes(attribute_updates),
+            expected_offset=NO_OFFSET if expected_offset is None else expected_offset)
+        return await self._run(operation, name)
+
+    async def seal(self, name: str) -> int:
+        """Seal the segment; return its final length.  Raises ``StreamSegmentSealedError`` if sealed."""
+        return await self._run(StreamSegmentSealOperation(-1), name)
+
+    async def truncate(self, name: str, offset: int) -> None:
+        """Make bytes below ``offset`` unreadable.  Raises ``BadOffsetError`` unless
+        ``start offset <= offset <= length``."""
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgumentError(f"offset must be a non-negative int, not {offset!r}")
+        await self._run(StreamSegmentTruncateOperation(-1, offset), name)
+
+    async def merge(self, target: str, source: str) -> int:
+        """Append the sealed ``source``'s bytes to ``target``; ``source`` is gone afterwards.  Returns
+        the offset in ``target`` where they begin."""
+        operation = MergeSegmentOperation(-1, -1)
+        operation.source_name = _check_name(source)
+        return await self._run(operation, target)
+
+    async def delete(self, name: str) -> None:
+        """Delete the segment; its name may be created again."""
+        await self._run(DeleteSegmentOperation(-1), name)
+
+    async def update_attributes(self, name: str, attribute_updates: Sequence[AttributeUpdate]) -> None:
+        """Apply ``attribute_updates`` atomically (all or none)."""
+        await self._run(UpdateAttributesOperation(-1, _check_attributes(attribute_updates)), name)
+
+    async def _run(self, operation: Operation, name: str) -> int:
+        operation.segment_name = _check_name(name)
+        processor = self._processor
+        if processor is None or self._state is not ContainerState.RUNNING:
+            raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
+        return await processor.add(operation)
+
+    # --- reads ---------------------------------------------------------------------------------------
+
+    def _committed(self, name: str) -> SegmentMetadata:
+        segment = self._metadata.get(name)
+        if segment is None or segment.status is SegmentStatus.DELETED:
+            raise StreamSegmentNotExistsError(f"segment {name!r} does not exist")
+        if segment.status is SegmentStatus.MERGED:
+            raise StreamSegmentMergedError(f"segment {name!r} was merged")
+        return segment
+
+    def get_info(self, name: str) -> SegmentInfo:
+        """The committed state of segment ``name``."""
+        segment = self._committed(name)
+        return SegmentInfo(name, segment.length, segment.start_offset, segment.status is SegmentStatus.SEALED,
+                           dict(segment.attributes))
+
+    def segment_names(self) -> list[str]:
+        """Names of every segment that exists (active or sealed)."""
+        return sorted(s.name for s in self._metadata.segments.values()
+                      if s.status in (SegmentStatus.ACTIVE, SegmentStatus.SEALED))
+
+    async def read(self, name: str, offset: int, max_length: int, *, wait_seconds: float = 0.0) -> ReadResult:
+        """Read up to ``max_length`` committed bytes of ``name`` from ``offset``; at the tail wait up to
+        ``wait_seconds`` for more.  See ``ReadIndex.read`` for the errors."""
+        segment = self._committed(name)
+        return await self._read_index.read(segment.id, offset, max_length, wait_seconds)
+
+    # --- applying committed operations to memory -----------------------------------------------------
+
+    def _apply_committed(self, operations: list[Operation]) -> None:
+        read_index = self._read_index
+        for operation in operations:
+            if type(operation) is StreamSegmentAppendOperation:
+                if operation.data:
+                    read_index.segment(operation.segment_id).append(operation.offset, operation.data)
+            elif isinstance(operation, StreamSegmentMapOperation):
+                read_index.segment(operation.segment_id)
+            elif isinstance(operation, StreamSegmentSealOperation):
+                read_index.segment(operation.segment_id).seal()
+            elif isinstance(operation, StreamSegmentTruncateOperation):
+                read_index.segment(operation.segment_id).truncate(operation.offset)
+            elif isinstance(operation, DeleteSegmentOperation):
+                read_index.delete(operation.segment_id)
+            elif isinstance(operation, MergeSegmentOperation):
+                read_index.merge(operation.target_segment_id, operation.source_segment_id)
+            elif not isinstance(operation, (UpdateAttributesOperation, MetadataCheckpointOperation)):
+                raise InternalError(f"cannot apply {operation!r}")
+
+    def _sync_read_index(self) -> None:
+        """After recovery: every live segment has a read index agreeing with its metadata."""
+        for segment in self._metadata.segments.values():
+            if segment.status in (SegmentStatus.ACTIVE, SegmentStatus.SEALED):
+                index = self._read_index.segment(segment.id)
+                if index.length != segment.length or index.start_offset != segment.start_offset:
+                    raise InternalError(f"read index of {segment.name!r} disagrees with its metadata")
+                if segment.status is SegmentStatus.SEALED and not index.sealed:
+                    index.seal()
+
+    def check_invariants(self) -> None:
+        self._metadata.check_invariants()
+        for segment in self._metadata.segments.values():
+            if segment.status in (SegmentStatus.ACTIVE, SegmentStatus.SEALED):
+                index = self._read_index.segment(segment.id)
+                assert index.length == segment.length, (segment, index.length)
+                assert index.start_offset == segment.start_offset, (segment, index.start_offset)
+                assert index.sealed == (segment.status is SegmentStatus.SEALED), segment
+            else:
+                assert not self._read_index.contains(segment.id), segment
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(f"a segment name must be a non-empty str, not {name!r}")
+    if len(name.encode()) > limits.SEGMENT_NAME_LENGTH_MAX_BYTES:
+        raise InvalidArgumentError(f"segment name longer than {limits.SEGMENT_NAME_LENGTH_MAX_BYTES} bytes")
+    return name
+
+
+def _check_attributes(updates: Iterable[AttributeUpdate]) -> tuple[AttributeUpdate, ...]:
+    result = tuple(updates)
+    if len(result) > limits.ATTRIBUTE_UPDATES_PER_OPERATION_MAX:
+        raise PayloadTooLargeError(
+            f"{len(result)} attribute updates exceed {limits.ATTRIBUTE_UPDATES_PER_OPERATION_MAX}")
+    for update in result:
+        if not isinstance(update, AttributeUpdate):
+            raise InvalidArgumentError(f"not an AttributeUpdate: {update!r}")
+        if not isinstance(update.update_type, AttributeUpdateType):
+            raise InvalidArgumentError(f"unknown attribute update type {update.update_type!r}")
+        if not 0 <= update.attribute_id <= ATTRIBUTE_ID_MAX:
+            raise InvalidArgumentError(f"attribute id {update.attribute_id!r} is not a 128-bit unsigned int")
+        if not (INT64_MIN <= update.value <= INT64_MAX and INT64_MIN <= update.comparison_value <= INT64_MAX):
+            raise InvalidArgumentError(f"attribute values must be 64-bit signed ints: {update!r}")
+    return result

@@ -1,0 +1,111 @@
+"""DurableLog: a container's write-ahead log -- recovery by replay on start, then the OperationProcessor.
+
+Recovery (``spec/DurableLog.tla``'s ``Recover``).  After ``initialize()`` fences any older owner, the
+log is read from its truncation point: the DataFrameReader reassembles records (dropping a record
+a crash cut short), the first record must be a metadata checkpoint and loads the metadata, and
+every later operation is replayed through a metadata update transaction -- it must validate where
+it stands and carry exactly the offsets and ids the container would assign again, or the log is
+corrupt and the container refuses to start (``DataCorruptionError``, naming where).  A later
+checkpoint must agree with what replay rebuilt.  Sequence numbers resume above the highest one
+seen in any entry, complete or not.  A log with nothing in it gets a checkpoint first, so the log
+always starts with one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from millstream import limits
+from millstream.clock import Clock
+from millstream.errors import DataCorruptionError, MillstreamError
+from millstream.segmentstore.data_frame import DataFrameReader
+from millstream.segmentstore.durable_data_log import DurableDataLog
+from millstream.segmentstore.metadata import ContainerMetadata, deserialize_checkpoint, serialize_checkpoint
+from millstream.segmentstore.metadata_transaction import ContainerMetadataUpdateTransaction
+from millstream.segmentstore.operation_processor import OperationProcessor
+from millstream.segmentstore.operations import MetadataCheckpointOperation, Operation, deserialize
+from millstream.segmentstore.tracing import Tracer
+
+__all__ = ["DurableLog"]
+
+
+class DurableLog:
+    """Recovers a container's metadata (and, through ``on_committed``, its memory) from the log, then
+    runs the OperationProcessor on it."""
+
+    def __init__(
+        self,
+        metadata: ContainerMetadata,
+        data_log: DurableDataLog,
+        *,
+        clock: Clock,
+        on_committed: Callable[[list[Operation]], None],
+        tracer: Tracer | None = None,
+        frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
+        checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
+    ) -> None:
+        self.metadata = metadata
+        self._log = data_log
+        self._clock = clock
+        self._on_committed = on_committed
+        self._tracer = tracer
+        self._frame_length_max = frame_length_max
+        self._checkpoint_frame_count = checkpoint_frame_count
+        self.processor: OperationProcessor | None = None
+        #: Operations replayed by the last recovery.
+        self.recovered_operations = 0
+
+    async def start(self) -> OperationProcessor:
+        """Take the log over, recover, and start processing.  Raises ``DataCorruptionError`` if the log
+        cannot be trusted (nothing is written then), or the log's own errors (e.g. fencing)."""
+        self.metadata.epoch = await self._log.initialize()
+        reader = DataFrameReader(self._log.read())
+        found_checkpoint = self._recover(reader)
+        processor = OperationProcessor(
+            self.metadata, self._log, clock=self._clock, on_committed=self._on_committed,
+            next_sequence_number=reader.highest_sequence_number + 1,
+            next_frame_number=(reader.last_address.sequence if reader.last_address else 0) + 1,
+            frame_length_max=self._frame_length_max, tracer=self._tracer,
+            checkpoint_frame_count=self._checkpoint_frame_count)
+        if self._tracer is not None:
+            self._tracer("Recover", frames=reader.frame_count)
+        processor.start()
+        if not found_checkpoint:
+            processor.queue_checkpoint()
+        self.processor = processor
+        return processor
+
+    def _recover(self, reader: DataFrameReader) -> bool:
+        container = self.metadata.container_id
+        transaction: ContainerMetadataUpdateTransaction | None = None
+        for record in reader:
+            where = f"container {container}, operation {record.sequence_number} (log record {record.address.sequence})"
+            operation = deserialize(record.data, record.sequence_number)
+            if transaction is None:
+                if not isinstance(operation, MetadataCheckpointOperation):
+                    raise DataCorruptionError(f"{where}: the log does not start with a metadata checkpoint")
+                loaded = deserialize_checkpoint(operation.payload, container)
+                if any(segment.length > 0 for segment in loaded.segments.values()):
+                    raise DataCorruptionError(
+                        f"{where}: the first checkpoint names data below it, and there is no Tier 2 to read it from")
+                self.metadata.segments, self.metadata.ids_by_name = loaded.segments, loaded.ids_by_name
+                self.metadata.next_segment_id = loaded.next_segment_id
+                transaction = ContainerMetadataUpdateTransaction(self.metadata, None)
+                continue
+            if isinstance(operation, MetadataCheckpointOperation):
+                rebuilt = serialize_checkpoint(transaction.next_segment_id, transaction.snapshot())
+                if rebuilt != operation.payload:
+                    raise DataCorruptionError(f"{where}: checkpoint disagrees with the replayed log")
+                continue
+            try:
+                transaction.replay(operation)
+            except DataCorruptionError as error:
+                raise DataCorruptionError(f"{where}: {error}") from error
+            except MillstreamError as error:
+                raise DataCorruptionError(f"{where}: does not replay: {error!r}") from error
+            self._on_committed([operation])
+            self.recovered_operations += 1
+        if transaction is not None:
+            transaction.commit()
+        self.metadata.check_invariants()
+        return transaction is not None

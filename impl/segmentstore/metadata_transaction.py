@@ -1,0 +1,348 @@
+"""Metadata update transactions: how an operation is validated against effects not yet durable.
+
+Theory of operation.  The OperationProcessor validates each operation against the container
+metadata *as every operation processed before it would leave it* -- including operations whose
+frames are still in flight.  Each DataFrame gets one ``ContainerMetadataUpdateTransaction``; each
+transaction is chained onto the one of the previous frame, and the oldest onto the committed
+``ContainerMetadata``.  Reads go down the chain (a segment is copied into a transaction the first
+time that transaction touches it); writes land in the newest transaction only.  When Tier 1
+acknowledges frame k, the transactions of every frame up to k are committed into the metadata, in
+order, and the next one is re-based onto the metadata.  When a write fails, every uncommitted
+transaction is discarded.
+
+Validation happens in two steps, as in Pravega: ``pre_process`` checks an operation and fills in
+what the container assigns (offsets, new segment ids) without changing anything; ``accept`` then
+applies it.  Between the two the DataFrameBuilder may seal a frame, so ``accept`` may land in a
+newer transaction than ``pre_process`` read -- which is why ``pre_process`` must not write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from millstream.errors import (
+    BadOffsetError,
+    DataCorruptionError,
+    InternalError,
+    InvalidArgumentError,
+    StreamSegmentExistsError,
+    StreamSegmentMergedError,
+    StreamSegmentNotExistsError,
+    StreamSegmentNotSealedError,
+    StreamSegmentSealedError,
+    StreamSegmentTruncatedError,
+)
+from millstream.limits import SEGMENTS_PER_CONTAINER_MAX
+from millstream.model.types import NO_OFFSET, NULL_ATTRIBUTE_VALUE, SegmentStatus
+from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata, attribute_update_values
+from millstream.segmentstore.operations import (
+    DeleteSegmentOperation,
+    MergeSegmentOperation,
+    MetadataCheckpointOperation,
+    Operation,
+    StreamSegmentAppendOperation,
+    StreamSegmentMapOperation,
+    StreamSegmentSealOperation,
+    StreamSegmentTruncateOperation,
+    UpdateAttributesOperation,
+)
+
+__all__ = ["ContainerMetadataUpdateTransaction", "SegmentMetadataUpdateTransaction"]
+
+_ACTIVE, _SEALED, _MERGED, _DELETED = (
+    SegmentStatus.ACTIVE, SegmentStatus.SEALED, SegmentStatus.MERGED, SegmentStatus.DELETED)
+
+
+class SegmentMetadataUpdateTransaction:
+    """One segment as a transaction sees it.  Attribute changes are an overlay on the version below."""
+
+    __slots__ = ("attribute_changes", "below", "id", "length", "name", "start_offset", "status")
+
+    def __init__(self, below: SegmentMetadata | SegmentMetadataUpdateTransaction | None, segment_id: int,
+                 name: str) -> None:
+        self.below = below
+        self.id = segment_id
+        self.name = name
+        self.attribute_changes: dict[int, int] = {}
+        if below is None:
+            self.status, self.start_offset, self.length = _ACTIVE, 0, 0
+        else:
+            self.status, self.start_offset, self.length = below.status, below.start_offset, below.length
+
+    def get_attribute(self, attribute_id: int) -> int:
+        changes = self.attribute_changes
+        if attribute_id in changes:
+            return changes[attribute_id]
+        below = self.below
+        return NULL_ATTRIBUTE_VALUE if below is None else below.get_attribute(attribute_id)
+
+    def require_writable(self) -> None:
+        """Raise unless the segment exists and is not sealed."""
+        status = self.status
+        if status is not _ACTIVE:
+            raise _unavailable_error(self) if status is not _SEALED else StreamSegmentSealedError(self.name)
+
+    def require_exists(self) -> None:
+        if self.status is _DELETED or self.status is _MERGED:
+            raise _unavailable_error(self)
+
+    def all_attributes(self) -> dict[int, int]:
+        below = self.below
+        if below is None:
+            attributes: dict[int, int] = {}
+        elif isinstance(below, SegmentMetadata):
+            attributes = dict(below.attributes)
+        else:
+            attributes = below.all_attributes()
+        for key, value in self.attribute_changes.items():
+            if value == NULL_ATTRIBUTE_VALUE:
+                attributes.pop(key, None)
+            else:
+                attributes[key] = value
+        return attributes
+
+
+def _unavailable_error(segment: SegmentMetadataUpdateTransaction) -> Exception:
+    if segment.status is _MERGED:
+        return StreamSegmentMergedError(f"segment {segment.name!r} was merged")
+    return StreamSegmentNotExistsError(f"segment {segment.name!r} does not exist")
+
+
+class ContainerMetadataUpdateTransaction:
+    """The effects of the operations ending in one DataFrame, chained onto those before it."""
+
+    __slots__ = ("metadata", "names", "next_segment_id", "previous", "segments")
+
+    def __init__(self, metadata: ContainerMetadata, previous: ContainerMetadataUpdateTransaction | None) -> None:
+        self.metadata = metadata
+        self.previous = previous
+        self.segments: dict[int, SegmentMetadataUpdateTransaction] = {}
+        #: Names this transaction (re)binds to a new segment id.
+        self.names: dict[str, int] = {}
+        self.next_segment_id = previous.next_segment_id if previous else metadata.next_segment_id
+
+    # --- reading through the chain -------------------------------------------------------------------
+
+    def segment_id(self, name: str) -> int | None:
+        transaction: ContainerMetadataUpdateTransaction | None = self
+        while transaction is not None:
+            if name in transaction.names:
+                return transaction.names[name]
+            transaction = transaction.previous
+        return self.metadata.ids_by_name.get(name)
+
+    def _version_below(self, segment_id: int) -> SegmentMetadata | SegmentMetadataUpdateTransaction | None:
+        transaction = self.previous
+        while transaction is not None:
+            found = transaction.segments.get(segment_id)
+            if found is not None:
+                return found
+            transaction = transaction.previous
+        return self.metadata.segments.get(segment_id)
+
+    def segment(self, name: str) -> SegmentMetadataUpdateTransaction:
+        """The segment ``name`` maps to, as this transaction sees it (copied in on first touch).
+        Raises ``StreamSegmentNotExistsError`` if the name was never created."""
+        segment_id = self.segment_id(name)
+        if segment_id is None:
+            raise StreamSegmentNotExistsError(f"segment {name!r} does not exist")
+        return self._segment_by_id(segment_id)
+
+    def _segment_by_id(self, segment_id: int) -> SegmentMetadataUpdateTransaction:
+        segment = self.segments.get(segment_id)
+        if segment is None:
+            below = self._version_below(segment_id)
+            if below is None:
+                raise InternalError(f"segment id {segment_id} is mapped but unknown")
+            segment = SegmentMetadataUpdateTransaction(below, segment_id, below.name)
+            self.segments[segment_id] = segment
+        return segment
+
+    # --- validation --------------------------------------------------------------------------------
+
+    def pre_process(self, operation: Operation) -> None:
+        """Check ``operation`` against this view and fill in what the container assigns.  Changes
+        nothing.  Raises the ``CallerError`` the operation is rejected with."""
+        if isinstance(operation, StreamSegmentAppendOperation):
+            segment = self.segment(operation.segment_name)
+            segment.require_writable()
+            if operation.attribute_updates:
+                attribute_update_values(segment.get_attribute, operation.attribute_updates)
+            expected = operation.expected_offset
+            if expected not in (NO_OFFSET, segment.length):
+                raise BadOffsetError(f"segment {segment.name!r} has length {segment.length}, "
+                                     f"the append expected {expected}")
+            operation.segment_id = segment.id
+            operation.offset = segment.length
+        elif isinstance(operation, StreamSegmentSealOperation):
+            segment = self.segment(operation.segment_name)
+            segment.require_writable()
+            operation.segment_id = segment.id
+            operation.offset = segment.length
+        elif isinstance(operation, StreamSegmentTruncateOperation):
+            segment = self.segment(operation.segment_name)
+            segment.require_exists()
+            if not segment.start_offset <= operation.offset <= segment.length:
+                raise BadOffsetError(f"truncation offset {operation.offset} is outside "
+                                     f"[{segment.start_offset}, {segment.length}] of {segment.name!r}")
+            operation.segment_id = segment.id
+        elif isinstance(operation, DeleteSegmentOperation):
+            segment = self.segment(operation.segment_name)
+            segment.require_exists()
+            operation.segment_id = segment.id
+        elif isinstance(operation, MergeSegmentOperation):
+            target = self.segment(operation.segment_name)
+            target.require_writable()
+            source = self.segment(operation.source_name)
+            source.require_exists()
+            if source.status is not _SEALED:
+                raise StreamSegmentNotSealedError(f"merge source {source.name!r} is not sealed")
+            if source.start_offset != 0:
+                raise StreamSegmentTruncatedError(f"merge source {source.name!r} was truncated")
+            operation.target_segment_id = target.id
+            operation.source_segment_id = source.id
+            operation.offset = target.length
+            operation.length = source.length
+        elif isinstance(operation, StreamSegmentMapOperation):
+            existing = self.segment_id(operation.name)
+            if existing is not None:
+                segment = self._segment_by_id(existing)
+                if segment.status is _MERGED:
+                    raise StreamSegmentMergedError(f"segment {operation.name!r} was merged")
+                if segment.status is not _DELETED:
+                    raise StreamSegmentExistsError(f"segment {operation.name!r} already exists")
+            if len(self.metadata.segments) >= SEGMENTS_PER_CONTAINER_MAX:
+                raise InvalidArgumentError(f"container holds {SEGMENTS_PER_CONTAINER_MAX} segments already")
+            if operation.attribute_updates:
+                attribute_update_values(lambda _: NULL_ATTRIBUTE_VALUE, operation.attribute_updates)
+            operation.segment_id = self.next_segment_id
+        elif isinstance(operation, UpdateAttributesOperation):
+            segment = self.segment(operation.segment_name)
+            segment.require_writable()
+            attribute_update_values(segment.get_attribute, operation.attribute_updates)
+            operation.segment_id = segment.id
+        elif not isinstance(operation, MetadataCheckpointOperation):
+            raise InternalError(f"unknown operation {operation!r}")
+
+    def accept(self, operation: Operation) -> None:
+        """Apply a pre-processed operation.  Must not fail for an operation ``pre_process`` passed."""
+        if isinstance(operation, StreamSegmentAppendOperation):
+            segment = self._segment_by_id(operation.segment_id)
+            segment.length += len(operation.data)
+            if operation.attribute_updates:
+                segment.attribute_changes.update(
+                    attribute_update_values(segment.get_attribute, operation.attribute_updates))
+        elif isinstance(operation, StreamSegmentSealOperation):
+            self._segment_by_id(operation.segment_id).status = _SEALED
+        elif isinstance(operation, StreamSegmentTruncateOperation):
+            self._segment_by_id(operation.segment_id).start_offset = operation.offset
+        elif isinstance(operation, DeleteSegmentOperation):
+            _tombstone(self._segment_by_id(operation.segment_id), _DELETED)
+        elif isinstance(operation, MergeSegmentOperation):
+            self._segment_by_id(operation.target_segment_id).length += operation.length
+            _tombstone(self._segment_by_id(operation.source_segment_id), _MERGED)
+        elif isinstance(operation, StreamSegmentMapOperation):
+            segment = SegmentMetadataUpdateTransaction(None, operation.segment_id, operation.name)
+            if operation.attribute_updates:
+                values = attribute_update_values(lambda _: NULL_ATTRIBUTE_VALUE, operation.attribute_updates)
+                segment.attribute_changes.update(values)
+            self.segments[operation.segment_id] = segment
+            self.names[operation.name] = operation.segment_id
+            self.next_segment_id = max(self.next_segment_id, operation.segment_id + 1)
+        elif isinstance(operation, UpdateAttributesOperation):
+            segment = self._segment_by_id(operation.segment_id)
+            segment.attribute_changes.update(
+                attribute_update_values(segment.get_attribute, operation.attribute_updates))
+
+    def replay(self, operation: Operation) -> None:
+        """Apply an operation read back from the log (recovery): it must validate where it stands and
+        carry exactly the offsets and ids the container would assign now."""
+        recorded = _assigned(operation)
+        if isinstance(operation, StreamSegmentMapOperation):
+            operation.segment_name = operation.name
+        elif isinstance(operation, MergeSegmentOperation):
+            operation.segment_name = self._name_of(operation.target_segment_id)
+            operation.source_name = self._name_of(operation.source_segment_id)
+        elif not isinstance(operation, MetadataCheckpointOperation):
+            operation.segment_name = self._name_of(operation.segment_id)  # type: ignore[attr-defined]
+        if isinstance(operation, StreamSegmentAppendOperation):
+            operation.expected_offset = operation.offset
+        self.pre_process(operation)
+        if _assigned(operation) != recorded:
+            raise DataCorruptionError(f"operation {operation.sequence_number} recorded {recorded}, "
+                                      f"replay assigns {_assigned(operation)}")
+        self.accept(operation)
+
+    def _name_of(self, segment_id: int) -> str:
+        for transaction in self._chain():
+            if segment_id in transaction.segments:
+                return transaction.segments[segment_id].name
+        segment = self.metadata.segments.get(segment_id)
+        if segment is None:
+            raise StreamSegmentNotExistsError(f"segment id {segment_id} is unknown")
+        return segment.name
+
+    def _chain(self) -> Iterator[ContainerMetadataUpdateTransaction]:
+        transaction: ContainerMetadataUpdateTransaction | None = self
+        while transaction is not None:
+            yield transaction
+            transaction = transaction.previous
+
+    # --- commit --------------------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Apply this transaction to the committed metadata.  Its predecessors must be committed."""
+        if self.previous is not None:
+            raise InternalError("metadata update transactions must commit in order")
+        metadata = self.metadata
+        for segment in self.segments.values():
+            committed = metadata.segments.get(segment.id)
+            if committed is None:
+                committed = SegmentMetadata(segment.id, segment.name)
+                metadata.put(committed)
+            committed.status = segment.status
+            committed.start_offset = segment.start_offset
+            committed.length = segment.length
+            if segment.status is _DELETED or segment.status is _MERGED:
+                committed.attributes = {}
+            else:
+                attributes = committed.attributes
+                for key, value in segment.attribute_changes.items():
+                    if value == NULL_ATTRIBUTE_VALUE:
+                        attributes.pop(key, None)
+                    else:
+                        attributes[key] = value
+        metadata.next_segment_id = self.next_segment_id
+
+    def snapshot(self) -> list[SegmentMetadata]:
+        """Every segment as this transaction sees it (for a metadata checkpoint)."""
+        ids = set(self.metadata.ids_by_name.values())
+        for transaction in self._chain():
+            ids.update(transaction.names.values())
+        result = []
+        for segment_id in sorted(ids):
+            segment = self.segments.get(segment_id) or self._version_below(segment_id)
+            assert segment is not None
+            attributes = (dict(segment.attributes) if isinstance(segment, SegmentMetadata)
+                          else segment.all_attributes())
+            result.append(SegmentMetadata(segment.id, segment.name, segment.status, segment.start_offset,
+                                          segment.length, attributes))
+        return result
+
+
+def _tombstone(segment: SegmentMetadataUpdateTransaction, status: SegmentStatus) -> None:
+    segment.status = status
+    segment.start_offset = 0
+    segment.length = 0
+    segment.attribute_changes.clear()
+    segment.below = None
+
+
+def _assigned(operation: Operation) -> tuple[int, ...]:
+    if isinstance(operation, MergeSegmentOperation):
+        return (operation.target_segment_id, operation.source_segment_id, operation.offset, operation.length)
+    if isinstance(operation, StreamSegmentMapOperation):
+        return (operation.segment_id,)
+    if isinstance(operation, (StreamSegmentAppendOperation, StreamSegmentSealOperation)):
+        return (operation.segment_id, operation.offset)
+    return ()

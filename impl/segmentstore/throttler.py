@@ -1,0 +1,65 @@
+"""Dynamic batching: how long the OperationProcessor waits for more operations before writing.
+
+The rule (seed ``segment-store-append-path.txt``; ``reference/pravega-behaviour.md`` §1.5)::
+
+    delay = min(recent Tier-1 latency x (1 - recent frame fill ratio), cap)
+
+Intuition: when recent frames were small, waiting about one Tier-1 round trip gathers more
+operations into the next frame at no cost in throughput; when frames are full, waiting buys nothing.
+With no write in flight the delay is zero -- nothing is gained by holding a lone operation back,
+which keeps a single writer's latency at one Tier-1 write.  There is no user-visible knob.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+__all__ = ["WriteStatistics", "batching_delay_seconds"]
+
+
+def batching_delay_seconds(
+    writes_in_flight: int, latency_seconds: float, fill_ratio: float, cap_seconds: float
+) -> float:
+    """The batching delay.
+
+    pre: cap_seconds >= 0
+    post: 0.0 <= __return__ <= cap_seconds
+    post: __return__ <= max(0.0, latency_seconds)
+    post: writes_in_flight > 0 or __return__ == 0.0
+    """
+    if writes_in_flight <= 0 or not latency_seconds > 0.0:  # written so that NaN means "no delay"
+        return 0.0
+    fill = 1.0 if fill_ratio > 1.0 else (fill_ratio if fill_ratio > 0.0 else 0.0)
+    delay = latency_seconds * (1.0 - fill)
+    if not delay > 0.0:  # zero, or NaN from an infinite latency times an empty share
+        return 0.0
+    return delay if delay < cap_seconds else cap_seconds
+
+
+class WriteStatistics:
+    """Latency and fill ratio of the last ``window`` Tier-1 writes (a moving average)."""
+
+    __slots__ = ("_fill_sum", "_fills", "_latencies", "_latency_sum")
+
+    def __init__(self, window: int) -> None:
+        self._latencies: deque[float] = deque(maxlen=window)
+        self._fills: deque[float] = deque(maxlen=window)
+        self._latency_sum = 0.0
+        self._fill_sum = 0.0
+
+    def record(self, latency_seconds: float, fill_ratio: float) -> None:
+        if len(self._latencies) == self._latencies.maxlen:
+            self._latency_sum -= self._latencies[0]
+            self._fill_sum -= self._fills[0]
+        self._latencies.append(latency_seconds)
+        self._fills.append(fill_ratio)
+        self._latency_sum += latency_seconds
+        self._fill_sum += fill_ratio
+
+    @property
+    def latency_seconds(self) -> float:
+        return self._latency_sum / len(self._latencies) if self._latencies else 0.0
+
+    @property
+    def fill_ratio(self) -> float:
+        return self._fill_sum / len(self._fills) if self._fills else 0.0

@@ -1,0 +1,31 @@
+"""Tracing: the write path reports its steps in the vocabulary of ``spec/DurableLog.tla``.
+
+A tracer is any callable ``tracer(action, **fields)``.  The actions and their fields:
+
+==============  =========================================================================
+``Submit``      ``kind``, ``segment``, ``source``, ``length``, ``offset`` -- an operation
+                entered the processing queue (``offset``: expected or truncation offset)
+``Process``     ``error`` (the error class name, or None), ``sequence_number``,
+                ``offset`` (assigned), ``size`` (serialized record bytes) -- the head of the
+                queue was validated and serialized (frames it filled were sealed with it)
+``SealFrame``   ``frame`` -- a partly filled frame was sealed and handed to Tier 1
+``Persist``     ``frame`` -- Tier 1 made the frame durable (learnt from its completion)
+``Complete``    ``frame``, ``acked`` -- the frame's completion notice arrived; ``acked`` lists
+                the sequence numbers of the operations it acknowledged (none if late)
+``FailWrite``   ``frame`` -- a Tier-1 write failed; the container stops
+``Recover``     ``frames`` -- recovery replayed the log (``frames`` records read)
+==============  =========================================================================
+
+Tests record traces to drive the model in lockstep and to check the implementation against the
+spec with TLC (``tests/trace``).  In production the tracer is None and costs one comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = ["Tracer"]
+
+
+class Tracer(Protocol):
+    def __call__(self, action: str, /, **fields: object) -> None: ...
