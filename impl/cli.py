@@ -1,0 +1,114 @@
+"""The ``millstream`` command.
+
+One click group; each subcommand is a function decorated with ``@main.command()``.  A subcommand
+imports what it needs when it runs, so ``millstream --help`` stays fast however many there are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+import millstream
+from millstream.bench import SUITE_NAMES
+from millstream.bench.scenarios import SCENARIOS
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(millstream.__version__, "-V", "--version", prog_name="millstream")
+def main() -> None:
+    """millstream: a durable, elastic, exactly-once stream store.
+
+    Run `millstream COMMAND --help` for what each command does and its options.
+    """
+
+
+@main.command(short_help="Measure the write path against the disk's physical limit.")
+@click.option("--suite", type=click.Choice(SUITE_NAMES), default="write-path", show_default=True,
+              help="Which benchmark to run.")
+@click.option("--duration", "duration_seconds", type=click.FloatRange(0.01, 600.0), default=2.5,
+              show_default=True, metavar="SECONDS", help="Length of each measurement (after its warm-up).")
+@click.option("--warmup", "warmup_seconds", type=click.FloatRange(0.0, 60.0), default=0.5, show_default=True,
+              metavar="SECONDS", help="Unmeasured run before each measurement.")
+@click.option("--repeat", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Run every measurement this many times; the report gives medians.")
+@click.option("--scenario", "scenario_names", multiple=True, metavar="NAME",
+              help="Run only this scenario (repeatable): " + ", ".join(s.name for s in SCENARIOS) + ".")
+@click.option("--output", "output_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("bench-results"), show_default=True, help="Directory for the JSON file of raw results.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the logs are written (a temporary directory inside it, removed afterwards).  "
+                   "Default: the system temp directory if it is on a disk, else the working directory.")
+@click.option("--quiet-idle", "quiet_idle_percent_min", type=click.FloatRange(0.0, 100.0), default=80.0,
+              show_default=True, metavar="PERCENT",
+              help="Before each measurement, wait until the machine is at least this idle...")
+@click.option("--quiet-timeout", "quiet_timeout_seconds", type=click.FloatRange(0.0, 600.0), default=20.0,
+              show_default=True, metavar="SECONDS", help="...for at most this long (0: do not wait).")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Show progress on stderr.")
+def bench(suite: str, duration_seconds: float, warmup_seconds: float, repeat: int, scenario_names: tuple[str, ...],
+          output_dir: Path, data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float,
+          progress: bool) -> None:
+    """Measure millstream against the machine's physical limit, in the same run.
+
+    The write-path suite runs one segment container in this process on a durable FileLog and appends
+    100-byte and 10,000-byte events: one appender awaiting each append, 16 concurrent ones, and one
+    keeping a window in flight.  In the same run it measures a plain Python write + fdatasync loop at
+    the batch size the container achieved, and one fdatasync alone.  It prints a Markdown table of
+    medians to stdout and writes every raw figure to a JSON file under --output.
+
+    With the defaults it takes a few minutes.  A quick look: --repeat 1 --duration 0.5.
+    """
+    from millstream.bench._report import render_markdown
+    from millstream.bench._system import choose_data_root, filesystem_of
+    from millstream.bench.scenarios import scenarios_named
+    from millstream.bench.write_path import WritePathConfig, run_write_path, write_json
+
+    assert suite == "write-path"  # the only one so far; click has validated it
+    try:
+        scenarios = scenarios_named(scenario_names) if scenario_names else SCENARIOS
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--scenario") from error
+    data_root, reason = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
+    data_root.mkdir(parents=True, exist_ok=True)
+    filesystem = filesystem_of(data_root)
+    if filesystem.in_memory:
+        click.echo(f"warning: {data_root} is on {filesystem.type}, in memory: fdatasync costs nothing there, so "
+                   "the figures will not mean durability.  Use --data-dir on a disk.", err=True)
+    config = WritePathConfig(duration_seconds=duration_seconds, warmup_seconds=warmup_seconds, repeat=repeat,
+                             scenarios=scenarios, quiet_idle_percent_min=quiet_idle_percent_min,
+                             quiet_timeout_seconds=quiet_timeout_seconds)
+    with contextlib.ExitStack() as stack:
+        report = run_write_path(config, data_root, reason, _Progress(stack, suite) if progress else None)
+    click.echo(render_markdown(report))
+    path = write_json(report, output_dir)
+    click.echo(f"raw results: {path}", err=True)
+
+
+class _Progress:
+    """Progress on stderr: a bar on a terminal, one line per step otherwise (logs, CI)."""
+
+    def __init__(self, stack: contextlib.ExitStack, label: str) -> None:
+        self._stack = stack
+        self._label = label
+        self._terminal = sys.stderr.isatty()
+        self._bar: ProgressBar[Any] | None = None
+
+    def __call__(self, done: int, total: int, step: str) -> None:
+        if not self._terminal:
+            click.echo(f"[{done}/{total}] {step}", err=True)
+            return
+        if self._bar is None:
+            self._bar = self._stack.enter_context(click.progressbar(
+                length=total, label=self._label, file=sys.stderr, show_pos=True, item_show_func=lambda item: item))
+        self._bar.update(done - self._bar.pos, step)
+        self._bar.render_progress()  # update() skips it for 0 steps: the first step's label would not show

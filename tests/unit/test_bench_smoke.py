@@ -1,0 +1,111 @@
+"""The write-path benchmark in a tiny configuration: it runs, stops by itself, and reports what it
+should -- structure and internal consistency only.  No figure here is a speed claim (a loaded CI machine
+may be arbitrarily slow), so nothing is compared against a time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from millstream import __version__
+from millstream.bench._report import render_markdown
+from millstream.bench._stats import Latency, percentile
+from millstream.bench._system import choose_data_root, filesystem_of
+from millstream.bench.scenarios import SCENARIOS, scenarios_named
+from millstream.bench.write_path import WritePathConfig, WritePathReport, run_write_path, write_json
+from millstream.cli import main
+
+TINY = WritePathConfig(duration_seconds=0.2, warmup_seconds=0.0, repeat=2, quiet_timeout_seconds=0.0,
+                       bytes_max=4 * 1024 * 1024)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> WritePathReport:
+    steps: list[tuple[int, int, str]] = []
+    data_root = tmp_path_factory.mktemp("bench-data")
+    result = run_write_path(TINY, data_root, "test", lambda done, total, step: steps.append((done, total, step)))
+    # One step per measurement (a probe, then container and raw loop per scenario, per repeat), then "done".
+    total = TINY.repeat * (1 + 2 * len(SCENARIOS))
+    assert steps == [(done, total, steps[done][2]) for done in range(total)] + [(total, total, "done")]
+    assert list(data_root.iterdir()) == [], "the benchmark must remove its data"
+    return result
+
+
+def test_every_scenario_is_measured_and_counted_consistently(report: WritePathReport) -> None:
+    assert [summary.scenario for summary in report.scenarios] == [scenario.name for scenario in SCENARIOS]
+    assert len(report.repeats) == TINY.repeat
+    for repeat in report.repeats:
+        assert repeat.fdatasync.syncs == repeat.fdatasync.latency.count >= 1
+        assert set(repeat.scenarios) == {scenario.name for scenario in SCENARIOS}
+        for scenario in SCENARIOS:
+            result = repeat.scenarios[scenario.name]
+            container, raw = result.container, result.group_commit
+            assert container.appends == container.latency.count >= 1
+            assert container.frames >= 1 and container.fdatasyncs >= 1
+            assert container.appends_per_fdatasync == pytest.approx(container.appends / container.fdatasyncs)
+            # The raw loop ran at the batch size the container achieved.
+            assert raw.batch_records == max(1, round(container.appends_per_fdatasync))
+            assert raw.records == raw.batches * raw.batch_records >= 1
+            assert result.throughput_ratio == pytest.approx(container.appends_per_second / raw.records_per_second)
+            assert not container.quiet.quiet and container.quiet.waited_seconds == 0.0  # timeout 0: no wait
+            # Awaiting appenders never have more in flight than there are of them.
+            if scenario.window == 1:
+                assert container.appends_per_fdatasync <= scenario.appenders
+
+
+def test_targets_are_ratios_of_the_same_run(report: WritePathReport) -> None:
+    throughput, latency_p95, latency_p50 = report.targets
+    assert throughput.per_repeat == [repeat.scenarios["pipelined-100B"].throughput_ratio for repeat in report.repeats]
+    assert throughput.bound == 0.40 and throughput.at_least and throughput.met is not None
+    assert latency_p95.bound == 2.0 and not latency_p95.at_least and latency_p95.met is not None
+    assert latency_p50.bound is None and latency_p50.met is None
+    first = report.repeats[0]
+    assert latency_p95.per_repeat[0] == pytest.approx(
+        first.scenarios["lone-100B"].container.latency.p95_ms / first.fdatasync.latency.p95_ms)
+
+
+def test_markdown_and_json_carry_the_report(report: WritePathReport, tmp_path: Path) -> None:
+    markdown = render_markdown(report)
+    for scenario in SCENARIOS:
+        assert f"| {scenario.name} |" in markdown
+    assert "### Targets" in markdown and "fdatasync" in markdown
+    document = json.loads(write_json(report, tmp_path / "out").read_text())
+    assert document["suite"] == "write-path"
+    assert {"cpu_count", "cpu_model", "kernel", "python", "data_dir_filesystem", "date_utc"} <= set(
+        document["machine"])
+    assert [s["name"] for s in document["config"]["scenarios"]] == [s.name for s in SCENARIOS]
+    assert [t["met"] for t in document["targets"]] == [t.met for t in report.targets]
+    assert set(document["repeats"][0]["scenarios"]["lone-100B"]) == {"container", "group_commit", "throughput_ratio"}
+
+
+def test_cli_runs_one_scenario(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "bench", "--suite", "write-path", "--scenario", "lone-100B", "--repeat", "1", "--duration", "0.05",
+        "--warmup", "0", "--quiet-timeout", "0", "--no-progress", "--output", str(tmp_path / "out"),
+        "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 0, result.output
+    assert "| lone-100B |" in result.stdout and "pipelined-100B" not in result.stdout
+    [written] = (tmp_path / "out").glob("write-path-*.json")
+    assert json.loads(written.read_text())["config"]["repeat"] == 1
+
+
+def test_cli_version_help_and_bad_scenario() -> None:
+    runner = CliRunner()
+    assert __version__ in runner.invoke(main, ["--version"]).output
+    help_text = runner.invoke(main, ["bench", "--help"]).output
+    assert "--suite" in help_text and "pipelined-100B" in help_text
+    result = runner.invoke(main, ["bench", "--scenario", "nonsense"])
+    assert result.exit_code == 2 and "nonsense" in result.output
+
+
+def test_helpers() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
+    assert Latency.of([]).p95_ms is None
+    assert scenarios_named(["pipelined-10KB", "lone-100B"]) == (SCENARIOS[0], SCENARIOS[5])
+    with pytest.raises(ValueError, match="nonsense"):
+        scenarios_named(["nonsense"])
+    assert filesystem_of(Path("/proc")).type == "proc"
+    assert choose_data_root(Path("/somewhere"), Path("/tmp"), Path.cwd()) == (Path("/somewhere"), "--data-dir")
