@@ -203,15 +203,25 @@ class SegmentContainer:
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgumentError(f"data must be bytes-like, not {type(data).__name__}")
+        if isinstance(data, memoryview) and (data.format != "B" or data.ndim != 1 or not data.c_contiguous):
+            # len() of such a view counts items, not bytes, while frames copy its bytes: appended as
+            # is, it would write a record whose length field lies (and the log could not be replayed).
+            data = data.tobytes()
         if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
             raise PayloadTooLargeError(f"append of {len(data)} bytes exceeds {limits.APPEND_LENGTH_MAX_BYTES}")
         if expected_offset is not None and (not isinstance(expected_offset, int) or expected_offset < 0):
             raise InvalidArgumentError(f"expected_offset must be a non-negative int, not {expected_offset!r}")
         payload = bytes(data) if isinstance(data, bytearray) else data
         operation = StreamSegmentAppendOperation(
-            -1, payload, _check_attributes(attribute_updates),
+            -1, payload, _check_attributes(attribute_updates) if attribute_updates else (),
             expected_offset=NO_OFFSET if expected_offset is None else expected_offset)
-        return await self._run(operation, name)
+        operation.segment_name = _check_name(name)
+        processor = self._processor
+        if processor is None or self._state is not ContainerState.RUNNING:
+            raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
+        if processor.queue_full:
+            await processor.wait_for_space()
+        return await processor.enqueue(operation)
 
     async def seal(self, name: str) -> int:
         """Seal the segment; return its final length.  Raises ``StreamSegmentSealedError`` if sealed."""
@@ -249,7 +259,7 @@ class SegmentContainer:
     # --- reads ---------------------------------------------------------------------------------------
 
     def _committed(self, name: str) -> SegmentMetadata:
-        segment = self._metadata.get(name)
+        segment = self._metadata.get(_check_name(name))
         if segment is None or segment.status is SegmentStatus.DELETED:
             raise StreamSegmentNotExistsError(f"segment {name!r} does not exist")
         if segment.status is SegmentStatus.MERGED:
@@ -270,18 +280,35 @@ class SegmentContainer:
     async def read(self, name: str, offset: int, max_length: int, *, wait_seconds: float = 0.0) -> ReadResult:
         """Read up to ``max_length`` committed bytes of ``name`` from ``offset``; at the tail wait up to
         ``wait_seconds`` for more.  See ``ReadIndex.read`` for the errors."""
+        if not isinstance(offset, int) or not isinstance(max_length, int):
+            raise InvalidArgumentError(f"offset and max_length must be ints, not {offset!r} and {max_length!r}")
+        if not isinstance(wait_seconds, (int, float)):
+            raise InvalidArgumentError(f"wait_seconds must be a number, not {wait_seconds!r}")
         segment = self._committed(name)
         return await self._read_index.read(segment.id, offset, max_length, wait_seconds)
 
     # --- applying committed operations to memory -----------------------------------------------------
 
     def _apply_committed(self, operations: list[Operation]) -> None:
+        """Apply committed operations to the read index, in order.  A run of appends to one segment
+        is applied as one append of their joined data (one copy into the index, one wake-up)."""
         read_index = self._read_index
+        run_segment, run_offset, run_parts = -1, 0, []
         for operation in operations:
             if type(operation) is StreamSegmentAppendOperation:
-                if operation.data:
-                    read_index.segment(operation.segment_id).append(operation.offset, operation.data)
-            elif isinstance(operation, StreamSegmentMapOperation):
+                if not operation.data:
+                    continue
+                if operation.segment_id == run_segment:
+                    run_parts.append(operation.data)
+                    continue
+                if run_parts:
+                    read_index.segment(run_segment).append(run_offset, b"".join(run_parts))
+                run_segment, run_offset, run_parts = operation.segment_id, operation.offset, [operation.data]
+                continue
+            if run_parts:
+                read_index.segment(run_segment).append(run_offset, b"".join(run_parts))
+                run_segment, run_parts = -1, []
+            if isinstance(operation, StreamSegmentMapOperation):
                 read_index.segment(operation.segment_id)
             elif isinstance(operation, StreamSegmentSealOperation):
                 read_index.segment(operation.segment_id).seal()
@@ -293,6 +320,8 @@ class SegmentContainer:
                 read_index.merge(operation.target_segment_id, operation.source_segment_id)
             elif not isinstance(operation, (UpdateAttributesOperation, MetadataCheckpointOperation)):
                 raise InternalError(f"cannot apply {operation!r}")
+        if run_parts:
+            read_index.segment(run_segment).append(run_offset, b"".join(run_parts))
 
     def _sync_read_index(self) -> None:
         """After recovery: every live segment has a read index agreeing with its metadata."""
@@ -319,13 +348,20 @@ class SegmentContainer:
 def _check_name(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError(f"a segment name must be a non-empty str, not {name!r}")
-    if len(name.encode()) > limits.SEGMENT_NAME_LENGTH_MAX_BYTES:
+    try:
+        encoded = name.encode()
+    except UnicodeEncodeError as error:  # e.g. a lone surrogate
+        raise InvalidArgumentError(f"segment name {name!r} is not valid Unicode: {error}") from None
+    if len(encoded) > limits.SEGMENT_NAME_LENGTH_MAX_BYTES:
         raise InvalidArgumentError(f"segment name longer than {limits.SEGMENT_NAME_LENGTH_MAX_BYTES} bytes")
     return name
 
 
 def _check_attributes(updates: Iterable[AttributeUpdate]) -> tuple[AttributeUpdate, ...]:
-    result = tuple(updates)
+    try:
+        result = tuple(updates)
+    except TypeError:
+        raise InvalidArgumentError(f"attribute updates must be a sequence, not {updates!r}") from None
     if len(result) > limits.ATTRIBUTE_UPDATES_PER_OPERATION_MAX:
         raise PayloadTooLargeError(
             f"{len(result)} attribute updates exceed {limits.ATTRIBUTE_UPDATES_PER_OPERATION_MAX}")
@@ -334,8 +370,11 @@ def _check_attributes(updates: Iterable[AttributeUpdate]) -> tuple[AttributeUpda
             raise InvalidArgumentError(f"not an AttributeUpdate: {update!r}")
         if not isinstance(update.update_type, AttributeUpdateType):
             raise InvalidArgumentError(f"unknown attribute update type {update.update_type!r}")
-        if not 0 <= update.attribute_id <= ATTRIBUTE_ID_MAX:
+        # (isinstance first: a float passes the range checks, then fails to serialize inside the
+        # OperationProcessor -- which stops the container.)
+        if not isinstance(update.attribute_id, int) or not 0 <= update.attribute_id <= ATTRIBUTE_ID_MAX:
             raise InvalidArgumentError(f"attribute id {update.attribute_id!r} is not a 128-bit unsigned int")
-        if not (INT64_MIN <= update.value <= INT64_MAX and INT64_MIN <= update.comparison_value <= INT64_MAX):
+        if not all(isinstance(value, int) and INT64_MIN <= value <= INT64_MAX
+                   for value in (update.value, update.comparison_value)):
             raise InvalidArgumentError(f"attribute values must be 64-bit signed ints: {update!r}")
     return result

@@ -145,17 +145,35 @@ class OperationProcessor:
         ``ContainerUnavailableError`` if the processor stopped before acknowledging it (then it may or
         may not have taken effect).
         """
+        if self._queue_full():
+            await self.wait_for_space()
+        return await self.enqueue(operation)
+
+    @property
+    def queue_full(self) -> bool:
+        """True while the queue holds ``queue_length_max`` operations or ``queue_bytes_max`` bytes."""
+        return self._queue_full()
+
+    async def wait_for_space(self) -> None:
+        """Wait until the queue has room (backpressure).  Raises ``ContainerUnavailableError`` if the
+        processor stops meanwhile."""
         while self._queue_full():
             self._check_running()
             waiter = asyncio.get_running_loop().create_future()
             self._space_waiters.append(waiter)
             await waiter
-        future = self.enqueue(operation)
-        return await future
+        self._check_running()
 
     def enqueue(self, operation: Operation) -> asyncio.Future[int]:
-        """Queue ``operation`` without waiting for space (the caller bounds what it enqueues)."""
-        self._check_running()
+        """Queue ``operation`` without waiting for space (the caller bounds what it enqueues); the
+        future completes when it is acknowledged, or fails with its rejection or unavailability.
+
+        Processing is left to the processor's task even when it is idle: operations that arrive in
+        the same loop turn (a burst) then share one frame.  (Processing the first inline saved a
+        loop turn but sent it alone and made the rest of the burst wait out a batching delay.)
+        """
+        if self._failure is not None or self._closing or self._task is None:
+            self._check_running()
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         operation.future = future
         self._queue.append(operation)
@@ -218,16 +236,20 @@ class OperationProcessor:
                     return
                 self._process_queued()
                 if not self._queue and self._failure is None:
-                    self._explicit_seal = True
-                    try:
-                        self._builder.flush()
-                    finally:
-                        self._explicit_seal = False
+                    self._flush()
         except (StorageError, ObjectClosedError) as error:
             self._fail(error)
         except Exception as error:  # a bug: stop rather than keep serving from a broken state
             self._fail(InternalError(f"operation processor failed: {error!r}"), trace=False)
             raise
+
+    def _flush(self) -> None:
+        """Seal the partly filled frame (the spec's SealFrame)."""
+        self._explicit_seal = True
+        try:
+            self._builder.flush()
+        finally:
+            self._explicit_seal = False
 
     def _process_queued(self) -> None:
         queue = self._queue

@@ -296,6 +296,7 @@ class SimulatedDurableDataLog(DurableDataLog):
         self._recovered_next_sequence = 1
         self._pending: dict[int, _PendingWrite] = {}  # not yet notified, by sequence (ascending)
         self._persisted_through = 0  # highest sequence this instance made durable
+        self._delivered_through = 0  # highest sequence whose success notice was delivered
         self._step: asyncio.Handle | None = None  # the scheduled auto-complete iteration
 
     # --- DurableDataLog ------------------------------------------------------------------------------
@@ -423,9 +424,16 @@ class SimulatedDurableDataLog(DurableDataLog):
     def fail_write(self, *, unknown_outcome: bool = False) -> None:
         """The oldest pending write fails, and with it every later pending write: their futures fail
         with ``WriteFailedError`` and the log closes.  With ``unknown_outcome`` the failing write is
-        first made durable (it is on the disk; its writer was told it failed).  Raises
-        ``InvalidArgumentError`` if nothing is pending."""
+        first made durable (it is on the disk; its writer was told it failed).
+
+        A log never reports a failure for a write after confirming a later one (that confirmation
+        says the earlier write is durable), so notices still due for writes older than the newest
+        delivered one are delivered first, successfully.  Raises ``InvalidArgumentError`` if nothing
+        else is pending."""
         self._require(_State.OPEN)
+        for write in list(self._pending.values()):
+            if write.durable and write.sequence < self._delivered_through:
+                self._deliver(write)
         if not self._pending:
             raise InvalidArgumentError("fail_write(), but no write is pending")
         if self._fenced():
@@ -514,6 +522,7 @@ class SimulatedDurableDataLog(DurableDataLog):
 
     def _deliver(self, write: _PendingWrite) -> None:
         del self._pending[write.sequence]
+        self._delivered_through = max(self._delivered_through, write.sequence)
         if not write.future.done():  # the caller may have cancelled it; the record is durable anyway
             write.future.set_result(LogAddress(write.sequence, (write.sequence,)))
 

@@ -117,6 +117,19 @@ def test_a_failed_write_fails_every_later_one_and_closes_the_log(unknown_outcome
     run(scenario())
 
 
+def test_a_failure_is_never_reported_for_a_write_a_later_notice_confirmed() -> None:
+    async def scenario() -> None:
+        log = await manual(SimulatedLogStorage())
+        futures = [log.append(f"r{i}".encode()) for i in range(1, 5)]
+        log.complete(3)  # 1..3 durable, only 3's notice delivered: 1 and 2 are known durable
+        log.fail_write()
+        assert [outcome(f) for f in futures] == [1, 2, 3, WriteFailedError]
+        log.check_invariants()
+        await log.close()
+
+    run(scenario())
+
+
 def test_close_delivers_durable_notices_and_fails_the_rest() -> None:
     async def scenario() -> None:
         storage = SimulatedLogStorage()
