@@ -18,6 +18,7 @@ from typing import Any
 from millstream.errors import DataCorruptionError, MillstreamError
 from millstream.segmentstore.container import SegmentContainer
 from millstream.segmentstore.file_log import FileLog
+from millstream.testing.clock import ManualClock
 from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedLogStorage
 from millstream.testing.tracing import TraceEvent, TraceRecorder
 
@@ -124,8 +125,11 @@ async def _simulated(seed: int, steps: int, container_factory: Callable[..., Seg
 def simulated_run(seed: int, steps: int = 40,
                   container_factory: Callable[..., SegmentContainer] | None = None) -> list[TraceEvent]:
     """One seeded run on the simulated log (with faults); returns the trace."""
+    clock = ManualClock()  # time stands still: no batching delays, so the seed alone decides the run
+
     def default_factory(log: SimulatedDurableDataLog, recorder: TraceRecorder) -> SegmentContainer:
-        return SegmentContainer(0, log, tracer=recorder, frame_length_max=FRAME_LENGTH_MAX, checkpoint_frame_count=4)
+        return SegmentContainer(0, log, clock=clock, tracer=recorder, frame_length_max=FRAME_LENGTH_MAX,
+                                checkpoint_frame_count=4)
 
     return asyncio.run(_simulated(seed, steps, container_factory or default_factory))
 
