@@ -144,6 +144,9 @@ class SegmentContainer:
 
     def _on_processor_stopped(self, stopped: asyncio.Future[BaseException | None]) -> None:
         cause = stopped.result()
+        if cause is None and self._state is ContainerState.RUNNING:
+            # The processor stopped on its own, yet nobody asked it to: that is a failure too.
+            cause = ContainerUnavailableError(f"container {self.container_id}: its processor stopped")
         if self._state is not ContainerState.STOPPED:
             self._transition("failed" if cause is not None else "stopped")
         if cause is not None and not self.stopped.done():
@@ -209,11 +212,11 @@ class SegmentContainer:
             data = data.tobytes()
         if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
             raise PayloadTooLargeError(f"append of {len(data)} bytes exceeds {limits.APPEND_LENGTH_MAX_BYTES}")
-        if expected_offset is not None and (not isinstance(expected_offset, int) or expected_offset < 0):
+        if expected_offset is not None and not _is_offset(expected_offset):
             raise InvalidArgumentError(f"expected_offset must be a non-negative int, not {expected_offset!r}")
         payload = bytes(data) if isinstance(data, bytearray) else data
         operation = StreamSegmentAppendOperation(
-            -1, payload, _check_attributes(attribute_updates) if attribute_updates else (),
+            -1, payload, () if attribute_updates == () else _check_attributes(attribute_updates),
             expected_offset=NO_OFFSET if expected_offset is None else expected_offset)
         operation.segment_name = _check_name(name)
         processor = self._processor
@@ -230,7 +233,7 @@ class SegmentContainer:
     async def truncate(self, name: str, offset: int) -> None:
         """Make bytes below ``offset`` unreadable.  Raises ``BadOffsetError`` unless
         ``start offset <= offset <= length``."""
-        if not isinstance(offset, int) or offset < 0:
+        if not _is_offset(offset):
             raise InvalidArgumentError(f"offset must be a non-negative int, not {offset!r}")
         await self._run(StreamSegmentTruncateOperation(-1, offset), name)
 
@@ -259,6 +262,10 @@ class SegmentContainer:
     # --- reads ---------------------------------------------------------------------------------------
 
     def _committed(self, name: str) -> SegmentMetadata:
+        if self._state is not ContainerState.RUNNING:
+            # Stopped or recovering: what memory holds may be stale or empty; "does not exist" would
+            # be a lie a caller could take as final.
+            raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
         segment = self._metadata.get(_check_name(name))
         if segment is None or segment.status is SegmentStatus.DELETED:
             raise StreamSegmentNotExistsError(f"segment {name!r} does not exist")
@@ -280,8 +287,9 @@ class SegmentContainer:
     async def read(self, name: str, offset: int, max_length: int, *, wait_seconds: float = 0.0) -> ReadResult:
         """Read up to ``max_length`` committed bytes of ``name`` from ``offset``; at the tail wait up to
         ``wait_seconds`` for more.  See ``ReadIndex.read`` for the errors."""
-        if not isinstance(offset, int) or not isinstance(max_length, int):
-            raise InvalidArgumentError(f"offset and max_length must be ints, not {offset!r} and {max_length!r}")
+        if not _is_offset(offset) or not _is_offset(max_length):
+            raise InvalidArgumentError(
+                f"offset and max_length must be non-negative ints, not {offset!r} and {max_length!r}")
         if not isinstance(wait_seconds, (int, float)):
             raise InvalidArgumentError(f"wait_seconds must be a number, not {wait_seconds!r}")
         segment = self._committed(name)
@@ -355,6 +363,11 @@ def _check_name(name: str) -> str:
     if len(encoded) > limits.SEGMENT_NAME_LENGTH_MAX_BYTES:
         raise InvalidArgumentError(f"segment name longer than {limits.SEGMENT_NAME_LENGTH_MAX_BYTES} bytes")
     return name
+
+
+def _is_offset(value: object) -> bool:
+    """A non-negative int (and not a bool, which Python counts as an int)."""
+    return type(value) is int and value >= 0
 
 
 def _check_attributes(updates: Iterable[AttributeUpdate]) -> tuple[AttributeUpdate, ...]:

@@ -197,6 +197,7 @@ class DataFrameReader:
         open_sequence: int | None = None
         parts: list[memoryview] = []
         at_start = True
+        skipped_sequence: int | None = None
         previous_sequence = 0
         for log_record in self._records:
             where = f"log record {log_record.address.sequence}"
@@ -212,9 +213,13 @@ class DataFrameReader:
                     open_sequence, parts = entry.sequence_number, [entry.payload]
                     previous_sequence = entry.sequence_number
                 elif open_sequence is None:
-                    if not at_start:
+                    # Allowed only before any record began: the log was truncated inside this record,
+                    # which may continue over several frames.
+                    if not at_start or skipped_sequence not in (None, entry.sequence_number):
                         raise DataCorruptionError(f"{where}: a record continues that never began")
-                    continue  # the log was truncated inside this record
+                    skipped_sequence = entry.sequence_number
+                    at_start = not entry.last
+                    continue
                 elif entry.sequence_number != open_sequence:
                     raise DataCorruptionError(f"{where}: entry of {entry.sequence_number} inside record "
                                               f"{open_sequence}")
@@ -227,4 +232,3 @@ class DataFrameReader:
                     data = parts[0] if len(parts) == 1 else memoryview(b"".join(bytes(p) for p in parts))
                     yield ReadRecord(open_sequence, data, log_record.address)
                     open_sequence, parts = None, []
-            at_start = False

@@ -316,9 +316,12 @@ class ContainerMetadataUpdateTransaction:
 
     def snapshot(self) -> list[SegmentMetadata]:
         """Every segment as this transaction sees it (for a metadata checkpoint)."""
-        ids = set(self.metadata.ids_by_name.values())
-        for transaction in self._chain():
-            ids.update(transaction.names.values())
+        # The segment each name maps to now: a name (re)bound by a newer transaction hides the
+        # segment it named before, as it will once committed (ContainerMetadata.put drops that one).
+        ids_by_name = dict(self.metadata.ids_by_name)
+        for transaction in reversed(list(self._chain())):  # oldest first, so the newest binding wins
+            ids_by_name.update(transaction.names)
+        ids = set(ids_by_name.values())
         result = []
         for segment_id in sorted(ids):
             segment = self.segments.get(segment_id) or self._version_below(segment_id)

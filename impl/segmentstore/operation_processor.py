@@ -105,6 +105,7 @@ class OperationProcessor:
         self._in_flight_bytes_max = in_flight_bytes_max
         self._frame_operations: list[Operation] = []
         self._committing: list[Operation] = []
+        self._processing: Operation | None = None
         self._builder = DataFrameBuilder(frame_length_max, self._on_frame_sealed)
         self._next_sequence_number = next_sequence_number
         self._next_frame_number = next_frame_number
@@ -256,7 +257,9 @@ class OperationProcessor:
         for _ in range(min(len(queue), limits.PROCESSOR_TAKE_COUNT_MAX)):
             operation = queue.popleft()
             self._queue_bytes -= operation.payload_length
+            self._processing = operation  # so that a failure inside _process still answers it
             self._process(operation)
+            self._processing = None
             if self._failure is not None:
                 return
         waiters = self._space_waiters
@@ -305,7 +308,15 @@ class OperationProcessor:
         self._in_flight_bytes += frame.length
         if self._explicit_seal and self._tracer is not None:
             self._tracer("SealFrame", frame=number)
-        self._log.append(sealed.data).add_done_callback(partial(self._on_write_done, frame))
+        try:
+            written = self._log.append(sealed.data)
+        except ObjectClosedError as error:
+            # The log failed (its writer saw the failure before our completion callback did) or was
+            # closed.  A failure is the real cause: report it as such, so the host recovers.
+            if isinstance(error.__cause__, StorageError):
+                raise error.__cause__ from error
+            raise
+        written.add_done_callback(partial(self._on_write_done, frame))
 
     def _on_write_done(self, frame: _Frame, future: asyncio.Future[LogAddress]) -> None:
         try:
@@ -397,6 +408,9 @@ class OperationProcessor:
         unavailable = ContainerUnavailableError(f"the container stopped: {error}")
         unavailable.__cause__ = error
         doomed = list(self._committing)
+        if self._processing is not None:
+            doomed.append(self._processing)
+            self._processing = None
         doomed += [op for frame_ in self._in_flight for op in frame_.operations]
         doomed += self._frame_operations
         doomed += self._queue
