@@ -185,7 +185,9 @@ def test_truncate_at_a_ledgers_last_record_deletes_that_ledger(tmp_path: Path) -
         second = await log.append(b"b")
         assert (first.locator[0], second.locator[0]) == (1, 2)
         await log.truncate(first)
-        assert ledger_files(tmp_path) == ["ledger-00000002.log", "ledger-00000003.log"]
+        # Ledger 1 is gone, 2 stays; 3 appears when the writer thread rolls over after the second
+        # record's group -- possibly after this line runs, so it is not asserted.
+        assert ledger_files(tmp_path)[:1] == ["ledger-00000002.log"]
         assert manifest_body(tmp_path)["truncation"] == {"ledger": 2, "offset": 0, "sequence": 2}
         with pytest.raises(InvalidArgumentError):
             await log.truncate(LogAddress(2, (2, 5)))  # no record starts there
