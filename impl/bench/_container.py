@@ -38,7 +38,7 @@ from millstream.bench._stats import Latency, LatencySamples
 from millstream.bench._system import CpuSample, CpuUsage, QuietWait
 from millstream.bench.scenarios import Scenario
 from millstream.segmentstore.container import SegmentContainer
-from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord, WriteSettings
+from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord, OnDone, WriteSettings
 from millstream.segmentstore.file_log import FileLog
 
 __all__ = ["ContainerRun", "CountingLog", "TimedFdatasync", "run_container_scenario"]
@@ -91,10 +91,10 @@ class CountingLog(DurableDataLog):
     def read(self) -> Iterator[LogRecord]:
         return self._inner.read()
 
-    def append(self, data: bytes | bytearray | memoryview) -> asyncio.Future[LogAddress]:
+    def append(self, data: bytes | bytearray | memoryview, on_done: OnDone | None = None) -> asyncio.Future[LogAddress]:
         self.records += 1
         self.record_bytes += len(data)
-        return self._inner.append(data)
+        return self._inner.append(data, on_done)
 
     async def truncate(self, upto: LogAddress) -> None:
         await self._inner.truncate(upto)

@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 
 import attrs
 
-__all__ = ["DurableDataLog", "LogAddress", "LogRecord", "WriteSettings"]
+__all__ = ["DurableDataLog", "LogAddress", "LogRecord", "OnDone", "WriteSettings", "notify_done"]
+
+#: Called with an append's future once it is done; see ``DurableDataLog.append``.
+OnDone = Callable[["asyncio.Future[LogAddress]"], None]
 
 
 @attrs.frozen(order=True)
@@ -88,8 +92,13 @@ class DurableDataLog(abc.ABC):
         """
 
     @abc.abstractmethod
-    def append(self, data: bytes | bytearray | memoryview) -> asyncio.Future[LogAddress]:
+    def append(self, data: bytes | bytearray | memoryview, on_done: OnDone | None = None) -> asyncio.Future[LogAddress]:
         """Queue one record; the future completes with its address once it is durable.
+
+        ``on_done(future)``, if given, is called exactly once, right after the log completes the
+        future (with a result or an error) and in the same loop callback -- a loop turn sooner than a
+        done-callback would run, which is one turn less of latency on every acknowledgement.  An
+        exception it raises goes to the loop's exception handler; the log carries on.
 
         Raises ``PayloadTooLargeError`` at once if ``data`` exceeds ``write_settings``, and
         ``ObjectClosedError`` if the log is closed or has failed.  ``data`` must not be modified
@@ -105,3 +114,15 @@ class DurableDataLog(abc.ABC):
     async def close(self) -> None:
         """Stop accepting appends, fail those still pending with ``ObjectClosedError`` unless they
         already completed, and release resources.  Idempotent."""
+
+
+def notify_done(on_done: OnDone | None, future: asyncio.Future[LogAddress]) -> None:
+    """Call ``on_done(future)`` for a log implementation; an exception goes to the loop's handler."""
+    if on_done is None:
+        return
+    try:
+        on_done(future)
+    except Exception as error:
+        with contextlib.suppress(RuntimeError):  # no running loop: nobody to report to
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "DurableDataLog on_done callback failed", "exception": error, "future": future})

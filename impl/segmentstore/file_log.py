@@ -116,7 +116,14 @@ from millstream.errors import (
     PayloadTooLargeError,
     WriteFailedError,
 )
-from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord, WriteSettings
+from millstream.segmentstore.durable_data_log import (
+    DurableDataLog,
+    LogAddress,
+    LogRecord,
+    OnDone,
+    WriteSettings,
+    notify_done,
+)
 
 __all__ = [
     "DEFAULT_MAX_WRITE_LENGTH_BYTES",
@@ -806,8 +813,8 @@ _TRANSITIONS: Final[dict[_State, frozenset[_State]]] = {
     _State.CLOSED: frozenset(),
 }
 
-#: A queued append: sequence, payload, future.
-_Pending = tuple[int, "bytes | bytearray | memoryview", "asyncio.Future[LogAddress]"]
+#: A queued append: sequence, payload, future, the caller's on_done (or None).
+_Pending = tuple[int, "bytes | bytearray | memoryview", "asyncio.Future[LogAddress]", "OnDone | None"]
 
 
 def _error_like(failure: BaseException) -> BaseException:
@@ -974,7 +981,7 @@ class FileLog(DurableDataLog):
             raise InternalError("read() after the first append()")
         return _read_ledgers(self._directory, self._store.manifest, self._recovered_next_sequence)
 
-    def append(self, data: bytes | bytearray | memoryview) -> asyncio.Future[LogAddress]:
+    def append(self, data: bytes | bytearray | memoryview, on_done: OnDone | None = None) -> asyncio.Future[LogAddress]:
         """Queue one record; the future completes with its address once it is durable.
 
         Raises ``PayloadTooLargeError`` if ``data`` exceeds ``write_settings``, ``ObjectClosedError``
@@ -1003,7 +1010,7 @@ class FileLog(DurableDataLog):
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
         self._in_flight_bytes = in_flight_bytes
-        self._queue.append((sequence, data, future))
+        self._queue.append((sequence, data, future, on_done))
         if self._writer_waiting:
             with self._condition:
                 self._condition.notify()
@@ -1107,19 +1114,23 @@ class FileLog(DurableDataLog):
 
     def _fail_records(self, records: list[_Pending], failure: BaseException) -> None:
         """Fail the futures of ``records`` (loop thread)."""
-        for _sequence, data, future in records:
+        for _sequence, data, future, on_done in records:
             self._in_flight_bytes -= len(data) + RECORD_HEADER_SIZE_BYTES
             if not future.done():
                 future.set_exception(_error_like(failure))
+            notify_done(on_done, future)
 
     def _complete_group(
         self, batch: list[_Pending], start: int, stop: int, addresses: list[LogAddress], group_bytes: int
     ) -> None:
         """Complete the durable group ``batch[start:stop]``, in order (loop thread; one call per group)."""
         self._in_flight_bytes -= group_bytes
-        for (_sequence, _data, future), address in zip(itertools.islice(batch, start, stop), addresses, strict=True):
+        for (_sequence, _data, future, on_done), address in zip(
+                itertools.islice(batch, start, stop), addresses, strict=True):
             if not future.done():  # the caller may have cancelled it; the record is durable anyway
                 future.set_result(address)
+            if on_done is not None:
+                notify_done(on_done, future)
 
     def _on_writer_exit(self, unfinished: list[_Pending], failure: DurableDataLogError | None) -> None:
         """The writer thread's last message (loop thread).  Runs after every append that could have
@@ -1211,7 +1222,7 @@ class FileLog(DurableDataLog):
         pack_length_sequence = _LENGTH_SEQUENCE.pack
         pack_header = _HEADER.pack
         add_address = addresses.append
-        for sequence, data, _future in itertools.islice(batch, index, None):
+        for sequence, data, _future, _on_done in itertools.islice(batch, index, None):
             if offset >= offset_max:
                 break
             if sequence != sequence_expected:

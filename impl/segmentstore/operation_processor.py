@@ -309,16 +309,16 @@ class OperationProcessor:
         if self._explicit_seal and self._tracer is not None:
             self._tracer("SealFrame", frame=number)
         try:
-            written = self._log.append(sealed.data)
+            self._log.append(sealed.data, partial(self._on_write_done, frame))
         except ObjectClosedError as error:
             # The log failed (its writer saw the failure before our completion callback did) or was
             # closed.  A failure is the real cause: report it as such, so the host recovers.
             if isinstance(error.__cause__, StorageError):
                 raise error.__cause__ from error
             raise
-        written.add_done_callback(partial(self._on_write_done, frame))
 
     def _on_write_done(self, frame: _Frame, future: asyncio.Future[LogAddress]) -> None:
+        """The log completed frame ``frame``'s write (called by the log, in its completion callback)."""
         try:
             self._handle_write_done(frame, future)
         except Exception as error:  # a bug: stop (failing everything unacknowledged) rather than hang

@@ -55,7 +55,14 @@ from millstream.errors import (
     PayloadTooLargeError,
     WriteFailedError,
 )
-from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord, WriteSettings
+from millstream.segmentstore.durable_data_log import (
+    DurableDataLog,
+    LogAddress,
+    LogRecord,
+    OnDone,
+    WriteSettings,
+    notify_done,
+)
 from millstream.segmentstore.file_log import DEFAULT_MAX_WRITE_LENGTH_BYTES
 
 __all__ = [
@@ -246,6 +253,7 @@ class _PendingWrite:
     future: asyncio.Future[LogAddress]
     durable: bool = False
     fault: WriteFault | None = None
+    on_done: OnDone | None = None
 
 
 class _State(enum.Enum):
@@ -329,7 +337,7 @@ class SimulatedDurableDataLog(DurableDataLog):
             raise InternalError("read() after the first append()")
         return self._read(list(self._storage._records))
 
-    def append(self, data: bytes | bytearray | memoryview) -> asyncio.Future[LogAddress]:
+    def append(self, data: bytes | bytearray | memoryview, on_done: OnDone | None = None) -> asyncio.Future[LogAddress]:
         """Queue one record (see ``DurableDataLog.append``).  A fenced instance returns a future that
         has already failed with ``DataLogFencedError``, and closes."""
         payload = bytes(data)  # a copy: the simulated disk must not change under the caller
@@ -342,7 +350,7 @@ class SimulatedDurableDataLog(DurableDataLog):
         sequence = self._next_sequence
         self._next_sequence += 1
         fault = None if self._faults is None else self._faults.fault_for(sequence)
-        self._pending[sequence] = _PendingWrite(sequence, payload, future, fault=fault)
+        self._pending[sequence] = _PendingWrite(sequence, payload, future, fault=fault, on_done=on_done)
         if self._fenced():
             self._fence()
         elif self._auto_complete and self._step is None:
@@ -508,12 +516,13 @@ class SimulatedDurableDataLog(DurableDataLog):
         self._set_state(_State.FAILED)
 
     def _fail_pending(self, failure: BaseException) -> None:
-        for write in self._pending.values():
+        pending, self._pending = list(self._pending.values()), {}
+        for write in pending:
             if not write.future.done():
                 error = type(failure)(*failure.args)
                 error.__cause__ = failure.__cause__
                 write.future.set_exception(error)
-        self._pending.clear()
+            self._notify(write)
 
     def _make_durable(self, write: _PendingWrite) -> None:
         self._storage._persist(write.sequence, write.data)
@@ -525,6 +534,13 @@ class SimulatedDurableDataLog(DurableDataLog):
         self._delivered_through = max(self._delivered_through, write.sequence)
         if not write.future.done():  # the caller may have cancelled it; the record is durable anyway
             write.future.set_result(LogAddress(write.sequence, (write.sequence,)))
+        self._notify(write)
+
+    def _notify(self, write: _PendingWrite) -> None:
+        # Tests drive this log from outside the event loop; the caller's on_done runs on the loop,
+        # on its next turn, as a done-callback would.
+        if write.on_done is not None:
+            write.future.get_loop().call_soon(notify_done, write.on_done, write.future)
 
     def _auto_step(self) -> None:
         """One loop iteration of auto-complete: persist the non-durable writes in order (stopping at

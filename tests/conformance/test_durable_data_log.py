@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import json
 import random
 import struct
@@ -378,6 +379,41 @@ def test_use_before_initialize_is_an_internal_error(harness: LogHarness) -> None
             list(log.read())  # read() belongs before the first append
         await log.close()
         await asyncio.gather(pending, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_on_done_runs_once_per_record_in_order_after_its_future_is_done(harness: LogHarness) -> None:
+    """on_done sees each future already done -- with its address, or with the error a close left --
+    exactly once, in sequence order, and an on_done that raises does not stop the others."""
+
+    async def scenario() -> None:
+        log = await opened(harness)
+        seen: list[tuple[int, object]] = []
+
+        def on_done(index: int, future: asyncio.Future[LogAddress]) -> None:
+            assert future.done()
+            seen.append((index, future.result().sequence if future.exception() is None
+                         else type(future.exception())))
+            if index == 3:
+                raise RuntimeError("a broken callback")
+
+        loop = asyncio.get_running_loop()
+        reported: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        futures = [log.append(bytes([i]) * 20, functools.partial(on_done, i)) for i in range(10)]
+        await asyncio.gather(*futures)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert seen == [(i, i + 1) for i in range(10)]
+        assert [type(context.get("exception")) for context in reported] == [RuntimeError]
+        late = [log.append(b"late", functools.partial(on_done, 100 + i)) for i in range(3)]
+        await log.close()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(seen) == 13 and [index for index, _ in seen[10:]] == [100, 101, 102]
+        assert all(outcome in (11, 12, 13, ObjectClosedError) for _, outcome in seen[10:])
+        assert all(future.done() for future in late)
 
     run(scenario())
 
