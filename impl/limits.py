@@ -44,6 +44,17 @@ SEGMENT_NAME_LENGTH_MAX_BYTES: Final = 1024
 #: Segments one container may know (active, sealed or tombstoned).  Pravega: 25,000 active.
 SEGMENTS_PER_CONTAINER_MAX: Final = 1_000_000
 
+# --- Tier 2 (long-term storage) -------------------------------------------------------------------
+
+#: A chunk name, encoded as UTF-8 (a segment name plus epoch, offset and a unique suffix).
+CHUNK_NAME_LENGTH_MAX_BYTES: Final = 2048
+
+#: Longest any single Tier-2 call may take before it fails with StorageUnavailableError.
+CHUNK_STORAGE_CALL_TIMEOUT_SECONDS: Final = 60.0
+
+#: Threads doing blocking Tier-2 file I/O (reads, writes, fsyncs) for one chunk storage.
+CHUNK_STORAGE_THREADS_MAX: Final = 4
+
 # --- The OperationProcessor ------------------------------------------------------------------------
 
 #: Operations waiting in a container's processing queue.  Producers wait (backpressure) when full.

@@ -18,6 +18,9 @@ __all__ = [
     "BadAttributeUpdateError",
     "BadOffsetError",
     "CallerError",
+    "ChunkExistsError",
+    "ChunkNotFoundError",
+    "ChunkStorageError",
     "ContainerUnavailableError",
     "DataCorruptionError",
     "DataLogFencedError",
@@ -29,6 +32,8 @@ __all__ = [
     "PayloadTooLargeError",
     "RetryableError",
     "StorageError",
+    "StorageFullError",
+    "StorageUnavailableError",
     "StreamSegmentExistsError",
     "StreamSegmentMergedError",
     "StreamSegmentNotExistsError",
@@ -114,6 +119,27 @@ class WriteFailedError(DurableDataLogError):
 
 class DataLogFencedError(DurableDataLogError):
     """Another owner (a newer epoch) took the log over.  This instance may not write again."""
+
+
+class ChunkStorageError(StorageError):
+    """A Tier-2 (long-term storage) chunk operation failed."""
+
+
+class ChunkNotFoundError(ChunkStorageError, LookupError):
+    """The chunk does not exist (never created, or deleted).  Nothing changed."""
+
+
+class ChunkExistsError(ChunkStorageError):
+    """A chunk of that name exists already.  Nothing changed."""
+
+
+class StorageFullError(ChunkStorageError, RetryableError):
+    """Tier 2 has no room.  Nothing was written; the caller throttles and retries once space frees."""
+
+
+class StorageUnavailableError(ChunkStorageError, RetryableError):
+    """Tier 2 failed or timed out.  A write may be partly applied (its chunk is longer than before but
+    shorter than asked); the caller re-reads the chunk's length before retrying."""
 
 
 class ContainerUnavailableError(RetryableError):
