@@ -28,7 +28,10 @@ from millstream.model.types import NO_OFFSET, OperationKind
 
 from proofs.tla_values import Record, record
 
-__all__ = ["Configuration", "initial_states", "project", "successors"]
+__all__ = ["CONSTANTS", "Configuration", "check", "initial_states", "project", "successors"]
+
+#: The constants TLC prints for this module, in the order ``Configuration.from_tlc`` reads them.
+CONSTANTS = "Segments, InitiallyActive, Requests, MaxOps, FrameCapacity, EntryHeader, MaxFailures"
 
 NO_SEGMENT = "none"
 
@@ -83,6 +86,10 @@ def _request(spec_request: Record, operation_id: int) -> Request:
         offset=spec_request["off"],
         size=spec_request["size"],
     )
+
+
+def check(state: dl.ContainerState) -> None:
+    state.check_invariants()
 
 
 def initial_states(config: Configuration) -> list[dl.ContainerState]:

@@ -20,31 +20,32 @@ from typing import Any
 
 import pytest
 
-from proofs import durable_log_agreement as agreement
+from proofs import container_failover_agreement, durable_log_agreement
 from proofs.explore import explore
 from proofs.tla_values import parse_dot, parse_value
 from proofs.tlc import SPEC_DIR, load_manifest, run_tlc
 
 PROFILE = os.environ.get("MILLSTREAM_PROFILE", "ci")
-SPEC = load_manifest()["specs"]["DurableLog"]
-CONFIGS = [c for c in SPEC["configs"] if c["profile"] == "ci" or PROFILE == "nightly"]
+#: Each spec's agreement module: Configuration, CONSTANTS, initial_states, successors, project, check.
+AGREEMENTS = {"DurableLog": durable_log_agreement, "ContainerFailover": container_failover_agreement}
+MANIFEST = load_manifest()["specs"]
+CASES = [(name, config) for name, spec in MANIFEST.items() for config in spec["configs"]
+         if config["profile"] == "ci" or PROFILE == "nightly"]
 # The dot dump of a big configuration is hundreds of MB; above this only counts are compared.
 EDGE_COMPARISON_STATES_MAX = 60_000
-
-CONSTANTS = "Segments, InitiallyActive, Requests, MaxOps, FrameCapacity, EntryHeader, MaxFailures"
-
 
 def _frozen(state: Mapping[str, Any]) -> Hashable:
     return tuple(sorted(state.items()))
 
 
-def _run_tlc_with_dump(cfg: str, workdir: Path, dump: bool) -> tuple[Any, agreement.Configuration]:
+def _run_tlc_with_dump(spec: str, cfg: str, workdir: Path, dump: bool) -> tuple[Any, Any]:
+    agreement = AGREEMENTS[spec]
     for path in SPEC_DIR.iterdir():
         if path.suffix in (".tla", ".cfg"):
             shutil.copy(path, workdir / path.name)
     (workdir / "Agreement.tla").write_text(
-        "---- MODULE Agreement ----\nEXTENDS DurableLogMC\n"
-        f'ASSUME PrintT(<<"agreement-constants", <<{CONSTANTS}>>>>)\n====\n')
+        f"---- MODULE Agreement ----\nEXTENDS {MANIFEST[spec]['model_module']}, TLC\n"
+        f'ASSUME PrintT(<<"agreement-constants", <<{agreement.CONSTANTS}>>>>)\n====\n')
     # Liveness does not change the state graph; leave it out to keep the run and the dump small.
     cfg_text = re.sub(r"^PROPERTIES\s*\n(?:[ \t]+\S.*\n?)*", "", (SPEC_DIR / cfg).read_text(), flags=re.MULTILINE)
     (workdir / "agreement.cfg").write_text(cfg_text)
@@ -55,21 +56,19 @@ def _run_tlc_with_dump(cfg: str, workdir: Path, dump: bool) -> tuple[Any, agreem
     return outcome, agreement.Configuration.from_tlc(parse_value(printed.group(1)))
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[c["cfg"] for c in CONFIGS])
-def test_model_state_graph_equals_tlc(config: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("spec", "config"), CASES, ids=[c["cfg"] for _, c in CASES])
+def test_model_state_graph_equals_tlc(spec: str, config: dict[str, Any]) -> None:
+    agreement = AGREEMENTS[spec]
     compare_edges = config["distinct"] <= EDGE_COMPARISON_STATES_MAX
     with tempfile.TemporaryDirectory() as temporary:
         workdir = Path(temporary)
-        outcome, constants = _run_tlc_with_dump(config["cfg"], workdir, dump=compare_edges)
+        outcome, constants = _run_tlc_with_dump(spec, config["cfg"], workdir, dump=compare_edges)
         graph = parse_dot(workdir / "graph.dot") if compare_edges else None
-
-    def check(state: Any) -> None:
-        state.check_invariants()
 
     python = explore(
         agreement.initial_states(constants),
         lambda state: agreement.successors(constants, state),
-        check=check,
+        check=agreement.check,
         keep_edges=compare_edges,
     )
     tlc_counts = (outcome.generated, outcome.distinct, outcome.depth)
