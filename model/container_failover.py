@@ -20,7 +20,6 @@ import enum
 from collections.abc import Iterable
 
 import attrs
-
 from millstream.model.durable_log import NotEnabled
 from millstream.model.frozen_map import FrozenMap
 
