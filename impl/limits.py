@@ -55,6 +55,31 @@ CHUNK_STORAGE_CALL_TIMEOUT_SECONDS: Final = 60.0
 #: Threads doing blocking Tier-2 file I/O (reads, writes, fsyncs) for one chunk storage.
 CHUNK_STORAGE_THREADS_MAX: Final = 4
 
+#: Tier-2 bytes one flush writes for one segment (one chunk write, one flush operation).  Big enough
+#: that a flush costs about one fsync of sequential data, small enough to bound the memory one flush
+#: pins and the bytes a failed write leaves behind.  (Pravega: storage.flush.threshold.bytes = 4 MiB.)
+STORAGE_FLUSH_BYTES_MAX: Final = 4 * MIB
+
+#: A segment with fewer unflushed bytes than this waits (up to the age below) for more, so Tier 2
+#: gets few large writes rather than many small ones.
+STORAGE_FLUSH_BYTES_MIN: Final = 1 * MIB
+
+#: ... but no byte waits longer than this to start its way to Tier 2, so the log can be truncated
+#: and recovery stays short even for quiet segments.  (Pravega: storage.flush.threshold.millis = 30 s.)
+STORAGE_FLUSH_AGE_SECONDS: Final = 5.0
+
+#: Acknowledged bytes not yet in Tier 2 (summed over a container's segments) beyond which appends are
+#: throttled: they are the only copy outside the log, so they can be neither evicted nor truncated
+#: away; without a bound a slow Tier 2 would grow memory and the log without end.
+UNFLUSHED_BYTES_MAX: Final = 512 * MIB
+
+#: Longest one throttled append waits before checking again (it keeps waiting while Tier 2 lags).
+THROTTLE_WAIT_MAX_SECONDS: Final = 1.0
+
+#: A Tier-2 call that failed is retried after this delay, doubling up to the cap ...
+STORAGE_RETRY_DELAY_SECONDS: Final = 0.05
+STORAGE_RETRY_DELAY_MAX_SECONDS: Final = 5.0
+
 # --- The OperationProcessor ------------------------------------------------------------------------
 
 #: Operations waiting in a container's processing queue.  Producers wait (backpressure) when full.
@@ -92,7 +117,25 @@ TAIL_READ_WAIT_MAX_SECONDS: Final = 60.0
 #: Tail reads waiting on one segment at once.
 TAIL_READERS_PER_SEGMENT_MAX: Final = 10_000
 
+#: Memory for segment data (the cache).  Beyond it, bytes already in Tier 2 are evicted (lowest
+#: offsets first).  Pravega sizes its cache from the container's memory; 1 GiB suits a small node.
+CACHE_BYTES_MAX: Final = 1024 * MIB
+
+#: Memory for blocks read back from Tier 2 by catch-up readers, kept apart from the cache so a
+#: reader far behind the tail never evicts the tail.
+CATCH_UP_CACHE_BYTES_MAX: Final = 64 * MIB
+
+#: A read that misses memory fetches this aligned block from Tier 2 (sequential catch-up readers
+#: then cost one Tier-2 read per block).
+TIER_TWO_READ_BLOCK_BYTES: Final = 1 * MIB
+
 # --- Lifecycle -------------------------------------------------------------------------------------
 
 #: How long stopping a container waits for in-flight Tier-1 writes before failing them.
 SHUTDOWN_TIMEOUT_SECONDS: Final = 10.0
+
+#: A container host restarts a container that stopped on a Tier-1 failure this many times in a row
+#: (the delay doubling from the first to the cap) before it gives up and reports the failure.
+CONTAINER_RESTARTS_MAX: Final = 8
+CONTAINER_RESTART_DELAY_SECONDS: Final = 0.1
+CONTAINER_RESTART_DELAY_MAX_SECONDS: Final = 10.0

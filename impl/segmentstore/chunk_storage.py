@@ -12,8 +12,11 @@ The contract:
 
 * ``create(name)`` makes an empty chunk; durable (its directory entry survives a crash) on return.
 * ``write(name, offset, data)`` appends: ``offset`` must equal the chunk's current length.  On return
-  the bytes are durable.  If it fails with ``StorageUnavailableError`` a prefix of ``data`` may have
-  landed; ``length(name)`` says how much.
+  the bytes are durable.  If it fails with ``StorageUnavailableError`` or ``StorageFullError`` a
+  prefix of ``data`` may have landed; ``length(name)`` says how much.
+* A chunk never shrinks and its bytes never change (no call cuts a chunk back, not even to undo a
+  failed write): a new owner may therefore adopt bytes an older owner wrote, even while that fenced
+  owner still runs.
 * ``read(name, offset, length)`` returns exactly ``length`` bytes from ``offset``; a range beyond the
   chunk's length is ``BadOffsetError``.
 * ``concat(target, source)`` appends ``source``'s bytes to ``target`` and deletes ``source``; durable
@@ -21,8 +24,8 @@ The contract:
   compaction of many small chunks does.)
 * ``delete(name)`` removes a chunk; ``list(prefix)`` names the chunks that exist with that prefix.
 * ``ChunkNotFoundError`` for a missing chunk, ``ChunkExistsError`` for ``create`` of an existing one,
-  ``StorageFullError`` when there is no room (nothing written), ``StorageUnavailableError`` for any
-  other failure of the medium.  Every call has a bounded duration (implementations time out).
+  ``StorageFullError`` when there is no room, ``StorageUnavailableError`` for any other failure of
+  the medium.  Every call has a bounded duration (implementations time out).
 
 Chunk names are opaque strings of up to ``limits.CHUNK_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes;
 implementations map them to their medium (a file system escapes them).
@@ -47,7 +50,7 @@ class ChunkStorage(abc.ABC):
     async def write(self, name: str, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Append ``data`` at ``offset`` (= the current length), durably.  Raises
         ``ChunkNotFoundError``, ``BadOffsetError`` (offset is not the length; nothing written),
-        ``StorageFullError`` (nothing written), ``StorageUnavailableError`` (a prefix may be written)."""
+        ``StorageFullError`` or ``StorageUnavailableError`` (a prefix may be written)."""
 
     @abc.abstractmethod
     async def read(self, name: str, offset: int, length: int) -> bytes:

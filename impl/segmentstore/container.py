@@ -8,6 +8,13 @@ restarted in place: its host builds a new one on the same log, which recovers by
 Every mutating call is one operation through the DurableLog; it returns once the operation is
 durable and visible to readers, or raises the typed error it was rejected with.  Arguments are
 validated before anything is queued (``InvalidArgumentError``, ``PayloadTooLargeError``).
+
+Tiering.  Given a ``ChunkStorage`` (Tier 2), the container runs a ``StorageWriter`` that flushes
+acknowledged bytes there, truncates the log behind them and lets the cache evict them; reads of
+evicted bytes come back from Tier 2.  While more than ``StorageSettings.unflushed_bytes_max``
+acknowledged bytes are not yet in Tier 2, appends are throttled: they wait for flushes before being
+queued, so a slow Tier 2 slows acknowledgements instead of growing memory and the log.  Without a
+``ChunkStorage`` everything stays in memory and in the log (tests, benchmarks of Tier 1 alone).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from millstream import limits
 from millstream.clock import Clock, SystemClock
 from millstream.errors import (
     ContainerUnavailableError,
+    DataCorruptionError,
     InternalError,
     InvalidArgumentError,
     PayloadTooLargeError,
@@ -36,8 +44,10 @@ from millstream.model.types import (
     AttributeUpdateType,
     SegmentStatus,
 )
+from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.durable_log import DurableLog
+from millstream.segmentstore.layout import covered_end, is_covered
 from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from millstream.segmentstore.operation_processor import OperationProcessor
 from millstream.segmentstore.operations import (
@@ -45,6 +55,7 @@ from millstream.segmentstore.operations import (
     MergeSegmentOperation,
     MetadataCheckpointOperation,
     Operation,
+    StorageFlushOperation,
     StreamSegmentAppendOperation,
     StreamSegmentMapOperation,
     StreamSegmentSealOperation,
@@ -52,9 +63,10 @@ from millstream.segmentstore.operations import (
     UpdateAttributesOperation,
 )
 from millstream.segmentstore.read_index import ReadIndex, ReadResult
+from millstream.segmentstore.storage_writer import StorageWriter
 from millstream.segmentstore.tracing import Tracer
 
-__all__ = ["LIFECYCLE", "ContainerState", "SegmentContainer", "SegmentInfo"]
+__all__ = ["LIFECYCLE", "ContainerState", "SegmentContainer", "SegmentInfo", "StorageSettings"]
 
 
 class ContainerState(enum.Enum):
@@ -77,13 +89,27 @@ LIFECYCLE: dict[tuple[ContainerState, str], ContainerState] = {
 
 @attrs.frozen
 class SegmentInfo:
-    """A segment's committed state."""
+    """A segment's committed state.  ``storage_length``: bytes from the start offset on that are in
+    Tier 2 without a gap (0 without Tier 2)."""
 
     name: str
     length: int
     start_offset: int
     sealed: bool
     attributes: dict[int, int] = attrs.field(eq=True, hash=False)
+    storage_length: int = attrs.field(default=0, eq=False)
+
+
+@attrs.frozen
+class StorageSettings:
+    """How the container uses Tier 2 and memory; defaults and reasons are in ``limits``."""
+
+    cache_bytes_max: int = limits.CACHE_BYTES_MAX
+    catch_up_cache_bytes_max: int = limits.CATCH_UP_CACHE_BYTES_MAX
+    flush_bytes_min: int = limits.STORAGE_FLUSH_BYTES_MIN
+    flush_bytes_max: int = limits.STORAGE_FLUSH_BYTES_MAX
+    flush_age_seconds: float = limits.STORAGE_FLUSH_AGE_SECONDS
+    unflushed_bytes_max: int = limits.UNFLUSHED_BYTES_MAX
 
 
 class SegmentContainer:
@@ -98,19 +124,33 @@ class SegmentContainer:
         tracer: Tracer | None = None,
         frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
+        chunk_storage: ChunkStorage | None = None,
+        storage_settings: StorageSettings | None = None,
     ) -> None:
         self.container_id = container_id
         self._clock = clock or SystemClock()
         self._metadata = ContainerMetadata(container_id)
-        self._read_index = ReadIndex(self._clock)
+        settings = storage_settings or StorageSettings()
+        self._read_index = ReadIndex(self._clock, cache_bytes_max=settings.cache_bytes_max,
+                                     catch_up_cache_bytes_max=settings.catch_up_cache_bytes_max)
+        self._storage_writer: StorageWriter | None = None
+        if chunk_storage is not None:
+            self._storage_writer = StorageWriter(
+                container_id, self._metadata, self._read_index, chunk_storage, clock=self._clock,
+                submit=self._run_internal, truncate_log=data_log.truncate,
+                flush_bytes_min=settings.flush_bytes_min, flush_bytes_max=settings.flush_bytes_max,
+                flush_age_seconds=settings.flush_age_seconds, unflushed_bytes_max=settings.unflushed_bytes_max)
+            self._read_index.attach_tier_two(self._storage_writer)
         self._durable_log = DurableLog(
-            self._metadata, data_log, clock=self._clock, on_committed=self._apply_committed, tracer=tracer,
-            frame_length_max=frame_length_max, checkpoint_frame_count=checkpoint_frame_count)
+            self._metadata, data_log, clock=self._clock, on_committed=self._apply_committed, on_loaded=self._load,
+            tracer=tracer, frame_length_max=frame_length_max, checkpoint_frame_count=checkpoint_frame_count)
         self._data_log = data_log
         self._processor: OperationProcessor | None = None
         self._state = ContainerState.STARTING
         self._started = False
         self._closing_task: asyncio.Task[None] | None = None
+        #: Appends that had to wait for Tier 2 (evidence for tests and benchmarks).
+        self.throttled_appends = 0
         self.stopped: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -118,6 +158,15 @@ class SegmentContainer:
     @property
     def state(self) -> ContainerState:
         return self._state
+
+    @property
+    def storage_writer(self) -> StorageWriter | None:
+        """The Tier-2 writer (None without Tier 2); its counters are evidence for tests and benchmarks."""
+        return self._storage_writer
+
+    @property
+    def read_index(self) -> ReadIndex:
+        return self._read_index
 
     def _transition(self, event: str) -> None:
         following = LIFECYCLE.get((self._state, event))
@@ -133,14 +182,29 @@ class SegmentContainer:
         self._started = True
         try:
             self._processor = await self._durable_log.start()
+            self._sync_read_index()
         except BaseException as error:
+            if self._processor is not None:
+                self._processor.kill()
             self._transition("failed")
             await self._data_log.close()
             self.stopped.set_result(error)
             raise
-        self._sync_read_index()
         self._transition("started")
         self._processor.stopped.add_done_callback(self._on_processor_stopped)
+        if self._storage_writer is not None:
+            self._storage_writer.start(self._metadata.epoch)
+            task = self._storage_writer.stopped
+            assert task is not None
+            task.add_done_callback(self._on_storage_writer_stopped)
+
+    def _on_storage_writer_stopped(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._processor is None:
+            return
+        error = task.exception()
+        if error is not None and self._state is ContainerState.RUNNING:
+            # Tier 2 holds data that cannot be trusted, or a bug: stop rather than serve wrong bytes.
+            self._processor.fail(error)
 
     def _on_processor_stopped(self, stopped: asyncio.Future[BaseException | None]) -> None:
         cause = stopped.result()
@@ -164,6 +228,8 @@ class SegmentContainer:
         """Stop taking operations, finish (bounded) what is in flight, release the log."""
         if self._state is ContainerState.RUNNING:
             self._transition("stop")
+        if self._storage_writer is not None:
+            await self._storage_writer.close()
         if self._processor is not None:
             await self._processor.close()
         if self._state is not ContainerState.STOPPED:
@@ -176,6 +242,8 @@ class SegmentContainer:
 
     def kill(self) -> None:
         """Die at once, as the process would (tests): nothing more is written or acknowledged."""
+        if self._storage_writer is not None:
+            self._storage_writer.kill()
         if self._processor is not None:
             self._processor.kill()
         self._state = ContainerState.STOPPED
@@ -219,12 +287,23 @@ class SegmentContainer:
             -1, payload, () if attribute_updates == () else _check_attributes(attribute_updates),
             expected_offset=NO_OFFSET if expected_offset is None else expected_offset)
         operation.segment_name = _check_name(name)
+        writer = self._storage_writer
+        if writer is not None and writer.unflushed_bytes > writer.unflushed_bytes_max:
+            await self._throttle(writer)
         processor = self._processor
         if processor is None or self._state is not ContainerState.RUNNING:
             raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
         if processor.queue_full:
             await processor.wait_for_space()
         return await processor.enqueue(operation)
+
+    async def _throttle(self, writer: StorageWriter) -> None:
+        """Hold an append while Tier 2 lags: each wait is bounded, and ends early when a flush commits."""
+        self.throttled_appends += 1
+        while writer.unflushed_bytes > writer.unflushed_bytes_max:
+            if self._state is not ContainerState.RUNNING:
+                raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
+            await writer.wait_for_progress(limits.THROTTLE_WAIT_MAX_SECONDS)
 
     async def seal(self, name: str) -> int:
         """Seal the segment; return its final length.  Raises ``StreamSegmentSealedError`` if sealed."""
@@ -254,6 +333,9 @@ class SegmentContainer:
 
     async def _run(self, operation: Operation, name: str) -> int:
         operation.segment_name = _check_name(name)
+        return await self._run_internal(operation)
+
+    async def _run_internal(self, operation: Operation) -> int:
         processor = self._processor
         if processor is None or self._state is not ContainerState.RUNNING:
             raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
@@ -276,8 +358,9 @@ class SegmentContainer:
     def get_info(self, name: str) -> SegmentInfo:
         """The committed state of segment ``name``."""
         segment = self._committed(name)
+        stored = covered_end(segment.spans, segment.start_offset) - segment.start_offset
         return SegmentInfo(name, segment.length, segment.start_offset, segment.status is SegmentStatus.SEALED,
-                           dict(segment.attributes))
+                           dict(segment.attributes), stored)
 
     def segment_names(self) -> list[str]:
         """Names of every segment that exists (active or sealed)."""
@@ -297,9 +380,18 @@ class SegmentContainer:
 
     # --- applying committed operations to memory -----------------------------------------------------
 
+    def _load(self, metadata: ContainerMetadata) -> None:
+        """Recovery loaded a checkpoint: every live segment's bytes so far are in Tier 2 only."""
+        for segment in metadata.segments.values():
+            if segment.status in (SegmentStatus.ACTIVE, SegmentStatus.SEALED):
+                self._read_index.load(segment.id, segment.start_offset, segment.length,
+                                      segment.status is SegmentStatus.SEALED)
+
     def _apply_committed(self, operations: list[Operation]) -> None:
         """Apply committed operations to the read index, in order.  A run of appends to one segment
         is applied as one append of their joined data (one copy into the index, one wake-up)."""
+        if self._storage_writer is not None:
+            self._storage_writer.on_committed(operations)
         read_index = self._read_index
         run_segment, run_offset, run_parts = -1, 0, []
         for operation in operations:
@@ -326,18 +418,26 @@ class SegmentContainer:
                 read_index.delete(operation.segment_id)
             elif isinstance(operation, MergeSegmentOperation):
                 read_index.merge(operation.target_segment_id, operation.source_segment_id)
-            elif not isinstance(operation, (UpdateAttributesOperation, MetadataCheckpointOperation)):
+            elif not isinstance(operation, (UpdateAttributesOperation, MetadataCheckpointOperation,
+                                            StorageFlushOperation)):
                 raise InternalError(f"cannot apply {operation!r}")
         if run_parts:
             read_index.segment(run_segment).append(run_offset, b"".join(run_parts))
 
     def _sync_read_index(self) -> None:
-        """After recovery: every live segment has a read index agreeing with its metadata."""
+        """After recovery: every live segment has a read index agreeing with its metadata, and every
+        readable byte the log no longer holds is in Tier 2 (else the log was truncated too far, or
+        Tier 2 lost its layout: refuse to serve rather than serve holes)."""
         for segment in self._metadata.segments.values():
             if segment.status in (SegmentStatus.ACTIVE, SegmentStatus.SEALED):
                 index = self._read_index.segment(segment.id)
                 if index.length != segment.length or index.start_offset != segment.start_offset:
                     raise InternalError(f"read index of {segment.name!r} disagrees with its metadata")
+                for start, end in index.missing_ranges():
+                    if not is_covered(segment.spans, start, end):
+                        raise DataCorruptionError(
+                            f"container {self.container_id}: bytes [{start}, {end}) of {segment.name!r} are "
+                            f"neither in the log nor in Tier 2")
                 if segment.status is SegmentStatus.SEALED and not index.sealed:
                     index.seal()
 

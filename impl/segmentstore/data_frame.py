@@ -175,11 +175,13 @@ def decode_frame(data: bytes | bytearray | memoryview, where: str) -> Iterator[E
 
 @attrs.frozen
 class ReadRecord:
-    """A complete record read back, with the address of the frame holding its last entry."""
+    """A complete record read back, with the address of the frame holding its last entry and the
+    number of the frame holding its first."""
 
     sequence_number: int
     data: memoryview
     address: LogAddress
+    first_frame: int
 
 
 class DataFrameReader:
@@ -195,6 +197,7 @@ class DataFrameReader:
 
     def __iter__(self) -> Iterator[ReadRecord]:
         open_sequence: int | None = None
+        open_frame = 0
         parts: list[memoryview] = []
         at_start = True
         skipped_sequence: int | None = None
@@ -211,6 +214,7 @@ class DataFrameReader:
                         raise DataCorruptionError(f"{where}: sequence number {entry.sequence_number} "
                                                   f"does not follow {previous_sequence}")
                     open_sequence, parts = entry.sequence_number, [entry.payload]
+                    open_frame = log_record.address.sequence
                     previous_sequence = entry.sequence_number
                 elif open_sequence is None:
                     # Allowed only before any record began: the log was truncated inside this record,
@@ -230,5 +234,5 @@ class DataFrameReader:
                     # (bytes of each part: CrossHair's model of bytes.join takes no memoryviews, and
                     # records spanning frames are rare enough for the extra copy not to matter.)
                     data = parts[0] if len(parts) == 1 else memoryview(b"".join(bytes(p) for p in parts))
-                    yield ReadRecord(open_sequence, data, log_record.address)
+                    yield ReadRecord(open_sequence, data, log_record.address, open_frame)
                     open_sequence, parts = None, []

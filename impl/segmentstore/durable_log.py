@@ -1,14 +1,19 @@
 """DurableLog: a container's write-ahead log -- recovery by replay on start, then the OperationProcessor.
 
-Recovery (``spec/DurableLog.tla``'s ``Recover``).  After ``initialize()`` fences any older owner, the
-log is read from its truncation point: the DataFrameReader reassembles records (dropping a record
-a crash cut short), the first record must be a metadata checkpoint and loads the metadata, and
-every later operation is replayed through a metadata update transaction -- it must validate where
-it stands and carry exactly the offsets and ids the container would assign again, or the log is
-corrupt and the container refuses to start (``DataCorruptionError``, naming where).  A later
-checkpoint must agree with what replay rebuilt.  Sequence numbers resume above the highest one
-seen in any entry, complete or not.  A log with nothing in it gets a checkpoint first, so the log
-always starts with one.
+Recovery (``spec/DurableLog.tla``'s ``Recover``, ``spec/ContainerFailover.tla``'s ``Start``).  After
+``initialize()`` fences any older owner, the log is read from its truncation point: the
+DataFrameReader reassembles records (dropping a record a crash cut short), the first metadata
+checkpoint loads the metadata, and every later operation is replayed through a metadata update
+transaction -- it must validate where it stands and carry exactly the offsets and ids the container
+would assign again, or the log is corrupt and the container refuses to start
+(``DataCorruptionError``, naming where).  A later checkpoint must agree with what replay rebuilt.
+Sequence numbers resume above the highest one seen in any entry, complete or not.  A log with
+nothing in it gets a checkpoint first, so the log always starts with one.
+
+The log is truncated only just below the frame a checkpoint begins in, and only once every byte that
+checkpoint describes is in Tier 2 (``storage_writer``).  So the first frame read may begin with
+records older than the checkpoint (they are part of it, and are skipped), and the checkpoint may
+name segment bytes the log no longer holds -- its spans must then cover them, or the log is corrupt.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class DurableLog:
         *,
         clock: Clock,
         on_committed: Callable[[list[Operation]], None],
+        on_loaded: Callable[[ContainerMetadata], None] | None = None,
         tracer: Tracer | None = None,
         frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
@@ -48,6 +54,7 @@ class DurableLog:
         self._log = data_log
         self._clock = clock
         self._on_committed = on_committed
+        self._on_loaded = on_loaded
         self._tracer = tracer
         self._frame_length_max = frame_length_max
         self._checkpoint_frame_count = checkpoint_frame_count
@@ -78,24 +85,27 @@ class DurableLog:
     def _recover(self, reader: DataFrameReader) -> bool:
         container = self.metadata.container_id
         transaction: ContainerMetadataUpdateTransaction | None = None
+        skipped = None
         for record in reader:
             where = f"container {container}, operation {record.sequence_number} (log record {record.address.sequence})"
             operation = deserialize(record.data, record.sequence_number)
             if transaction is None:
                 if not isinstance(operation, MetadataCheckpointOperation):
+                    if reader.frame_count == 1:
+                        skipped = skipped or where
+                        continue  # older than the first checkpoint, which the truncation kept: part of it
                     raise DataCorruptionError(f"{where}: the log does not start with a metadata checkpoint")
-                loaded = deserialize_checkpoint(operation.payload, container)
-                if any(segment.length > 0 for segment in loaded.segments.values()):
-                    raise DataCorruptionError(
-                        f"{where}: the first checkpoint names data below it, and there is no Tier 2 to read it from")
-                self.metadata.segments, self.metadata.ids_by_name = loaded.segments, loaded.ids_by_name
-                self.metadata.next_segment_id = loaded.next_segment_id
+                operation.frame_number = record.first_frame
+                self._load(operation, where)
                 transaction = ContainerMetadataUpdateTransaction(self.metadata, None)
+                self._on_committed([operation])
                 continue
             if isinstance(operation, MetadataCheckpointOperation):
                 rebuilt = serialize_checkpoint(transaction.next_segment_id, transaction.snapshot())
                 if rebuilt != operation.payload:
                     raise DataCorruptionError(f"{where}: checkpoint disagrees with the replayed log")
+                operation.frame_number = record.first_frame
+                self._on_committed([operation])
                 continue
             try:
                 transaction.replay(operation)
@@ -105,7 +115,18 @@ class DurableLog:
                 raise DataCorruptionError(f"{where}: does not replay: {error!r}") from error
             self._on_committed([operation])
             self.recovered_operations += 1
+        if transaction is None and skipped is not None:
+            raise DataCorruptionError(f"{skipped}: the log does not start with a metadata checkpoint")
         if transaction is not None:
             transaction.commit()
         self.metadata.check_invariants()
         return transaction is not None
+
+    def _load(self, checkpoint: MetadataCheckpointOperation, where: str) -> None:
+        """Load the first checkpoint.  The bytes it names may be only in Tier 2 now; whether its spans
+        (and later flushes) cover them is checked once replay is done (``SegmentContainer``)."""
+        loaded = deserialize_checkpoint(checkpoint.payload, self.metadata.container_id)
+        self.metadata.segments, self.metadata.ids_by_name = loaded.segments, loaded.ids_by_name
+        self.metadata.next_segment_id = loaded.next_segment_id
+        if self._on_loaded is not None:
+            self._on_loaded(self.metadata)

@@ -6,10 +6,15 @@ durable.  Operations in flight live in the chain of metadata update transactions
 
 Checkpoint byte layout (big-endian), the payload of a ``MetadataCheckpointOperation``::
 
-    checkpoint := version:u8 (=0) | next_segment_id:i64 | segment_count:u32 | segment*
+    checkpoint := version:u8 (=1) | next_segment_id:i64 | segment_count:u32 | segment*
     segment    := id:i64 | name_length:u16 | name:utf-8 | status:u8 | start_offset:i64 | length:i64
                   | attribute_count:u32 | (attribute_id:u128 | value:i64)*
+                  | span_count:u32 | span*
+    span       := offset:i64 | length:i64 | chunk_offset:i64 | chunk_name_length:u16 | chunk_name:utf-8
     status     := 0 active | 1 sealed | 2 merged | 3 deleted
+
+Spans are the segment's layout in Tier 2 (``layout``): a checkpoint carries them, so a log truncated
+below it still knows where every byte it no longer holds lives.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from millstream.model.types import (
     AttributeUpdateType,
     SegmentStatus,
 )
+from millstream.segmentstore.layout import ChunkSpan, Spans
 
 __all__ = [
     "ContainerMetadata",
@@ -41,29 +47,35 @@ _HEADER = struct.Struct(">BqI")
 _SEGMENT_HEAD = struct.Struct(">qH")
 _SEGMENT_TAIL = struct.Struct(">BqqI")
 _ATTRIBUTE = struct.Struct(">QQq")
+_COUNT = struct.Struct(">I")
+_SPAN = struct.Struct(">qqqH")
+CHECKPOINT_VERSION = 1
 _MASK64 = (1 << 64) - 1
 
 
 class SegmentMetadata:
     """One segment's committed state."""
 
-    __slots__ = ("attributes", "id", "length", "name", "start_offset", "status")
+    __slots__ = ("attributes", "id", "length", "name", "spans", "start_offset", "status")
 
     def __init__(self, segment_id: int, name: str, status: SegmentStatus = SegmentStatus.ACTIVE,
-                 start_offset: int = 0, length: int = 0, attributes: dict[int, int] | None = None) -> None:
+                 start_offset: int = 0, length: int = 0, attributes: dict[int, int] | None = None,
+                 spans: Spans = ()) -> None:
         self.id = segment_id
         self.name = name
         self.status = status
         self.start_offset = start_offset
         self.length = length
         self.attributes: dict[int, int] = attributes if attributes is not None else {}
+        #: Where the segment's bytes live in Tier 2 (see ``layout``).
+        self.spans: Spans = spans
 
     def get_attribute(self, attribute_id: int) -> int:
         return self.attributes.get(attribute_id, NULL_ATTRIBUTE_VALUE)
 
     def __repr__(self) -> str:
         return (f"SegmentMetadata({self.id}, {self.name!r}, {self.status!r}, start_offset={self.start_offset}, "
-                f"length={self.length}, attributes={self.attributes!r})")
+                f"length={self.length}, attributes={self.attributes!r}, spans={self.spans!r})")
 
 
 class ContainerMetadata:
@@ -96,6 +108,9 @@ class ContainerMetadata:
             segment = self.segments[segment_id]
             assert segment.name == name, (name, segment)
             assert 0 <= segment.start_offset <= segment.length, segment
+            ends = [0] + [span.end for span in segment.spans]
+            for span, previous_end in zip(segment.spans, ends, strict=False):
+                assert previous_end <= span.offset and span.length > 0 and span.end <= segment.length, segment
             assert segment_id < self.next_segment_id, segment
         assert len(self.segments) == len(self.ids_by_name)
 
@@ -148,14 +163,19 @@ def serialize_checkpoint(next_segment_id: int, segments: Iterable[SegmentMetadat
                                         len(segment.attributes)))
         attributes = sorted(segment.attributes.items())
         parts.extend(_ATTRIBUTE.pack(key >> 64, key & _MASK64, value) for key, value in attributes)
-    return _HEADER.pack(0, next_segment_id, count) + b"".join(parts)
+        parts.append(_COUNT.pack(len(segment.spans)))
+        for span in segment.spans:
+            chunk = span.chunk.encode()
+            parts.append(_SPAN.pack(span.offset, span.length, span.chunk_offset, len(chunk)))
+            parts.append(chunk)
+    return _HEADER.pack(CHECKPOINT_VERSION, next_segment_id, count) + b"".join(parts)
 
 
 def deserialize_checkpoint(payload: bytes, container_id: int) -> ContainerMetadata:
     """The metadata a checkpoint holds.  Raises ``DataCorruptionError`` if it is malformed."""
     try:
         version, next_segment_id, count = _HEADER.unpack_from(payload, 0)
-        if version != 0:
+        if version != CHECKPOINT_VERSION:
             raise ValueError(f"unknown checkpoint version {version}")
         metadata = ContainerMetadata(container_id)
         metadata.next_segment_id = next_segment_id
@@ -172,7 +192,20 @@ def deserialize_checkpoint(payload: bytes, container_id: int) -> ContainerMetada
                 high, low, value = _ATTRIBUTE.unpack_from(payload, position)
                 attributes[(high << 64) | low] = value
                 position += _ATTRIBUTE.size
-            metadata.put(SegmentMetadata(segment_id, name, _STATUS_BY_CODE[status], start_offset, length, attributes))
+            (span_count,) = _COUNT.unpack_from(payload, position)
+            position += _COUNT.size
+            spans = []
+            for _ in range(span_count):
+                offset, span_length, chunk_offset, chunk_length = _SPAN.unpack_from(payload, position)
+                position += _SPAN.size
+                chunk = payload[position:position + chunk_length]
+                position += chunk_length
+                if len(chunk) != chunk_length or span_length <= 0 or chunk_offset < 0 or offset + span_length > length \
+                        or offset < (spans[-1].end if spans else 0):
+                    raise ValueError(f"segment {segment_id}: span {len(spans)} is not a valid layout entry")
+                spans.append(ChunkSpan(offset, span_length, chunk.decode(), chunk_offset))
+            metadata.put(SegmentMetadata(segment_id, name, _STATUS_BY_CODE[status], start_offset, length, attributes,
+                                         tuple(spans)))
         if position != len(payload):
             raise ValueError("trailing bytes after the last segment")
     except (struct.error, ValueError, KeyError, UnicodeDecodeError) as error:

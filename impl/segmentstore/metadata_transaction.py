@@ -34,12 +34,14 @@ from millstream.errors import (
 )
 from millstream.limits import SEGMENTS_PER_CONTAINER_MAX
 from millstream.model.types import NO_OFFSET, NULL_ATTRIBUTE_VALUE, SegmentStatus
+from millstream.segmentstore.layout import ChunkSpan, add_span, drop_below, overlaps, shifted
 from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata, attribute_update_values
 from millstream.segmentstore.operations import (
     DeleteSegmentOperation,
     MergeSegmentOperation,
     MetadataCheckpointOperation,
     Operation,
+    StorageFlushOperation,
     StreamSegmentAppendOperation,
     StreamSegmentMapOperation,
     StreamSegmentSealOperation,
@@ -56,7 +58,7 @@ _ACTIVE, _SEALED, _MERGED, _DELETED = (
 class SegmentMetadataUpdateTransaction:
     """One segment as a transaction sees it.  Attribute changes are an overlay on the version below."""
 
-    __slots__ = ("attribute_changes", "below", "id", "length", "name", "start_offset", "status")
+    __slots__ = ("attribute_changes", "below", "id", "length", "name", "spans", "start_offset", "status")
 
     def __init__(self, below: SegmentMetadata | SegmentMetadataUpdateTransaction | None, segment_id: int,
                  name: str) -> None:
@@ -65,9 +67,10 @@ class SegmentMetadataUpdateTransaction:
         self.name = name
         self.attribute_changes: dict[int, int] = {}
         if below is None:
-            self.status, self.start_offset, self.length = _ACTIVE, 0, 0
+            self.status, self.start_offset, self.length, self.spans = _ACTIVE, 0, 0, ()
         else:
             self.status, self.start_offset, self.length = below.status, below.start_offset, below.length
+            self.spans = below.spans
 
     def get_attribute(self, attribute_id: int) -> int:
         changes = self.attribute_changes
@@ -148,6 +151,13 @@ class ContainerMetadataUpdateTransaction:
             raise StreamSegmentNotExistsError(f"segment {name!r} does not exist")
         return self._segment_by_id(segment_id)
 
+    def _existing_by_id(self, segment_id: int) -> SegmentMetadataUpdateTransaction | None:
+        """The segment with id ``segment_id`` if it exists (not deleted or merged), else None."""
+        if segment_id not in self.segments and self._version_below(segment_id) is None:
+            return None
+        segment = self._segment_by_id(segment_id)
+        return None if segment.status is _DELETED or segment.status is _MERGED else segment
+
     def _segment_by_id(self, segment_id: int) -> SegmentMetadataUpdateTransaction:
         segment = self.segments.get(segment_id)
         if segment is None:
@@ -221,6 +231,16 @@ class ContainerMetadataUpdateTransaction:
             segment.require_writable()
             attribute_update_values(segment.get_attribute, operation.attribute_updates)
             operation.segment_id = segment.id
+        elif isinstance(operation, StorageFlushOperation):
+            segment_or_none = self._existing_by_id(operation.segment_id)
+            if segment_or_none is None:
+                raise StreamSegmentNotExistsError(f"segment id {operation.segment_id} does not exist")
+            end = operation.offset + operation.length
+            if operation.offset < 0 or operation.length <= 0 or operation.chunk_offset < 0 \
+                    or end > segment_or_none.length or overlaps(segment_or_none.spans, operation.offset, end):
+                raise BadOffsetError(f"flush of [{operation.offset}, {end}) does not fit the layout of "
+                                     f"{segment_or_none.name!r} (length {segment_or_none.length})")
+            operation.segment_name = segment_or_none.name
         elif not isinstance(operation, MetadataCheckpointOperation):
             raise InternalError(f"unknown operation {operation!r}")
 
@@ -235,12 +255,23 @@ class ContainerMetadataUpdateTransaction:
         elif isinstance(operation, StreamSegmentSealOperation):
             self._segment_by_id(operation.segment_id).status = _SEALED
         elif isinstance(operation, StreamSegmentTruncateOperation):
-            self._segment_by_id(operation.segment_id).start_offset = operation.offset
+            segment = self._segment_by_id(operation.segment_id)
+            segment.start_offset = operation.offset
+            segment.spans = drop_below(segment.spans, operation.offset)
         elif isinstance(operation, DeleteSegmentOperation):
             _tombstone(self._segment_by_id(operation.segment_id), _DELETED)
         elif isinstance(operation, MergeSegmentOperation):
-            self._segment_by_id(operation.target_segment_id).length += operation.length
-            _tombstone(self._segment_by_id(operation.source_segment_id), _MERGED)
+            # The source's Tier-2 bytes become the target's without a copy: its spans are relinked.
+            target = self._segment_by_id(operation.target_segment_id)
+            source = self._segment_by_id(operation.source_segment_id)
+            target.length += operation.length
+            target.spans = target.spans + shifted(source.spans, operation.offset)
+            _tombstone(source, _MERGED)
+        elif isinstance(operation, StorageFlushOperation):
+            segment = self._segment_by_id(operation.segment_id)
+            if operation.offset + operation.length > segment.start_offset:  # else truncated meanwhile: moot
+                segment.spans = add_span(segment.spans, ChunkSpan(
+                    operation.offset, operation.length, operation.chunk, operation.chunk_offset))
         elif isinstance(operation, StreamSegmentMapOperation):
             segment = SegmentMetadataUpdateTransaction(None, operation.segment_id, operation.name)
             if operation.attribute_updates:
@@ -263,7 +294,7 @@ class ContainerMetadataUpdateTransaction:
         elif isinstance(operation, MergeSegmentOperation):
             operation.segment_name = self._name_of(operation.target_segment_id)
             operation.source_name = self._name_of(operation.source_segment_id)
-        elif not isinstance(operation, MetadataCheckpointOperation):
+        elif not isinstance(operation, (MetadataCheckpointOperation, StorageFlushOperation)):
             operation.segment_name = self._name_of(operation.segment_id)  # type: ignore[attr-defined]
         if isinstance(operation, StreamSegmentAppendOperation):
             operation.expected_offset = operation.offset
@@ -303,6 +334,7 @@ class ContainerMetadataUpdateTransaction:
             committed.status = segment.status
             committed.start_offset = segment.start_offset
             committed.length = segment.length
+            committed.spans = segment.spans
             if segment.status is _DELETED or segment.status is _MERGED:
                 committed.attributes = {}
             else:
@@ -329,7 +361,7 @@ class ContainerMetadataUpdateTransaction:
             attributes = (dict(segment.attributes) if isinstance(segment, SegmentMetadata)
                           else segment.all_attributes())
             result.append(SegmentMetadata(segment.id, segment.name, segment.status, segment.start_offset,
-                                          segment.length, attributes))
+                                          segment.length, attributes, segment.spans))
         return result
 
 
@@ -337,6 +369,7 @@ def _tombstone(segment: SegmentMetadataUpdateTransaction, status: SegmentStatus)
     segment.status = status
     segment.start_offset = 0
     segment.length = 0
+    segment.spans = ()
     segment.attribute_changes.clear()
     segment.below = None
 

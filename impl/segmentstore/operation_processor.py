@@ -118,6 +118,7 @@ class OperationProcessor:
         self._frames_since_checkpoint = 0
         self._bytes_since_checkpoint = 0
         self._checkpoint_queued = False
+        self._unsealed_checkpoint: MetadataCheckpointOperation | None = None
         self._failure: BaseException | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -199,6 +200,11 @@ class OperationProcessor:
             await asyncio.wait_for(self._log_capacity.wait(), timeout=deadline - self._clock.monotonic())
         if self._failure is None:
             self._fail(ObjectClosedError("the container is shutting down"), trace=False)
+
+    def fail(self, error: BaseException) -> None:
+        """Stop because a part of the container outside the processor failed (e.g. Tier 2 holds
+        corrupt data): everything unacknowledged fails, as on a Tier-1 failure."""
+        self._fail(error, trace=False)
 
     def kill(self) -> None:
         """Stop at once, as a process that dies: no further writes, nothing acknowledged."""
@@ -283,6 +289,7 @@ class OperationProcessor:
         operation.sequence_number = sequence_number
         if isinstance(operation, MetadataCheckpointOperation):
             operation.payload = serialize_checkpoint(self._active.next_segment_id, self._active.snapshot())
+            self._unsealed_checkpoint = operation
         if type(operation) is StreamSegmentAppendOperation:
             head, tail = operation.header(), operation.data
         else:
@@ -301,6 +308,9 @@ class OperationProcessor:
     def _on_frame_sealed(self, sealed: SealedFrame) -> None:
         number = self._next_frame_number
         self._next_frame_number = number + 1
+        if self._unsealed_checkpoint is not None:
+            self._unsealed_checkpoint.frame_number = number
+            self._unsealed_checkpoint = None
         frame = _Frame(number, self._frame_operations, self._active, len(sealed.data), self._clock.monotonic())
         self._frame_operations = []
         self._active = ContainerMetadataUpdateTransaction(self._metadata, frame.transaction)
@@ -435,7 +445,10 @@ class OperationProcessor:
 
     def _trace_submit(self, operation: Operation) -> None:
         assert self._tracer is not None
-        kind = operation.KIND.value if operation.KIND is not None else "checkpoint"
+        if operation.KIND is not None:
+            kind = operation.KIND.value
+        else:
+            kind = "checkpoint" if isinstance(operation, MetadataCheckpointOperation) else "storage_flush"
         source = operation.source_name if isinstance(operation, MergeSegmentOperation) else None
         length = len(operation.data) if isinstance(operation, StreamSegmentAppendOperation) else 0
         if isinstance(operation, StreamSegmentAppendOperation):

@@ -14,6 +14,8 @@ Byte layout of a serialized operation (a *record*; all integers big-endian, ``i6
                  | attribute * attribute_count          (creates the segment)
     attributes:= segment_id:i64 | attribute_count:u16 | attribute * attribute_count
     checkpoint:= payload_length:u32 | payload           (see ``metadata.serialize_checkpoint``)
+    flush     := segment_id:i64 | offset:i64 | length:i64 | chunk_offset:i64 | chunk_name_length:u16
+                 | chunk_name:utf-8                     (segment bytes now in Tier 2, see ``layout``)
     attribute := id:u128 | update_type:u8 | value:i64 | comparison_value:i64
 
 Type codes are never reused.  The sequence number is not part of the record: it travels in the
@@ -40,6 +42,7 @@ __all__ = [
     "StreamSegmentAppendOperation",
     "StreamSegmentMapOperation",
     "StreamSegmentSealOperation",
+    "StorageFlushOperation",
     "StreamSegmentTruncateOperation",
     "UpdateAttributesOperation",
     "deserialize",
@@ -55,6 +58,7 @@ _ATTRIBUTES_HEADER = struct.Struct(">BBqH")
 _CHECKPOINT_HEADER = struct.Struct(">BBI")
 _ATTRIBUTE = struct.Struct(">QQBqq")
 _TYPE = struct.Struct(">BB")
+_FLUSH_HEADER = struct.Struct(">BBqqqqH")
 
 VERSION = 0
 NO_SEGMENT_ID = -1
@@ -270,16 +274,50 @@ class StreamSegmentTruncateOperation(Operation):
 class MetadataCheckpointOperation(Operation):
     """A snapshot of the container metadata; recovery starts from the first one in the log."""
 
-    __slots__ = ("payload",)
+    __slots__ = ("frame_number", "payload")
     TYPE = 8
     KIND = None
 
     def __init__(self, payload: bytes = b"") -> None:
         super().__init__()
         self.payload = payload
+        #: The log record (DataFrame) the checkpoint begins in, once sealed into one: the log may be
+        #: truncated below it (not through it) once everything it describes is in Tier 2.
+        self.frame_number = 0
 
     def serialize(self) -> bytes:
         return _CHECKPOINT_HEADER.pack(self.TYPE, VERSION, len(self.payload)) + self.payload
+
+
+class StorageFlushOperation(Operation):
+    """The StorageWriter's record that segment ``segment_id``'s bytes ``[offset, offset + length)`` are
+    durable in Tier 2 as bytes ``[chunk_offset, ...)`` of ``chunk`` -- written there before this
+    operation is queued, and referenced only once it commits (so a fenced owner's chunk writes, whose
+    flush operations can never commit, are never read)."""
+
+    __slots__ = ("chunk", "chunk_offset", "length", "offset", "segment_id")
+    TYPE = 11
+    KIND = None
+
+    def __init__(self, segment_id: int, offset: int, length: int, chunk: str, chunk_offset: int) -> None:
+        super().__init__()
+        self.segment_id = segment_id
+        self.offset = offset
+        self.length = length
+        self.chunk = chunk
+        self.chunk_offset = chunk_offset
+
+    def serialize(self) -> bytes:
+        chunk = self.chunk.encode()
+        return _FLUSH_HEADER.pack(self.TYPE, VERSION, self.segment_id, self.offset, self.length, self.chunk_offset,
+                                  len(chunk)) + chunk
+
+    @property
+    def result_offset(self) -> int:
+        return self.offset + self.length
+
+    def _repr_fields(self) -> tuple[str, ...]:
+        return ("sequence_number", "segment_id", "offset", "length", "chunk", "chunk_offset")
 
 
 class DeleteSegmentOperation(Operation):
@@ -365,6 +403,11 @@ def _deserialize(view: memoryview) -> Operation:
         _, _, length = _CHECKPOINT_HEADER.unpack_from(view, 0)
         _expect_length(view, _CHECKPOINT_HEADER.size + length)
         operation = MetadataCheckpointOperation(bytes(view[_CHECKPOINT_HEADER.size:]))
+    elif type_code == StorageFlushOperation.TYPE:
+        _, _, segment_id, offset, length, chunk_offset, name_length = _FLUSH_HEADER.unpack_from(view, 0)
+        _expect_length(view, _FLUSH_HEADER.size + name_length)
+        chunk = bytes(view[_FLUSH_HEADER.size:]).decode()
+        operation = StorageFlushOperation(segment_id, offset, length, chunk, chunk_offset)
     else:
         raise ValueError(f"unknown operation type {type_code}")
     return operation

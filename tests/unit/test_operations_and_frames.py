@@ -38,12 +38,14 @@ from millstream.segmentstore.data_frame import (
     decode_frame,
 )
 from millstream.segmentstore.durable_data_log import LogAddress, LogRecord
+from millstream.segmentstore.layout import ChunkSpan
 from millstream.segmentstore.metadata import SegmentMetadata, deserialize_checkpoint, serialize_checkpoint
 from millstream.segmentstore.operations import (
     DeleteSegmentOperation,
     MergeSegmentOperation,
     MetadataCheckpointOperation,
     Operation,
+    StorageFlushOperation,
     StreamSegmentAppendOperation,
     StreamSegmentMapOperation,
     StreamSegmentSealOperation,
@@ -73,6 +75,7 @@ OPERATIONS: dict[type[Operation], st.SearchStrategy[Operation]] = {
     StreamSegmentTruncateOperation: st.builds(StreamSegmentTruncateOperation, int64s, int64s),
     MetadataCheckpointOperation: st.builds(MetadataCheckpointOperation, st.binary(max_size=300)),
     DeleteSegmentOperation: st.builds(DeleteSegmentOperation, int64s),
+    StorageFlushOperation: st.builds(StorageFlushOperation, int64s, int64s, int64s, segment_names, int64s),
 }
 operations = st.one_of(*OPERATIONS.values())
 
@@ -86,6 +89,7 @@ FIELDS: dict[type[Operation], Callable[[Any], tuple[Any, ...]]] = {
     StreamSegmentTruncateOperation: lambda op: (op.segment_id, op.offset),
     MetadataCheckpointOperation: lambda op: (op.payload,),
     DeleteSegmentOperation: lambda op: (op.segment_id,),
+    StorageFlushOperation: lambda op: (op.segment_id, op.offset, op.length, op.chunk, op.chunk_offset),
 }
 
 
@@ -434,13 +438,17 @@ def checkpoints(draw: st.DrawFn) -> tuple[int, list[SegmentMetadata]]:
         length = draw(st.integers(0, INT64_MAX))
         start_offset = draw(st.integers(0, length))
         attributes = draw(st.dictionaries(st.integers(0, ATTRIBUTE_ID_MAX), int64s, max_size=6))
-        segments.append(SegmentMetadata(segment_id, name, status, start_offset, length, attributes))
+        cuts = sorted(draw(st.lists(st.integers(0, length), unique=True, max_size=6)))
+        spans = tuple(ChunkSpan(a, b - a, draw(segment_names), draw(st.integers(0, INT64_MAX)))
+                      for a, b in zip(cuts[::2], cuts[1::2], strict=False) if b > a)
+        segments.append(SegmentMetadata(segment_id, name, status, start_offset, length, attributes, spans))
     next_segment_id = draw(st.integers(max(ids, default=0) + 1, INT64_MAX))
     return next_segment_id, segments
 
 
 def as_tuple(segment: SegmentMetadata) -> tuple[Any, ...]:
-    return (segment.id, segment.name, segment.status, segment.start_offset, segment.length, segment.attributes)
+    return (segment.id, segment.name, segment.status, segment.start_offset, segment.length, segment.attributes,
+            segment.spans)
 
 
 @given(checkpoints())

@@ -26,7 +26,7 @@ def test_reads_return_exactly_what_was_appended(appends: list[bytes], data: st.D
     assert index.length == len(whole)
     offset = data.draw(st.integers(0, len(whole)))
     length = data.draw(st.integers(0, len(whole) - offset))
-    assert index.read(offset, length) == whole[offset:offset + length]
+    assert index.read_memory(offset, length) == whole[offset:offset + length]
 
 
 def test_truncate_keeps_what_lies_above_the_start() -> None:
@@ -34,7 +34,7 @@ def test_truncate_keeps_what_lies_above_the_start() -> None:
     payload = bytes(range(256)) * (3 * BLOCK_LENGTH_BYTES // 256)
     index.append(0, payload)
     index.truncate(BLOCK_LENGTH_BYTES + 7)
-    assert index.read(BLOCK_LENGTH_BYTES + 7, 100) == payload[BLOCK_LENGTH_BYTES + 7:BLOCK_LENGTH_BYTES + 107]
+    assert index.read_memory(BLOCK_LENGTH_BYTES + 7, 100) == payload[BLOCK_LENGTH_BYTES + 7:BLOCK_LENGTH_BYTES + 107]
 
 
 async def _pending_read(read_index: ReadIndex, offset: int, wait: float) -> asyncio.Task[object]:

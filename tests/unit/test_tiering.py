@@ -1,0 +1,268 @@
+"""Tiered storage in one container: flush to Tier 2, eviction and reads back, log truncation and
+recovery from a truncated log, reconciliation after a restart, throttling, fencing of a stale owner.
+
+Every scenario runs on the simulated log and the simulated chunk storage, and ends by recovering a
+fresh container from what the tiers hold and comparing every segment's bytes with what was
+acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+import pytest
+from millstream.errors import (
+    ContainerUnavailableError,
+    DataCorruptionError,
+    StreamSegmentTruncatedError,
+)
+from millstream.segmentstore.container import ContainerState, SegmentContainer, StorageSettings
+from millstream.segmentstore.read_index import BLOCK_LENGTH_BYTES
+from millstream.testing.simulated_chunk_storage import SimulatedChunkStorage
+from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedLogStorage
+
+SCENARIO_TIMEOUT_SECONDS = 30.0
+#: Small thresholds, so a few appends exercise every path.
+SMALL = StorageSettings(cache_bytes_max=2 * BLOCK_LENGTH_BYTES, catch_up_cache_bytes_max=4 << 20,
+                        flush_bytes_min=64 * 1024, flush_bytes_max=256 * 1024, flush_age_seconds=0.05,
+                        unflushed_bytes_max=8 << 20)
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(scenario(), SCENARIO_TIMEOUT_SECONDS)
+    asyncio.run(bounded())
+
+
+class Tiers:
+    """A log and a chunk storage that outlive the containers built on them."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.log = SimulatedLogStorage()
+        self.lts = SimulatedChunkStorage(rng=random.Random(seed))
+
+    def container(self, settings: StorageSettings = SMALL, checkpoint_frame_count: int = 4) -> SegmentContainer:
+        return SegmentContainer(7, SimulatedDurableDataLog(self.log), chunk_storage=self.lts,
+                                storage_settings=settings, checkpoint_frame_count=checkpoint_frame_count)
+
+
+async def read_all(container: SegmentContainer, name: str) -> bytes:
+    info = container.get_info(name)
+    offset, parts = info.start_offset, []
+    while offset < info.length:
+        result = await container.read(name, offset, info.length - offset)
+        assert result.data, f"an empty read at {offset} of {info.length}"
+        parts.append(result.data)
+        offset += len(result.data)
+    return b"".join(parts)
+
+
+async def until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.005)
+
+
+def payload(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def test_flushed_bytes_are_evicted_read_back_from_tier_two_and_survive_log_truncation() -> None:
+    async def scenario() -> None:
+        tiers = Tiers()
+        container = tiers.container()
+        await container.start()
+        await container.create_segment("s")
+        written = b"".join(payload(i, 50_000) for i in range(40))
+        for i in range(40):
+            await container.append("s", written[i * 50_000:(i + 1) * 50_000])
+        writer = container.storage_writer
+        assert writer is not None
+        await until(lambda: container.get_info("s").storage_length == len(written), "everything is in Tier 2")
+        await until(lambda: writer.log_truncations > 0, "the log is truncated")
+        assert container.read_index.cached_bytes <= SMALL.cache_bytes_max, "flushed bytes are evicted"
+        before = container.read_index.tier_two_reads
+        assert await read_all(container, "s") == written
+        assert container.read_index.tier_two_reads > before, "evicted bytes came back from Tier 2"
+        assert tiers.log.truncated_through > 0
+        await container.stop()
+
+        recovered = tiers.container()
+        await recovered.start()
+        assert await read_all(recovered, "s") == written
+        recovered.check_invariants()
+        await recovered.stop()
+    run(scenario)
+
+
+def test_seal_merge_truncate_delete_keep_the_layout_and_collect_garbage() -> None:
+    async def scenario() -> None:
+        tiers = Tiers(1)
+        container = tiers.container()
+        await container.start()
+        for name in ("target", "source", "doomed"):
+            await container.create_segment(name)
+        target, source = payload(1, 300_000), payload(2, 200_000)
+        await container.append("target", target)
+        await container.append("source", source)
+        await container.append("doomed", payload(3, 100_000))
+        await container.seal("source")
+        writer = container.storage_writer
+        assert writer is not None
+        await until(lambda: writer.unflushed_bytes == 0, "all flushed")
+        assert await container.merge("target", "source") == len(target)
+        await container.append("target", b"tail")
+        await container.truncate("target", 270_000)
+        await container.delete("doomed")
+        await until(lambda: writer.unflushed_bytes == 0 and writer.deleted_chunks > 0, "flushed and collected")
+        expected = (target + source + b"tail")[270_000:]
+        assert await read_all(container, "target") == expected
+        referenced = {span.chunk for segment in container._metadata.segments.values() for span in segment.spans}
+        assert set(tiers.lts.chunks()) == referenced, "every chunk left is referenced"
+        await container.stop()
+
+        recovered = tiers.container()
+        await recovered.start()
+        assert await read_all(recovered, "target") == expected
+        assert recovered.segment_names() == ["target"]
+        await recovered.stop()
+    run(scenario)
+
+
+def test_a_restart_verifies_and_adopts_bytes_already_in_tier_two_instead_of_rewriting_them() -> None:
+    async def scenario() -> None:
+        tiers = Tiers(2)
+        # A huge flush threshold and age: nothing is flushed by the first owner on its own.
+        lazy = StorageSettings(flush_bytes_min=1 << 40, flush_age_seconds=3600.0)
+        first = tiers.container(lazy)
+        await first.start()
+        await first.create_segment("s")
+        data = payload(4, 100_000)
+        await first.append("s", data)
+        first_writer = first.storage_writer
+        assert first_writer is not None
+        # The first owner wrote a chunk but died before its flush operation reached the log.
+        segment = first._metadata.get("s")
+        assert segment is not None
+        name = f"c7/s{segment.id}/{0:020d}.e{first._metadata.epoch}.1"
+        await tiers.lts.create(name)
+        await tiers.lts.write(name, 0, data[:60_000])
+        first.kill()
+
+        second = tiers.container()
+        await second.start()
+        writer = second.storage_writer
+        assert writer is not None
+        await until(lambda: writer.unflushed_bytes == 0, "flushed")
+        assert writer.reconciled_bytes == 60_000, "the bytes already there were adopted"
+        assert writer.flushed_bytes == 40_000, "only the rest was written"
+        assert await read_all(second, "s") == data
+        await second.stop()
+    run(scenario)
+
+
+def test_a_slow_tier_two_throttles_appends_and_nothing_is_lost() -> None:
+    async def scenario() -> None:
+        tiers = Tiers(3)
+        settings = StorageSettings(flush_bytes_min=16 * 1024, flush_bytes_max=64 * 1024, flush_age_seconds=0.01,
+                                   unflushed_bytes_max=256 * 1024, cache_bytes_max=BLOCK_LENGTH_BYTES)
+        container = tiers.container(settings)
+        await container.start()
+        await container.create_segment("s")
+        tiers.lts.faults.slowness_seconds = 0.02
+        writer = container.storage_writer
+        assert writer is not None
+        written = []
+        peak = 0
+        for i in range(60):
+            chunk = payload(100 + i, 20_000)
+            await container.append("s", chunk)
+            written.append(chunk)
+            peak = max(peak, writer.unflushed_bytes)
+        assert container.throttled_appends > 0, "appends waited for Tier 2"
+        # Bounded: at most the limit plus one append's bytes (and what one flush round had in flight).
+        assert peak <= settings.unflushed_bytes_max + 20_000
+        tiers.lts.faults.slowness_seconds = 0.0
+        await until(lambda: writer.unflushed_bytes == 0, "caught up")
+        assert await read_all(container, "s") == b"".join(written)
+        await container.stop()
+    run(scenario)
+
+
+def test_tier_two_failures_are_retried_and_torn_chunk_writes_are_never_referenced() -> None:
+    async def scenario() -> None:
+        tiers = Tiers(4)
+        container = tiers.container()
+        await container.start()
+        await container.create_segment("s")
+        tiers.lts.fail_writes(None)
+        data = payload(5, 400_000)
+        await container.append("s", data)
+        writer = container.storage_writer
+        assert writer is not None
+        await until(lambda: writer.storage_failures >= 3, "flushes failed and were retried")
+        assert container.state is ContainerState.RUNNING
+        assert container.get_info("s").storage_length == 0
+        tiers.lts.heal()
+        await until(lambda: writer.unflushed_bytes == 0, "flushed after healing")
+        assert await read_all(container, "s") == data
+        await container.stop()
+        recovered = tiers.container()
+        await recovered.start()
+        assert await read_all(recovered, "s") == data
+        await recovered.stop()
+    run(scenario)
+
+
+def test_a_new_owner_fences_the_old_one_in_both_tiers() -> None:
+    async def scenario() -> None:
+        tiers = Tiers(5)
+        lazy = StorageSettings(flush_bytes_min=1 << 40, flush_age_seconds=3600.0)
+        old = tiers.container(lazy)
+        await old.start()
+        await old.create_segment("s")
+        acknowledged = payload(6, 90_000)
+        await old.append("s", acknowledged)
+
+        new = tiers.container()
+        await new.start()
+        # The old owner's next log write fails: it stops, and its appends fail retryably.
+        with pytest.raises(ContainerUnavailableError):
+            await old.append("s", b"lost")
+        await until(lambda: old.state is ContainerState.STOPPED, "the old owner stopped")
+        new_writer = new.storage_writer
+        assert new_writer is not None
+        await until(lambda: new_writer.unflushed_bytes == 0, "the new owner flushed")
+        # The old owner's chunk writes (were it to make any) land in chunks nobody references.
+        referenced = {span.chunk for segment in new._metadata.segments.values() for span in segment.spans}
+        assert all(f".e{new._metadata.epoch}." in chunk for chunk in referenced)
+        assert await read_all(new, "s") == acknowledged
+        await new.stop()
+    run(scenario)
+
+
+def test_reads_below_the_start_offset_and_a_missing_chunk_are_typed_errors() -> None:
+    async def scenario() -> None:
+        tiers = Tiers(6)
+        container = tiers.container()
+        await container.start()
+        await container.create_segment("s")
+        await container.append("s", payload(7, 300_000))
+        await container.truncate("s", 10)
+        with pytest.raises(StreamSegmentTruncatedError):
+            await container.read("s", 9, 10)
+        writer = container.storage_writer
+        assert writer is not None
+        await until(lambda: writer.unflushed_bytes == 0, "flushed")
+        await container.stop()
+        for name in list(tiers.lts.chunks()):
+            await tiers.lts.delete(name)
+        broken = tiers.container()
+        await broken.start()
+        await until(lambda: broken.state is ContainerState.STOPPED, "the container refused to serve")
+        assert isinstance(await broken.stopped, DataCorruptionError)
+    run(scenario)
