@@ -73,7 +73,10 @@ def bench(suite: str, duration_seconds: float, warmup_seconds: float, repeat: in
     from millstream.bench.scenarios import scenarios_named
     from millstream.bench.write_path import WritePathConfig, run_write_path, write_json
 
-    assert suite == "write-path"  # the only one so far; click has validated it
+    if suite == "tiering":
+        _bench_tiering(duration_seconds, warmup_seconds, repeat, output_dir, data_dir, quiet_idle_percent_min,
+                       quiet_timeout_seconds, progress)
+        return
     try:
         scenarios = scenarios_named(scenario_names) if scenario_names else SCENARIOS
     except ValueError as error:
@@ -92,6 +95,22 @@ def bench(suite: str, duration_seconds: float, warmup_seconds: float, repeat: in
     click.echo(render_markdown(report))
     path = write_json(report, output_dir)
     click.echo(f"raw results: {path}", err=True)
+
+
+def _bench_tiering(duration_seconds: float, warmup_seconds: float, repeat: int, output_dir: Path,
+                   data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float,
+                   progress: bool) -> None:
+    from millstream.bench._system import choose_data_root
+    from millstream.bench.tiering import TieringConfig, render_tiering_markdown, run_tiering, write_tiering_json
+
+    data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
+    data_root.mkdir(parents=True, exist_ok=True)
+    config = TieringConfig(duration_seconds=duration_seconds, warmup_seconds=warmup_seconds, repeat=repeat,
+                           quiet_idle_percent_min=quiet_idle_percent_min, quiet_timeout_seconds=quiet_timeout_seconds)
+    with contextlib.ExitStack() as stack:
+        report = run_tiering(config, data_root, _Progress(stack, "tiering") if progress else None)
+    click.echo(render_tiering_markdown(report))
+    click.echo(f"raw results: {write_tiering_json(report, output_dir)}", err=True)
 
 
 class _Progress:

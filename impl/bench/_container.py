@@ -129,10 +129,15 @@ class ContainerRun:
     quiet: QuietWait
 
 
+#: How long a measurement window stays open past its duration waiting for its first acknowledgement.
+FIRST_ACKNOWLEDGEMENT_WAIT_MAX_SECONDS = 30.0
+
+
 class _Phase:
     """Shared by the appenders and the timer: whether appends are being measured, whether to stop."""
 
-    __slots__ = ("acknowledged", "exhausted", "issued", "issued_max", "measuring", "samples", "stopped")
+    __slots__ = ("acknowledged", "exhausted", "first_acknowledged", "issued", "issued_max", "measuring", "samples",
+                 "stopped")
 
     def __init__(self, issued_max: int) -> None:
         self.measuring = False
@@ -142,6 +147,7 @@ class _Phase:
         self.acknowledged = 0
         self.samples = LatencySamples()
         self.exhausted = asyncio.Event()  # an appender reached issued_max
+        self.first_acknowledged = asyncio.Event()  # an append was acknowledged while measuring
 
     def may_issue(self) -> bool:
         if self.stopped:
@@ -155,6 +161,8 @@ class _Phase:
         if self.measuring:
             self.acknowledged += 1
             self.samples.add(finished - started)
+            if self.acknowledged == 1:
+                self.first_acknowledged.set()
 
 
 @attrs.frozen
@@ -234,6 +242,11 @@ async def _time_window(phase: _Phase, warmup_seconds: float, duration_seconds: f
         phase.measuring = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(phase.exhausted.wait(), duration_seconds)
+        # On a loaded machine a short window may close before the first acknowledgement: a measurement
+        # of nothing.  Keep it open (bounded) until there is one.
+        if phase.acknowledged == 0 and not phase.exhausted.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(phase.first_acknowledged.wait(), FIRST_ACKNOWLEDGEMENT_WAIT_MAX_SECONDS)
         phase.measuring = False
         end = _Counters.now(log, fdatasync)
     finally:

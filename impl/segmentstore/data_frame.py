@@ -175,13 +175,15 @@ def decode_frame(data: bytes | bytearray | memoryview, where: str) -> Iterator[E
 
 @attrs.frozen
 class ReadRecord:
-    """A complete record read back, with the address of the frame holding its last entry and the
-    number of the frame holding its first."""
+    """A complete record read back, with the address of the frame holding its last entry, the
+    number of the frame holding its first, and the address of the frame before that (None if it
+    was the first frame read)."""
 
     sequence_number: int
     data: memoryview
     address: LogAddress
     first_frame: int
+    address_before: LogAddress | None
 
 
 class DataFrameReader:
@@ -198,6 +200,8 @@ class DataFrameReader:
     def __iter__(self) -> Iterator[ReadRecord]:
         open_sequence: int | None = None
         open_frame = 0
+        open_before: LogAddress | None = None
+        previous_address: LogAddress | None = None
         parts: list[memoryview] = []
         at_start = True
         skipped_sequence: int | None = None
@@ -205,7 +209,7 @@ class DataFrameReader:
         for log_record in self._records:
             where = f"log record {log_record.address.sequence}"
             self.frame_count += 1
-            self.last_address = log_record.address
+            previous_address, self.last_address = self.last_address, log_record.address
             for entry in decode_frame(log_record.data, where):
                 self.highest_sequence_number = max(self.highest_sequence_number, entry.sequence_number)
                 if entry.first:
@@ -214,7 +218,7 @@ class DataFrameReader:
                         raise DataCorruptionError(f"{where}: sequence number {entry.sequence_number} "
                                                   f"does not follow {previous_sequence}")
                     open_sequence, parts = entry.sequence_number, [entry.payload]
-                    open_frame = log_record.address.sequence
+                    open_frame, open_before = log_record.address.sequence, previous_address
                     previous_sequence = entry.sequence_number
                 elif open_sequence is None:
                     # Allowed only before any record began: the log was truncated inside this record,
@@ -234,5 +238,5 @@ class DataFrameReader:
                     # (bytes of each part: CrossHair's model of bytes.join takes no memoryviews, and
                     # records spanning frames are rare enough for the extra copy not to matter.)
                     data = parts[0] if len(parts) == 1 else memoryview(b"".join(bytes(p) for p in parts))
-                    yield ReadRecord(open_sequence, data, log_record.address, open_frame)
+                    yield ReadRecord(open_sequence, data, log_record.address, open_frame, open_before)
                     open_sequence, parts = None, []

@@ -95,7 +95,7 @@ class DurableLog:
                         skipped = skipped or where
                         continue  # older than the first checkpoint, which the truncation kept: part of it
                     raise DataCorruptionError(f"{where}: the log does not start with a metadata checkpoint")
-                operation.frame_number = record.first_frame
+                operation.frame_number, operation.truncation_address = record.first_frame, record.address_before
                 self._load(operation, where)
                 transaction = ContainerMetadataUpdateTransaction(self.metadata, None)
                 self._on_committed([operation])
@@ -104,7 +104,7 @@ class DurableLog:
                 rebuilt = serialize_checkpoint(transaction.next_segment_id, transaction.snapshot())
                 if rebuilt != operation.payload:
                     raise DataCorruptionError(f"{where}: checkpoint disagrees with the replayed log")
-                operation.frame_number = record.first_frame
+                operation.frame_number, operation.truncation_address = record.first_frame, record.address_before
                 self._on_committed([operation])
                 continue
             try:

@@ -119,6 +119,9 @@ class OperationProcessor:
         self._bytes_since_checkpoint = 0
         self._checkpoint_queued = False
         self._unsealed_checkpoint: MetadataCheckpointOperation | None = None
+        #: Checkpoints waiting for the address of the frame before theirs, by that frame's number.
+        self._awaiting_address: dict[int, MetadataCheckpointOperation] = {}
+        self._highest_notified: tuple[int, LogAddress | None] = (next_frame_number - 1, None)
         self._failure: BaseException | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -309,8 +312,14 @@ class OperationProcessor:
         number = self._next_frame_number
         self._next_frame_number = number + 1
         if self._unsealed_checkpoint is not None:
-            self._unsealed_checkpoint.frame_number = number
+            checkpoint = self._unsealed_checkpoint
             self._unsealed_checkpoint = None
+            checkpoint.frame_number = number
+            notified, address = self._highest_notified
+            if notified == number - 1:
+                checkpoint.truncation_address = address  # (None for the first frame after recovery)
+            else:
+                self._awaiting_address[number - 1] = checkpoint
         frame = _Frame(number, self._frame_operations, self._active, len(sealed.data), self._clock.monotonic())
         self._frame_operations = []
         self._active = ContainerMetadataUpdateTransaction(self._metadata, frame.transaction)
@@ -349,6 +358,12 @@ class OperationProcessor:
         if address.sequence != frame.number:
             self._fail(InternalError(f"Tier 1 wrote frame {frame.number} as record {address.sequence}"), trace=False)
             return
+        if frame.number > self._highest_notified[0]:
+            self._highest_notified = (frame.number, address)
+        if self._awaiting_address:
+            checkpoint = self._awaiting_address.pop(frame.number, None)
+            if checkpoint is not None:
+                checkpoint.truncation_address = address
         self._statistics.record(self._clock.monotonic() - frame.issued_at,
                                 frame.length / self._builder.capacity)
         tracer = self._tracer

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 from millstream.errors import DataCorruptionError
 from millstream.model.types import NO_OFFSET, AttributeUpdate, AttributeUpdateType, OperationKind
+from millstream.segmentstore.durable_data_log import LogAddress
 
 __all__ = [
     "DeleteSegmentOperation",
@@ -274,16 +275,18 @@ class StreamSegmentTruncateOperation(Operation):
 class MetadataCheckpointOperation(Operation):
     """A snapshot of the container metadata; recovery starts from the first one in the log."""
 
-    __slots__ = ("frame_number", "payload")
+    __slots__ = ("frame_number", "payload", "truncation_address")
     TYPE = 8
     KIND = None
 
     def __init__(self, payload: bytes = b"") -> None:
         super().__init__()
         self.payload = payload
-        #: The log record (DataFrame) the checkpoint begins in, once sealed into one: the log may be
-        #: truncated below it (not through it) once everything it describes is in Tier 2.
+        #: The log record (DataFrame) the checkpoint begins in, once sealed into one, and the address of
+        #: the record before it once Tier 1 reported it: the log may be truncated through that address
+        #: (never through the checkpoint) once everything the checkpoint describes is in Tier 2.
         self.frame_number = 0
+        self.truncation_address: LogAddress | None = None
 
     def serialize(self) -> bytes:
         return _CHECKPOINT_HEADER.pack(self.TYPE, VERSION, len(self.payload)) + self.payload

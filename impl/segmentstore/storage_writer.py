@@ -85,10 +85,10 @@ def chunk_name(container_id: int, segment_id: int, offset: int, epoch: int, numb
 class _Candidate:
     """A committed checkpoint, and the byte ranges (by segment id) the log below it alone held."""
 
-    __slots__ = ("frame_number", "ranges")
+    __slots__ = ("checkpoint", "ranges")
 
-    def __init__(self, frame_number: int, ranges: dict[int, list[tuple[int, int]]]) -> None:
-        self.frame_number = frame_number
+    def __init__(self, checkpoint: MetadataCheckpointOperation, ranges: dict[int, list[tuple[int, int]]]) -> None:
+        self.checkpoint = checkpoint
         self.ranges = ranges
 
 
@@ -255,7 +255,7 @@ class StorageWriter(TierTwo):
         described = deserialize_checkpoint(checkpoint.payload, self._container_id)
         ranges = {segment.id: [(segment.start_offset, segment.length)] for segment in described.segments.values()
                   if segment.status in _LIVE and segment.length > segment.start_offset}
-        self._candidates.append(_Candidate(checkpoint.frame_number, ranges))
+        self._candidates.append(_Candidate(checkpoint, ranges))
 
     async def wait_for_progress(self, timeout_seconds: float) -> None:
         """Wait (at most ``timeout_seconds``) until a flush commits or the writer stops."""
@@ -479,14 +479,17 @@ class StorageWriter(TierTwo):
     async def _truncate_log_if_possible(self) -> None:
         chosen = None
         for candidate in self._candidates:
-            if self._eligible(candidate):
+            # (The address of the frame before the checkpoint's may not be reported yet: next round.)
+            if candidate.checkpoint.truncation_address is not None and self._eligible(candidate):
                 chosen = candidate
         if chosen is None:
             return
         while self._candidates and self._candidates[0] is not chosen:
             self._candidates.popleft()
         self._candidates.popleft()
-        await self._truncate_log(LogAddress(chosen.frame_number - 1))
+        address = chosen.checkpoint.truncation_address
+        assert address is not None
+        await self._truncate_log(address)
         self.log_truncations += 1
 
     async def _collect_garbage(self) -> None:

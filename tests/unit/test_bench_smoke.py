@@ -109,3 +109,20 @@ def test_helpers() -> None:
         scenarios_named(["nonsense"])
     assert filesystem_of(Path("/proc")).type == "proc"
     assert choose_data_root(Path("/somewhere"), Path("/tmp"), Path.cwd()) == (Path("/somewhere"), "--data-dir")
+
+
+def test_the_tiering_suite_measures_both_ratios_on_a_tiny_run(tmp_path: Path) -> None:
+    from millstream.bench.tiering import TieringConfig, render_tiering_markdown, run_tiering, write_tiering_json
+
+    config = TieringConfig(duration_seconds=0.2, warmup_seconds=0.05, repeat=1, catch_up_bytes=4 * 1024 * 1024,
+                           quiet_timeout_seconds=0.0)
+    report = run_tiering(config, tmp_path)
+    (repeat,) = report.repeats
+    assert repeat.ingest_off.appends > 0 and repeat.ingest_on.appends > 0
+    assert not repeat.ingest_off.tiering and repeat.ingest_on.tiering
+    assert repeat.catch_up.megabytes >= 4 * 1024 * 1024 / 1e6
+    assert repeat.catch_up.tier_two_reads >= 4, "the catch-up reader read evicted bytes back from Tier 2"
+    assert report.catch_up_ratio is not None and report.catch_up_ratio > 0
+    assert report.tiering_cost_ratio is not None and report.tiering_cost_ratio > 0
+    assert "catch-up read from Tier 2" in render_tiering_markdown(report)
+    assert write_tiering_json(report, tmp_path / "out").read_text().startswith("{")
