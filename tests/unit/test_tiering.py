@@ -266,3 +266,29 @@ def test_reads_below_the_start_offset_and_a_missing_chunk_are_typed_errors() -> 
         await until(lambda: broken.state is ContainerState.STOPPED, "the container refused to serve")
         assert isinstance(await broken.stopped, DataCorruptionError)
     run(scenario)
+
+
+def test_a_catch_up_reader_does_not_push_the_tail_out_of_memory() -> None:
+    async def scenario() -> None:
+        tiers = Tiers(7)
+        container = tiers.container()
+        await container.start()
+        await container.create_segment("cold")
+        await container.create_segment("hot")
+        cold = b"".join(payload(200 + i, 100_000) for i in range(20))
+        for i in range(20):
+            await container.append("cold", cold[i * 100_000:(i + 1) * 100_000])
+        writer = container.storage_writer
+        assert writer is not None
+        await until(lambda: container.get_info("cold").storage_length == len(cold), "cold is in Tier 2")
+        await until(lambda: container.read_index.cached_bytes <= SMALL.cache_bytes_max, "cold is evicted")
+        hot = payload(300, 1000)
+        await container.append("hot", hot)
+        cached = container.read_index.cached_bytes
+        assert await read_all(container, "cold") == cold  # the catch-up read: from Tier 2
+        assert container.read_index.cached_bytes == cached, "catch-up blocks are not cached as tail data"
+        before = container.read_index.tier_two_reads
+        assert (await container.read("hot", 0, 1000)).data == hot
+        assert container.read_index.tier_two_reads == before, "the tail is still served from memory"
+        await container.stop()
+    run(scenario)
