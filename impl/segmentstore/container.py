@@ -449,6 +449,8 @@ class SegmentContainer:
                 assert index.length == segment.length, (segment, index.length)
                 assert index.start_offset == segment.start_offset, (segment, index.start_offset)
                 assert index.sealed == (segment.status is SegmentStatus.SEALED), segment
+                for start, end in index.missing_ranges():  # every readable byte is in memory or Tier 2
+                    assert is_covered(segment.spans, start, end), (segment, start, end)
             else:
                 assert not self._read_index.contains(segment.id), segment
 
