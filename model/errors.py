@@ -15,21 +15,26 @@ Each error names, in its docstring, when it is raised and what state the caller 
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BadAttributeUpdateError",
     "BadOffsetError",
     "CallerError",
     "ChunkExistsError",
     "ChunkNotFoundError",
     "ChunkStorageError",
+    "ConnectionLostError",
     "ContainerUnavailableError",
     "DataCorruptionError",
     "DataLogFencedError",
     "DurableDataLogError",
     "InternalError",
     "InvalidArgumentError",
+    "InvalidEventNumberError",
     "MillstreamError",
     "ObjectClosedError",
     "PayloadTooLargeError",
+    "ProtocolError",
+    "RequestTimeoutError",
     "RetryableError",
     "StorageError",
     "StorageFullError",
@@ -41,6 +46,7 @@ __all__ = [
     "StreamSegmentSealedError",
     "StreamSegmentTruncatedError",
     "WriteFailedError",
+    "WrongHostError",
 ]
 
 
@@ -149,6 +155,37 @@ class ContainerUnavailableError(RetryableError):
 
 class ObjectClosedError(MillstreamError, RuntimeError):
     """The object was closed; it accepts no further calls."""
+
+
+class ConnectionLostError(RetryableError, ConnectionError):
+    """The connection to a server broke (or could not be made) before a reply arrived.  Requests in
+    flight on it may or may not have taken effect; idempotent writers re-send what was not
+    acknowledged after they reconnect."""
+
+
+class RequestTimeoutError(RetryableError, TimeoutError):
+    """No reply arrived within the request's time limit.  The request may still take effect."""
+
+
+class WrongHostError(RetryableError):
+    """The server does not own the container of the named segment (it moved, or the client asked the
+    wrong server).  Nothing changed; ask the controller where the segment lives and retry there."""
+
+
+class AuthenticationError(CallerError, PermissionError):
+    """The request's token is missing, malformed, forged, expired, or does not grant this access to
+    this resource.  Nothing changed."""
+
+
+class InvalidEventNumberError(CallerError):
+    """A writer's event number did not follow the last one stored for its writer id -- another writer
+    with the same id wrote in between, or the number went backwards.  Nothing was appended; the
+    server closed the writer's connection and the writer must set up again."""
+
+
+class ProtocolError(MillstreamError):
+    """The peer broke the protocol (a malformed frame, a reply that answers nothing, a block that ends
+    inside an event).  The connection was closed; nothing on it is trusted."""
 
 
 class InternalError(MillstreamError, AssertionError):

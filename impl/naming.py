@@ -1,0 +1,145 @@
+"""Names of segments, and which container owns a segment.
+
+Theory of operation.  A stream's segments are named ``<scope>/<stream>/<number>.#epoch.<epoch>``; the
+segment *id* packs the epoch that created it with its number, ``(epoch << 32) | number``, so a
+successor made by scaling is a different segment even when it reuses a number (rolling transactions
+do).  Hidden segments hang off a parent: a stream transaction's is ``<parent>#transaction.<32 hex>``,
+a large event's transient segment is ``<parent>#transient.<hex>``.  A hidden segment always lives in
+its parent's container, because merging it into the parent is a container-local operation; so the
+owner of any segment is a consistent hash of its *primary* (parent) name onto the container count.
+The hash is stable across processes and Python versions (``blake2b``, never the built-in ``hash``),
+because a client, a controller and every segment store must agree on it.
+
+System segments (the controller's metadata, reader-group state) live in the reserved scope
+``_system``, which users cannot create.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from typing import Final
+from uuid import UUID
+
+from millstream.errors import InvalidArgumentError
+
+__all__ = [
+    "SYSTEM_SCOPE",
+    "TRANSACTION_DELIMITER",
+    "TRANSIENT_DELIMITER",
+    "container_of",
+    "is_hidden_segment",
+    "is_transaction_segment",
+    "is_transient_segment",
+    "jump_consistent_hash",
+    "primary_segment_name",
+    "segment_id",
+    "segment_id_parts",
+    "stream_segment_name",
+    "parse_stream_segment_name",
+    "transaction_segment_name",
+    "transient_segment_name",
+    "validate_scope_or_stream_name",
+]
+
+#: The scope that holds millstream's own segments; users may not create it or streams in it.
+SYSTEM_SCOPE: Final = "_system"
+
+TRANSACTION_DELIMITER: Final = "#transaction."
+TRANSIENT_DELIMITER: Final = "#transient."
+_EPOCH_DELIMITER: Final = ".#epoch."
+
+#: Scope and stream names: letters, digits, '-', '_' and '.', 1..255 characters, not starting with
+#: '_' (reserved for the system) -- the same rule Pravega applies, so names travel between the two.
+_USER_NAME: Final = re.compile(r"[A-Za-z0-9.\-][A-Za-z0-9_.\-]{0,254}")
+_STREAM_SEGMENT: Final = re.compile(r"(?P<scope>[^/]+)/(?P<stream>[^/]+)/(?P<number>\d+)\.#epoch\.(?P<epoch>\d+)")
+_NUMBER_MAX: Final = 2**32 - 1
+
+
+def validate_scope_or_stream_name(name: str, *, what: str = "name", system: bool = False) -> str:
+    """Return ``name`` if it is a valid scope or stream name; else raise ``InvalidArgumentError``.
+    ``system=True`` also admits names starting with '_' (millstream's own)."""
+    if not isinstance(name, str) or not (_USER_NAME.fullmatch(name) or (system and name.startswith("_")
+                                                                         and _USER_NAME.fullmatch(name[1:]))):
+        raise InvalidArgumentError(
+            f"{what} {name!r} must be 1-255 letters, digits, '-', '_' or '.', not starting with '_'")
+    return name
+
+
+def segment_id(epoch: int, number: int) -> int:
+    """The id of segment ``number`` created in ``epoch``."""
+    if not (0 <= epoch <= _NUMBER_MAX and 0 <= number <= _NUMBER_MAX):
+        raise InvalidArgumentError(f"epoch {epoch} and number {number} must each fit in 32 bits")
+    return (epoch << 32) | number
+
+
+def segment_id_parts(identifier: int) -> tuple[int, int]:
+    """``(epoch, number)`` of a segment id."""
+    return identifier >> 32, identifier & _NUMBER_MAX
+
+
+def stream_segment_name(scope: str, stream: str, identifier: int) -> str:
+    """The qualified name of segment ``identifier`` of ``scope/stream``."""
+    epoch, number = segment_id_parts(identifier)
+    return f"{scope}/{stream}/{number}{_EPOCH_DELIMITER}{epoch}"
+
+
+def parse_stream_segment_name(name: str) -> tuple[str, str, int]:
+    """``(scope, stream, segment id)`` of a qualified stream segment name (not a hidden one)."""
+    match = _STREAM_SEGMENT.fullmatch(name)
+    if match is None:
+        raise InvalidArgumentError(f"{name!r} is not a stream segment name (<scope>/<stream>/<n>.#epoch.<e>)")
+    return match["scope"], match["stream"], segment_id(int(match["epoch"]), int(match["number"]))
+
+
+def transaction_segment_name(parent: str, transaction_id: UUID) -> str:
+    """The hidden segment that holds stream transaction ``transaction_id``'s events for ``parent``."""
+    return f"{parent}{TRANSACTION_DELIMITER}{transaction_id.hex}"
+
+
+def transient_segment_name(parent: str, suffix: str) -> str:
+    """A transient segment for a large event bound for ``parent``; ``suffix`` makes it unique."""
+    return f"{parent}{TRANSIENT_DELIMITER}{suffix}"
+
+
+def is_transaction_segment(name: str) -> bool:
+    return TRANSACTION_DELIMITER in name
+
+
+def is_transient_segment(name: str) -> bool:
+    return TRANSIENT_DELIMITER in name
+
+
+def is_hidden_segment(name: str) -> bool:
+    return TRANSACTION_DELIMITER in name or TRANSIENT_DELIMITER in name
+
+
+def primary_segment_name(name: str) -> str:
+    """The segment a hidden segment belongs to (``name`` itself for a primary segment)."""
+    for delimiter in (TRANSACTION_DELIMITER, TRANSIENT_DELIMITER):
+        cut = name.find(delimiter)
+        if cut >= 0:
+            return name[:cut]
+    return name
+
+
+def jump_consistent_hash(key: int, buckets: int) -> int:
+    """Lamping and Veach's jump consistent hash: ``key`` (64-bit) onto ``range(buckets)``; growing
+    ``buckets`` by one moves only ``1/buckets`` of the keys."""
+    if buckets < 1:
+        raise InvalidArgumentError(f"buckets must be positive, not {buckets}")
+    bucket, candidate = -1, 0
+    while candidate < buckets:
+        bucket = candidate
+        key = (key * 2862933555777941757 + 1) & 0xFFFF_FFFF_FFFF_FFFF
+        candidate = int((bucket + 1) * ((1 << 31) / ((key >> 33) + 1)))
+    return bucket
+
+
+@functools.lru_cache(maxsize=65_536)
+def container_of(name: str, container_count: int) -> int:
+    """The container that owns segment ``name`` (its primary segment's, for a hidden one)."""
+    digest = hashlib.blake2b(primary_segment_name(name).encode(), digest_size=8,
+                             person=b"millstream-sc").digest()
+    return jump_consistent_hash(int.from_bytes(digest, "big"), container_count)
