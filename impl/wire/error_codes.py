@@ -1,0 +1,83 @@
+"""Errors across the wire: the ``error_code`` of an ``ErrorMessage`` and the error class it stands for.
+
+Theory of operation.  Failures that have a command of their own (``NoSuchSegment``, ``SegmentIsSealed``,
+``WrongHost``, ...) travel as that command.  Every other failure of a request travels as an
+``ErrorMessage`` whose code names the most specific class below that the server-side error is an
+instance of; the client raises that class again with the server's message, so a caller sees the
+same typed error (and the same retryability) whether it embedded the store or reached it over TCP.
+Codes are part of the protocol: never reuse or renumber one; add new ones at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from millstream.errors import (
+    BadAttributeUpdateError,
+    BadOffsetError,
+    ContainerUnavailableError,
+    DataCorruptionError,
+    InternalError,
+    InvalidArgumentError,
+    MillstreamError,
+    ObjectClosedError,
+    PayloadTooLargeError,
+    ProtocolError,
+    RetryableError,
+    StorageError,
+    StorageFullError,
+    StorageUnavailableError,
+    StreamSegmentExistsError,
+    StreamSegmentMergedError,
+    StreamSegmentNotExistsError,
+    StreamSegmentNotSealedError,
+    StreamSegmentSealedError,
+    StreamSegmentTruncatedError,
+)
+
+__all__ = ["ERROR_CODES", "UNKNOWN_ERROR_CODE", "error_code_of", "error_from_code"]
+
+#: A failure the server could not classify (a bug, or a newer server's class); raised as ``InternalError``.
+UNKNOWN_ERROR_CODE: Final = 0
+
+#: code -> class.  Order within the table does not matter; ``error_code_of`` picks the most specific.
+ERROR_CODES: Final[dict[int, type[MillstreamError]]] = {
+    1: InvalidArgumentError,
+    2: PayloadTooLargeError,
+    3: BadOffsetError,
+    4: BadAttributeUpdateError,
+    5: StreamSegmentNotExistsError,
+    6: StreamSegmentMergedError,
+    7: StreamSegmentExistsError,
+    8: StreamSegmentSealedError,
+    9: StreamSegmentNotSealedError,
+    10: StreamSegmentTruncatedError,
+    11: ContainerUnavailableError,
+    12: StorageError,
+    13: StorageFullError,
+    14: StorageUnavailableError,
+    15: DataCorruptionError,
+    16: RetryableError,
+    17: ObjectClosedError,
+    18: ProtocolError,
+    19: InternalError,
+}
+
+_CODE_OF: Final = {cls: code for code, cls in ERROR_CODES.items()}
+
+
+def error_code_of(error: BaseException) -> int:
+    """The code of the most specific class in ``ERROR_CODES`` that ``error`` is an instance of."""
+    for cls in type(error).__mro__:
+        code = _CODE_OF.get(cls)  # type: ignore[call-overload]
+        if code is not None:
+            return code
+    return UNKNOWN_ERROR_CODE
+
+
+def error_from_code(code: int, message: str) -> MillstreamError:
+    """The error a client raises for an ``ErrorMessage`` with ``code`` and ``message``."""
+    cls = ERROR_CODES.get(code)
+    if cls is None:
+        return InternalError(f"server error (code {code}): {message}")
+    return cls(message)
