@@ -139,3 +139,54 @@ SHUTDOWN_TIMEOUT_SECONDS: Final = 10.0
 CONTAINER_RESTARTS_MAX: Final = 8
 CONTAINER_RESTART_DELAY_SECONDS: Final = 0.1
 CONTAINER_RESTART_DELAY_MAX_SECONDS: Final = 10.0
+
+# --- Benchmarks (millstream.bench: the peers harness) ----------------------------------------------
+
+#: Segments / partitions one workload spreads its events over (the seed measures 1 and 16).
+BENCH_SEGMENTS_MAX: Final = 64
+
+#: One benchmark event.  Below NATS's default max_payload (1 MiB) so every peer takes it unchanged.
+BENCH_EVENT_BYTES_MAX: Final = 1_000_000
+
+#: Routing keys one workload draws from (the seed uses 10,000); the key table is held in memory.
+BENCH_ROUTING_KEYS_MAX: Final = 1_000_000
+
+#: Offered rates in one workload's sweep, and the highest offered rate: every step costs a server
+#: start-up's worth of minutes at most, and no single Python writer comes near 10 M events/s.
+BENCH_RATES_PER_WORKLOAD_MAX: Final = 32
+BENCH_OFFERED_RATE_MAX: Final = 10_000_000
+
+#: One measured window or warm-up (a sweep step stops by itself after warm-up + window + drain).
+BENCH_DURATION_SECONDS_MAX: Final = 600.0
+
+#: Bytes one sweep step writes at most (warm-up included): a fast system at "max" with 10 KB events
+#: would otherwise fill the disk in a long window.
+BENCH_STEP_BYTES_MAX: Final = 2 * 1024 * MIB
+
+#: Events the load loop hands a driver per pacing tick, and their bytes: a tick is one batch of
+#: driver calls between two looks at the clock, so this bounds how far pacing can overshoot.
+BENCH_TICK_EVENTS_MAX: Final = 2_000
+BENCH_TICK_BYTES_MAX: Final = 1 * MIB
+
+#: Events a driver may have written and not yet seen acknowledged; beyond either bound the load loop
+#: waits (backpressure) -- more in flight only adds latency and memory.
+BENCH_IN_FLIGHT_EVENTS_MAX: Final = 100_000
+BENCH_IN_FLIGHT_BYTES_MAX: Final = 64 * MIB
+
+#: After a window ends, how long the harness waits for outstanding acknowledgements and for the
+#: consumers to catch up before it counts the rest as missing.
+BENCH_DRAIN_TIMEOUT_SECONDS: Final = 30.0
+
+#: How long a server the harness starts (millstream standalone, nats-server, redis-server) may take
+#: to accept connections, and to exit after SIGTERM before it is killed.
+BENCH_SERVER_START_TIMEOUT_SECONDS: Final = 30.0
+BENCH_SERVER_STOP_TIMEOUT_SECONDS: Final = 15.0
+
+#: One consumer's long-poll read waits at most this long before it looks at the clock again.
+BENCH_CONSUMER_POLL_SECONDS: Final = 0.5
+
+#: Any one setup call of a driver (connect, create a stream, delete it) before the step fails.
+BENCH_DRIVER_CALL_TIMEOUT_SECONDS: Final = 30.0
+
+#: fio beyond its own --runtime (start-up, file layout) before it is killed.
+BENCH_FIO_GRACE_SECONDS: Final = 30.0
