@@ -190,3 +190,67 @@ BENCH_DRIVER_CALL_TIMEOUT_SECONDS: Final = 30.0
 
 #: fio beyond its own --runtime (start-up, file layout) before it is killed.
 BENCH_FIO_GRACE_SECONDS: Final = 30.0
+
+# --- Server (segment store over TCP) --------------------------------------------------------------
+
+#: One event inside an append block (the classic event API).  Large enough for any record a stream
+#: processor emits, half a wire frame so that a whole event plus its block's framing always fits one
+#: ``AppendBlock``; larger events go through the large-event API.  (Pravega: 8 MiB, the same reason.)
+EVENT_LENGTH_MAX_BYTES: Final = 8 * MIB
+
+#: A side that has sent nothing for this long sends a ``KeepAlive``; one that has received nothing
+#: for ``KEEPALIVE_MISSED_MAX`` intervals closes the connection.  Short enough that a dead peer (a
+#: killed process, a pulled cable) frees its writers' in-flight bytes within half a minute, long
+#: enough that an idle connection costs nearly nothing.
+KEEPALIVE_INTERVAL_SECONDS: Final = 10.0
+KEEPALIVE_MISSED_MAX: Final = 3
+
+#: Append bytes in flight (received, not yet acknowledged) over all connections of one server.  At
+#: or above it, every connection stops reading until acknowledgements bring it down.  Pravega pauses
+#: at 512 MiB on machines with many GiB of direct memory; this machine has 2 cores and a few GiB to
+#: share, and one writer needs only bandwidth x latency in flight (150 MB/s x 20 ms = 3 MB), so
+#: 128 MiB is dozens of busy writers' worth.  It stays below the container's operation queue limit
+#: (``OPERATION_QUEUE_BYTES_MAX``), so the server's own backpressure acts first.
+SERVER_IN_FLIGHT_BYTES_MAX: Final = 128 * MIB
+
+#: One connection stops reading once its in-flight append bytes reach
+#: max(``SERVER_CONNECTION_IN_FLIGHT_BYTES_MIN``, 2 x ``SERVER_CONNECTION_IN_FLIGHT_BYTES_TARGET`` -
+#: total in flight): alone it may use up to twice its share, under load its share shrinks so one fast
+#: writer cannot starve the others, and it never drops below one block's worth.  (Pravega's shape:
+#: max(1 MiB, 2 x 128 MiB - total); scaled to this machine as above.)
+SERVER_CONNECTION_IN_FLIGHT_BYTES_TARGET: Final = 32 * MIB
+SERVER_CONNECTION_IN_FLIGHT_BYTES_MIN: Final = 1 * MIB
+
+#: Each append block is charged this much on top of its data: the Python objects that carry it
+#: (command, task, future, operation) cost about that much, and the charge bounds the *number* of
+#: blocks in flight too (128 MiB / 2 KiB = 65,536, the container's ``OPERATION_QUEUE_LENGTH_MAX``).
+SERVER_APPEND_OVERHEAD_BYTES: Final = 2 * KIB
+
+#: Requests other than appends (reads, including waiting tail reads; administration) in flight on one
+#: connection.  Beyond it the connection stops reading until some are answered.  A reader needs one
+#: tail read per segment it follows; 1,024 covers a reader following every segment of a big stream.
+SERVER_CONNECTION_REQUESTS_MAX: Final = 1024
+
+#: Connections one server holds open; beyond it new ones are closed at once (and logged).  Each costs
+#: a receive buffer and a few tasks; 4,096 is far more clients than a 2-core node serves well.
+SERVER_CONNECTIONS_MAX: Final = 4096
+
+#: Bytes read from a socket at a time (the receive buffer).  Matches asyncio's own read size; a block
+#: larger than this is received straight into a buffer of its own size instead.
+SERVER_RECEIVE_BUFFER_BYTES: Final = 256 * KIB
+
+#: Replies buffered for a peer that does not read them before the server stops reading from it (the
+#: transport's high-water mark), so a client that never reads cannot grow the server's memory.
+SERVER_SEND_BUFFER_BYTES_MAX: Final = 4 * MIB
+
+#: A client must say Hello within this long after connecting (or finishing the TLS handshake), so a
+#: port scanner or a stuck peer does not hold a connection slot.
+SERVER_HELLO_TIMEOUT_SECONDS: Final = 10.0
+
+#: Graceful shutdown waits this long for appends already received to be acknowledged (and the
+#: acknowledgements sent) before closing connections anyway; what is cut off was never acknowledged,
+#: so writers re-send it after reconnecting.
+SERVER_SHUTDOWN_DRAIN_SECONDS: Final = 10.0
+
+#: A TLS handshake that has not finished after this long is abandoned (asyncio's default is 60 s).
+SERVER_TLS_HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
