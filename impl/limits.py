@@ -254,3 +254,70 @@ SERVER_SHUTDOWN_DRAIN_SECONDS: Final = 10.0
 
 #: A TLS handshake that has not finished after this long is abandoned (asyncio's default is 60 s).
 SERVER_TLS_HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
+
+# --- Client ----------------------------------------------------------------------------------------
+
+#: Connections a client keeps to one server.  Each idempotent writer session gets a connection of its
+#: own while there are fewer than this many (so one writer's large blocks do not queue behind
+#: another's); requests and readers share the least-loaded one.  A Python server serves a connection
+#: from one event loop, so more connections than this add sockets, not throughput.
+CLIENT_CONNECTIONS_PER_ENDPOINT_MAX: Final = 4
+
+#: Opening a TCP (and TLS) connection and exchanging Hello may take this long before the attempt
+#: counts as failed (a server under heavy load still answers within a few seconds).
+CLIENT_CONNECT_TIMEOUT_SECONDS: Final = 10.0
+
+#: A request (other than a tail read's own wait) not answered within this long fails with
+#: ``RequestTimeoutError``: the server is stuck or the reply was lost.  Generous, because the server
+#: throttles appends and administration when Tier 2 lags (``THROTTLE_WAIT_MAX_SECONDS`` per check).
+CLIENT_REQUEST_TIMEOUT_SECONDS: Final = 30.0
+
+#: A writer whose oldest unacknowledged block has waited this long for its ``DataAppended`` (while
+#: the connection itself looks alive) treats the connection as broken: it reconnects, sets up again
+#: and re-sends what is unacknowledged, which is safe because the event number is stored with the
+#: data.  This is how a lost acknowledgement is recovered.
+CLIENT_APPEND_ACK_TIMEOUT_SECONDS: Final = 30.0
+
+#: Reconnecting (a writer's session, or a request's connection) is tried this many times in a row
+#: without progress before the operation fails with the last error.  With the delays below that is
+#: about 40 s of trying -- longer than a container takes to recover, short enough that a writer
+#: pointed at a dead server reports it.  (Pravega's writer: 10 attempts, 1 ms x 10 per attempt.)
+CLIENT_RECONNECT_ATTEMPTS_MAX: Final = 12
+
+#: The wait before reconnect attempt n is min(initial x multiplier**(n-1), max), times a jitter factor
+#: in [0.5, 1) drawn from the client's seeded RNG, so many clients cut off together do not come back
+#: in lock step.
+CLIENT_RECONNECT_DELAY_INITIAL_SECONDS: Final = 0.01
+CLIENT_RECONNECT_DELAY_MULTIPLIER: Final = 2.0
+CLIENT_RECONNECT_DELAY_MAX_SECONDS: Final = 5.0
+
+#: A writer's bytes not yet acknowledged (the open block and every block in flight, all segments of
+#: the writer).  Beyond it ``write_event`` waits until acknowledgements bring it under half of this.
+#: One writer needs bandwidth x round trip in flight (150 MB/s x 20 ms = 3 MB); 16 MiB leaves room for
+#: a slow fsync without letting a stalled server grow the client's memory.  A single event larger
+#: than what is left is admitted when nothing else is in flight.
+CLIENT_WRITER_UNACKED_BYTES_MAX: Final = 16 * MIB
+
+#: One append block (many events, one ``AppendBlock`` frame, one container append).  Under load the
+#: writer grows its blocks toward what arrives in about half a round trip, up to this; larger blocks
+#: would only add latency and memory.  (Pravega: 2 x 256 KiB - 1 KiB.)  An event larger than this
+#: travels in a block of its own.
+CLIENT_WRITER_BLOCK_BYTES_MAX: Final = 512 * KIB
+
+#: The writer never waits more than this to fill a block (Pravega's batch window): the block size it
+#: aims for is what arrives in min(half a round trip, this).
+CLIENT_WRITER_BATCH_WINDOW_MAX_SECONDS: Final = 0.020
+
+#: Distinct routing keys whose hash a writer remembers (hashing a key costs more than the rest of
+#: routing).  The memo empties when full.
+CLIENT_ROUTING_KEY_CACHE_SIZE_MAX: Final = 65_536
+
+#: A reader asks for this much per ``ReadSegment`` (the server caps it at ``READ_LENGTH_MAX_BYTES``).
+CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
+
+#: A blocking call waits this long beyond its own timeouts for the client's event-loop thread to
+#: answer before it raises ``RequestTimeoutError`` (the loop thread is stuck: a bug, not a slow server).
+CLIENT_BLOCKING_CALL_GRACE_SECONDS: Final = 30.0
+
+#: How long closing a client waits for its writers' flushes and its event-loop thread to finish.
+CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0
