@@ -32,6 +32,7 @@ __all__ = [
     "InvalidEventNumberError",
     "MillstreamError",
     "ObjectClosedError",
+    "OperationUnsupportedError",
     "PayloadTooLargeError",
     "ProtocolError",
     "RequestTimeoutError",
@@ -181,6 +182,11 @@ class InvalidEventNumberError(CallerError):
     """A writer's event number did not follow the last one stored for its writer id -- another writer
     with the same id wrote in between, or the number went backwards.  Nothing was appended; the
     server closed the writer's connection and the writer must set up again."""
+
+
+class OperationUnsupportedError(CallerError, NotImplementedError):
+    """The server does not implement the requested operation (an older server, or one that does not
+    host what was asked for).  Nothing changed; the same request fails again on the same server."""
 
 
 class ProtocolError(MillstreamError):
