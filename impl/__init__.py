@@ -2,11 +2,15 @@
 
 What exists so far is the segment store's container layer: ``SegmentContainer`` over a Tier-1
 ``DurableDataLog`` (``FileLog`` on local disk) and, optionally, Tier-2 ``ChunkStorage``
-(``FileChunkStorage``), kept serving across Tier-1 failures by a ``ContainerHost``.  Streams,
-readers, the server and the Spark pipeline build on it.  Errors live in ``millstream.errors``.
+(``FileChunkStorage``), kept serving across Tier-1 failures by a ``ContainerHost``; the segment-store
+server (``millstream.server``) that serves containers over TCP, and ``standalone(data_dir)``, which
+runs a whole node on loopback.  Tokens for an authenticating server come from ``issue_token``
+(``millstream.auth``).  Streams, readers and the Spark pipeline build on it.  Errors live in
+``millstream.errors``.
 """
 
-from millstream import errors
+from millstream import auth, errors
+from millstream.auth import Permission, issue_token
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, SegmentInfo, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
@@ -14,6 +18,7 @@ from millstream.segmentstore.file_chunk_storage import FileChunkStorage
 from millstream.segmentstore.file_log import FileLog
 from millstream.segmentstore.host import ContainerHost
 from millstream.segmentstore.read_index import ReadResult
+from millstream.standalone import StandaloneNode, standalone
 
 __version__ = "0.1.0"
 
@@ -23,9 +28,14 @@ __all__ = [
     "DurableDataLog",
     "FileChunkStorage",
     "FileLog",
+    "Permission",
     "ReadResult",
     "SegmentContainer",
     "SegmentInfo",
+    "StandaloneNode",
     "StorageSettings",
+    "auth",
     "errors",
+    "issue_token",
+    "standalone",
 ]

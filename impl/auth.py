@@ -1,0 +1,209 @@
+"""Tokens that grant access to streams: issued with a shared secret, checked by the segment store.
+
+Theory of operation.  Authentication is optional and off by default.  An operator gives the segment
+store a secret (``SegmentStoreServer(..., auth_secret=...)``, ``millstream serve`` reads it from a
+file); whoever holds the secret (the operator now, the controller later) issues tokens with
+``issue_token`` and hands them to clients, which pass them through untouched in every request.  The
+store checks each request's token with ``verify``; a token it does not accept is answered with
+``AuthTokenCheckFailed`` and the request does nothing.
+
+A token names a *resource*, a *permission* and an *expiry*:
+
+* resource -- ``"scope/stream"`` (one stream), ``"scope/*"`` (every stream of a scope) or ``"*"``
+  (everything).  A segment belongs to the stream named by the first two ``/``-separated components
+  of its name (``resource_of``); a name with fewer components is its own resource.
+* permission -- ``READ`` (reads, segment info, attribute reads) or ``READ_UPDATE`` (everything,
+  reads included).
+* expiry -- seconds since the Unix epoch; a token is refused from that instant on.  The current time
+  is injected (``now``), so tests decide it and a token's lifetime never depends on the test
+  machine's speed.
+
+Wire format (URL-safe, no padding, so it travels in a URL, a header or a config file as is)::
+
+    token   := "ms1." payload "." signature
+    payload := base64url(JSON {"r": resource, "p": permission, "e": expires_at})
+    signature := base64url(HMAC-SHA256(secret, "ms1." payload))
+
+The signature covers the version prefix and the payload bytes exactly as sent, and is compared in
+constant time (``hmac.compare_digest``), so neither a forged payload nor a timing probe gets
+through.  Every refusal is an ``AuthenticationError`` whose message says why (malformed, forged,
+expired, not this resource, not this permission) -- the reason travels back to the client in
+``AuthTokenCheckFailed``.  The secret never appears in a message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import hashlib
+import hmac
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+from millstream.errors import AuthenticationError, InvalidArgumentError
+
+__all__ = [
+    "SECRET_LENGTH_MIN_BYTES",
+    "TOKEN_LENGTH_MAX_BYTES",
+    "Authorizer",
+    "Permission",
+    "TokenClaims",
+    "issue_token",
+    "resource_covers",
+    "resource_of",
+    "verify",
+]
+
+#: A secret shorter than this is refused: HMAC-SHA256's security rests on the key's entropy, and 16
+#: random bytes (128 bits) is the usual floor.
+SECRET_LENGTH_MIN_BYTES: Final = 16
+
+#: A token longer than this is refused unread (a resource name is at most two 255-character names);
+#: it also keeps the work one bad request can cost the server small.
+TOKEN_LENGTH_MAX_BYTES: Final = 2048
+
+_PREFIX: Final = "ms1."
+
+
+class Permission(enum.Enum):
+    """What a token lets its holder do.  ``READ_UPDATE`` includes ``READ``."""
+
+    READ = "READ"
+    READ_UPDATE = "READ_UPDATE"
+
+    def grants(self, needed: Permission) -> bool:
+        return self is Permission.READ_UPDATE or needed is Permission.READ
+
+
+@attrs.frozen
+class TokenClaims:
+    """What a valid token says."""
+
+    resource: str
+    permission: Permission
+    expires_at: float
+
+
+def _check_secret(secret: bytes) -> bytes:
+    if not isinstance(secret, (bytes, bytearray)):
+        raise InvalidArgumentError(f"the secret must be bytes, not {type(secret).__name__}")
+    if len(secret) < SECRET_LENGTH_MIN_BYTES:
+        raise InvalidArgumentError(f"the secret must be at least {SECRET_LENGTH_MIN_BYTES} bytes long")
+    return bytes(secret)
+
+
+def _check_resource(resource: str) -> str:
+    if not isinstance(resource, str) or not resource:
+        raise InvalidArgumentError(f"a resource is a non-empty str, not {resource!r}")
+    if resource != "*" and (resource.count("/") > 1 or resource.startswith("/") or resource.endswith("/")
+                            or ("*" in resource and not resource.endswith("/*"))):
+        raise InvalidArgumentError(f"a resource is 'scope/stream', 'scope/*' or '*', not {resource!r}")
+    return resource
+
+
+def _b64encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _sign(secret: bytes, signed: str) -> str:
+    return _b64encode(hmac.new(secret, signed.encode("ascii"), hashlib.sha256).digest())
+
+
+def issue_token(secret: bytes, resource: str, permission: Permission | str, expires_at: float) -> str:
+    """A token granting ``permission`` on ``resource`` until ``expires_at`` (seconds since the Unix
+    epoch).  Raises ``InvalidArgumentError`` for a short secret, a malformed resource, an unknown
+    permission or an expiry that is not a finite number."""
+    secret = _check_secret(secret)
+    resource = _check_resource(resource)
+    try:
+        permission = Permission(permission)
+    except ValueError:
+        raise InvalidArgumentError(f"permission must be READ or READ_UPDATE, not {permission!r}") from None
+    if isinstance(expires_at, bool) or not isinstance(expires_at, (int, float)) or not math.isfinite(expires_at):
+        raise InvalidArgumentError(f"expires_at must be a finite number of seconds, not {expires_at!r}")
+    claims = json.dumps({"r": resource, "p": permission.value, "e": expires_at}, separators=(",", ":"),
+                        sort_keys=True)
+    signed = _PREFIX + _b64encode(claims.encode())
+    return f"{signed}.{_sign(secret, signed)}"
+
+
+def _decode(secret: bytes, token: str) -> TokenClaims:
+    """The claims of a well-formed, authentic token (expiry not checked)."""
+    if not isinstance(token, str) or not token:
+        raise AuthenticationError("no token was given")
+    if len(token) > TOKEN_LENGTH_MAX_BYTES:
+        raise AuthenticationError(f"the token is longer than {TOKEN_LENGTH_MAX_BYTES} characters")
+    if not token.startswith(_PREFIX) or token.count(".") != 2:
+        raise AuthenticationError("the token is malformed (not an ms1 token)")
+    signed, _, signature = token.rpartition(".")
+    try:
+        expected = _sign(secret, signed)
+    except UnicodeEncodeError:
+        raise AuthenticationError("the token is malformed (not ASCII)") from None
+    if not hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8", "replace")):
+        raise AuthenticationError("the token's signature is not valid (forged, or issued with another secret)")
+    try:
+        fields = json.loads(_b64decode(signed[len(_PREFIX):]))
+        claims = TokenClaims(_check_resource(fields["r"]), Permission(fields["p"]), float(fields["e"]))
+    except (ValueError, KeyError, TypeError, binascii.Error, InvalidArgumentError) as error:
+        # Authentic yet unreadable: issued by a newer or broken issuer.  Refuse all the same.
+        raise AuthenticationError(f"the token's claims are malformed: {error}") from None
+    return claims
+
+
+def resource_of(segment: str) -> str:
+    """The stream resource a segment belongs to: its name's first two ``/``-separated components
+    (the whole name if it has fewer)."""
+    parts = segment.split("/", 2)
+    return segment if len(parts) < 2 else f"{parts[0]}/{parts[1]}"
+
+
+def resource_covers(granted: str, resource: str) -> bool:
+    """Whether a token for ``granted`` covers ``resource`` (``"*"`` covers all, ``"scope/*"`` every
+    stream of the scope, anything else only itself)."""
+    if granted in ("*", resource):
+        return True
+    return granted.endswith("/*") and resource.startswith(granted[:-1]) and "/" not in resource[len(granted) - 1:]
+
+
+def verify(secret: bytes, token: str, *, resource: str, permission: Permission, now: float) -> TokenClaims:
+    """Check that ``token`` was issued with ``secret``, has not expired at ``now`` (seconds since the
+    Unix epoch) and grants ``permission`` on ``resource``; return its claims.  Raises
+    ``AuthenticationError`` saying why not."""
+    claims = _decode(_check_secret(secret), token)
+    if not now < claims.expires_at:
+        raise AuthenticationError(f"the token expired at {claims.expires_at:.0f} (it is now {now:.0f})")
+    if not resource_covers(claims.resource, resource):
+        raise AuthenticationError(f"the token is for {claims.resource!r}, not {resource!r}")
+    if not claims.permission.grants(permission):
+        raise AuthenticationError(f"the token grants {claims.permission.value}, not {permission.value}")
+    return claims
+
+
+class Authorizer:
+    """The server's side: checks a request's token for a segment, or lets everything through when no
+    secret is configured.  ``now`` is the wall clock (seconds since the Unix epoch), injected."""
+
+    def __init__(self, secret: bytes | None, *, now: Callable[[], float] = time.time) -> None:
+        self._secret = None if secret is None else _check_secret(secret)
+        self._now = now
+
+    @property
+    def enabled(self) -> bool:
+        return self._secret is not None
+
+    def check(self, token: str, segment: str, permission: Permission) -> None:
+        """Return if ``token`` grants ``permission`` on ``segment``'s stream (always, when disabled);
+        else raise ``AuthenticationError``."""
+        if self._secret is None:
+            return
+        verify(self._secret, token, resource=resource_of(segment), permission=permission, now=self._now())

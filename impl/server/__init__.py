@@ -1,0 +1,32 @@
+"""The segment-store server: segment containers served over TCP (optionally TLS) with the wire protocol.
+
+Theory of operation.  A ``SegmentStoreServer`` owns a set of container ids (all of
+``range(container_count)`` by default) and runs each through a ``ContainerHost``, which restarts a
+container after a Tier-1 failure.  A segment belongs to container
+``naming.container_of(segment, container_count)``; a request for a segment of a container this
+server does not own is answered ``WrongHost``.
+
+Each accepted socket becomes a ``Connection`` (``_connection``): the transport reads into its buffer,
+the sans-I/O ``wire.Decoder`` turns bytes into commands, each command is dispatched in order, and the
+replies of one event-loop turn leave in one write.  Appends take the hot path: a block is checked
+once, as a whole (never event by event in Python), charged against the in-flight budget, and handed
+to its writer's ``WriterSession`` (``_appends``, sans I/O), which chains event-number
+compare-and-sets across a pipeline of blocks and orders the acknowledgements; the block's bytes go
+to the container as they came off the wire, without another copy.  Reads and administration are
+tasks in the connection's ``asyncio.TaskGroup``.
+
+Backpressure: a connection stops reading from its socket while its own append bytes in flight, or
+the server's, are over their limits (``_config.IngressBudget``, after Pravega's ConnectionTracker),
+while too many of its other requests are in flight, or while its peer does not read the replies.
+
+Shutdown (``stop``) stops accepting, stops reading, lets every append and administrative request
+already received finish and be answered (bounded), cancels waiting tail reads, closes the
+connections and stops the containers.
+"""
+
+from millstream.server._appends import WriterSession, scan_events
+from millstream.server._config import IngressBudget, ServerConfig
+from millstream.server._connection import Connection
+from millstream.server._server import SegmentStoreServer
+
+__all__ = ["Connection", "IngressBudget", "SegmentStoreServer", "ServerConfig", "WriterSession", "scan_events"]

@@ -1,0 +1,100 @@
+"""The segment-store server's settings, and the ingress budget that decides when a connection stops
+reading."""
+
+from __future__ import annotations
+
+import attrs
+from millstream import limits
+from millstream.errors import InvalidArgumentError
+
+__all__ = ["IngressBudget", "ServerConfig"]
+
+
+def _positive(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidArgumentError(f"{attribute.name} must be a positive number, not {value!r}")
+
+
+def _owned(value: object) -> frozenset[int] | None:
+    if value is None:
+        return None
+    try:
+        owned = frozenset(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidArgumentError(f"owned_containers must be a set of container ids, not {value!r}") from None
+    return owned  # type: ignore[no-any-return]
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """Where a ``SegmentStoreServer`` listens, what it owns, and its limits (defaults and their
+    reasons are in ``millstream.limits``).  Invalid values raise ``InvalidArgumentError``.
+
+    ``owned_containers``: the container ids this server hosts (None: all of
+    ``range(container_count)``).  Segments of other containers are answered ``WrongHost``."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    container_count: int = attrs.field(default=4, validator=_positive)
+    owned_containers: frozenset[int] | None = attrs.field(default=None, converter=_owned)
+    in_flight_bytes_max: int = attrs.field(default=limits.SERVER_IN_FLIGHT_BYTES_MAX, validator=_positive)
+    connection_in_flight_bytes_target: int = attrs.field(
+        default=limits.SERVER_CONNECTION_IN_FLIGHT_BYTES_TARGET, validator=_positive)
+    connection_in_flight_bytes_min: int = attrs.field(
+        default=limits.SERVER_CONNECTION_IN_FLIGHT_BYTES_MIN, validator=_positive)
+    append_overhead_bytes: int = attrs.field(default=limits.SERVER_APPEND_OVERHEAD_BYTES)
+    connection_requests_max: int = attrs.field(default=limits.SERVER_CONNECTION_REQUESTS_MAX, validator=_positive)
+    connections_max: int = attrs.field(default=limits.SERVER_CONNECTIONS_MAX, validator=_positive)
+    send_buffer_bytes_max: int = attrs.field(default=limits.SERVER_SEND_BUFFER_BYTES_MAX, validator=_positive)
+    keepalive_interval_seconds: float = attrs.field(default=limits.KEEPALIVE_INTERVAL_SECONDS, validator=_positive)
+    hello_timeout_seconds: float = attrs.field(default=limits.SERVER_HELLO_TIMEOUT_SECONDS, validator=_positive)
+    shutdown_drain_seconds: float = attrs.field(default=limits.SERVER_SHUTDOWN_DRAIN_SECONDS, validator=_positive)
+    tls_handshake_timeout_seconds: float = attrs.field(
+        default=limits.SERVER_TLS_HANDSHAKE_TIMEOUT_SECONDS, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise InvalidArgumentError(f"host must be a non-empty str, not {self.host!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise InvalidArgumentError(f"port must lie in [0, 65535], not {self.port!r}")
+        if not isinstance(self.container_count, int):
+            raise InvalidArgumentError(f"container_count must be an int, not {self.container_count!r}")
+        if self.owned_containers is not None:
+            bad = [c for c in self.owned_containers
+                   if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < self.container_count]
+            if bad or not self.owned_containers:
+                raise InvalidArgumentError(
+                    f"owned_containers must be a non-empty subset of range({self.container_count}); "
+                    f"{sorted(map(repr, bad)) or 'it is empty'}")
+        if self.append_overhead_bytes < 0:
+            raise InvalidArgumentError("append_overhead_bytes must be >= 0")
+        if self.connection_in_flight_bytes_min > self.in_flight_bytes_max:
+            raise InvalidArgumentError("connection_in_flight_bytes_min must not exceed in_flight_bytes_max")
+
+    @property
+    def containers(self) -> frozenset[int]:
+        """The container ids this server hosts."""
+        if self.owned_containers is None:
+            return frozenset(range(self.container_count))
+        return self.owned_containers
+
+
+class IngressBudget:
+    """Append bytes in flight over a whole server, and the rule that says when one connection must
+    stop reading: at or above ``total_max`` overall, or once the connection holds
+    max(``connection_min``, 2 x ``connection_target`` - total) -- Pravega's shape (reference 1.10),
+    so one connection alone may use twice its share, and under load every share shrinks."""
+
+    __slots__ = ("connection_min", "connection_target", "total", "total_max")
+
+    def __init__(self, total_max: int, connection_target: int, connection_min: int) -> None:
+        self.total_max = total_max
+        self.connection_target = connection_target
+        self.connection_min = connection_min
+        self.total = 0
+
+    def connection_limit(self) -> int:
+        return max(self.connection_min, 2 * self.connection_target - self.total)
+
+    def must_pause(self, connection_bytes: int) -> bool:
+        return self.total >= self.total_max or connection_bytes >= self.connection_limit()

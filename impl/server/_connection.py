@@ -1,0 +1,794 @@
+"""One client connection of the segment-store server: bytes in, container calls, replies out.
+
+Theory of operation.  ``Connection`` is an ``asyncio.BufferedProtocol``: the transport reads into the
+connection's receive buffer and ``buffer_updated`` feeds those bytes to a ``wire.Decoder``; every
+command decoded is dispatched at once, in order.  Cheap requests (Hello, SetupAppend, segment info,
+attribute reads) are answered inline; an append block is checked (event numbers, event count, event
+lengths), charged against the in-flight budget and handed to its writer's ``WriterSession``, which
+decides whether to submit it now; every container call that may wait (appends, reads, segment
+administration) runs as a task in the connection's own ``asyncio.TaskGroup`` (``run``), so a
+connection's tasks never outlive it and a bug in one surfaces instead of vanishing.
+
+Replies are encoded into one outgoing buffer and written once per event-loop turn (``_flush``): a
+burst of acknowledgements becomes one ``send``.
+
+Backpressure.  Append bytes received and not yet answered are charged to the connection and to the
+server's ``IngressBudget``; while the budget says so -- or while too many other requests are in
+flight, or the peer does not read its replies (the transport paused our writing) -- the connection
+stops reading from its socket, which in turn fills the peer's TCP window.  Whatever makes it pause
+re-checks when it changes (an answer, a release elsewhere on the server, the transport resuming).
+
+Bad input never takes the server down and never disturbs other connections: a frame the decoder
+rejects, a block whose events are malformed or do not match its accounting, an event number that
+does not increase, an append without ``SetupAppend`` -- each is logged once and closes this
+connection (after the reply that explains it, where the protocol has one).  Requests that are merely
+wrong (an unknown segment, a bad offset, a bad token, a segment another server owns) get their typed
+reply and the connection carries on.  A connection that closes drops its unanswered work: appends
+already submitted still complete in the container, unacknowledged; the writer re-sends them after
+it reconnects and the stored event number makes that safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from millstream import limits
+from millstream.auth import Permission
+from millstream.errors import (
+    AuthenticationError,
+    BadAttributeUpdateError,
+    BadOffsetError,
+    InvalidArgumentError,
+    MillstreamError,
+    PayloadTooLargeError,
+    ProtocolError,
+    StreamSegmentExistsError,
+    StreamSegmentNotExistsError,
+    StreamSegmentSealedError,
+    StreamSegmentTruncatedError,
+    WrongHostError,
+)
+from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
+from millstream.server._appends import Failure, PendingBlock, WriterSession, scan_events
+from millstream.wire import (
+    OLDEST_COMPATIBLE_VERSION,
+    WIRE_VERSION,
+    AppendBlock,
+    AppendBlockEnd,
+    AppendBlockPart,
+    AppendSetup,
+    AuthTokenCheckFailed,
+    Command,
+    ConditionalAppend,
+    CreateSegment,
+    Decoder,
+    DeleteSegment,
+    ErrorMessage,
+    GetSegmentAttribute,
+    GetSegmentInfo,
+    Hello,
+    InvalidEventNumber,
+    KeepAlive,
+    MergeSegments,
+    NoSuchSegment,
+    OperationUnsupported,
+    ReadSegment,
+    SealSegment,
+    SegmentAlreadyExists,
+    SegmentAttribute,
+    SegmentAttributeUpdated,
+    SegmentCreated,
+    SegmentDeleted,
+    SegmentInfo,
+    SegmentIsSealed,
+    SegmentIsTruncated,
+    SegmentRead,
+    SegmentSealed,
+    SegmentsMerged,
+    SegmentTruncated,
+    SetupAppend,
+    TruncateSegment,
+    UpdateSegmentAttribute,
+    WireProtocolError,
+    WrongHost,
+    encode_into,
+    negotiate,
+)
+from millstream.wire.error_codes import error_code_of
+
+if TYPE_CHECKING:
+    from millstream.segmentstore.container import SegmentContainer
+    from millstream.server._server import SegmentStoreServer
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("millstream.server")
+
+_REPLACE_IF_EQUALS = AttributeUpdateType.REPLACE_IF_EQUALS
+
+_READ_PERMISSION = Permission.READ
+_UPDATE_PERMISSION = Permission.READ_UPDATE
+
+
+class _Closed(Exception):
+    """Raised inside dispatch once the connection has been closed: stop processing this read."""
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One client connection.  Created by the server for each accepted socket."""
+
+    def __init__(self, server: SegmentStoreServer) -> None:
+        self._server = server
+        self._config = server.config
+        self._clock = server.clock
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._decoder = Decoder()
+        self._receive = bytearray(limits.SERVER_RECEIVE_BUFFER_BYTES)
+        self._receive_view = memoryview(self._receive)
+        self._outgoing = bytearray()
+        self._flush_scheduled = False
+        self._version: int | None = None
+        self._writers: dict[UUID, WriterSession] = {}
+        self._parts: dict[UUID, list[bytes]] = {}  # streamed blocks' parts, by writer
+        self._parts_bytes: dict[UUID, int] = {}
+        self._in_flight_bytes = 0  # charged to the server's budget
+        self._requests = 0  # non-append requests in flight
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._read_tasks: set[asyncio.Task[Any]] = set()
+        self._task_group: asyncio.TaskGroup | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._draining = False
+        self._closing = False
+        self._lost: asyncio.Future[None] = self._loop.create_future()
+        self._quiet = asyncio.Event()
+        self._connected_at = self._last_received = self._last_sent = self._clock.monotonic()
+        self.close_reason: str | None = None
+
+    # --- the transport's callbacks -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+        transport.set_write_buffer_limits(high=self._config.send_buffer_bytes_max)
+        # Read nothing until ``run`` has entered the task group that dispatch spawns into.
+        self._set_reading(False)
+        self._send(Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION))
+        self._server.adopt(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._receive_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._closing:
+            return
+        self._last_received = self._clock.monotonic()
+        try:
+            commands = self._decoder.feed(self._receive_view[:nbytes])
+        except WireProtocolError as error:
+            self._abort(f"malformed input ({type(error).__name__}: {error})")
+            return
+        try:
+            for command in commands:
+                self._dispatch(command)
+        except _Closed:
+            return
+        self._update_reading()
+
+    def eof_received(self) -> bool:
+        if self._decoder.pending_bytes:
+            self._abort(f"the peer hung up inside a frame ({self._decoder.pending_bytes} bytes of it)")
+        return False  # close our side too: there is no half-open use in this protocol
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self.close_reason is None:
+            self.close_reason = "closed by the peer" if exc is None else f"lost: {exc!r}"
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until it closes; then cancel what is left and release its charge."""
+        try:
+            async with asyncio.TaskGroup() as task_group:
+                self._task_group = task_group
+                self._spawn(self._watch_liveness())
+                self._update_reading()
+                await self._lost
+                for task in list(self._tasks):
+                    task.cancel()
+        except Exception as error:  # a bug in a request task: this connection cannot be trusted
+            log.exception("connection %s failed", self.peer, exc_info=error)
+            self._abort(f"internal error: {error!r}")
+        finally:
+            self._closing = True
+            self._release_all()
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.abort()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], *, read: bool = False) -> None:
+        task_group = self._task_group
+        if task_group is None or self._closing:
+            coroutine.close()
+            return
+        task = task_group.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if read:
+            self._read_tasks.add(task)
+            task.add_done_callback(self._read_tasks.discard)
+
+    async def _watch_liveness(self) -> None:
+        """Say Hello in time, send KeepAlives on an idle connection, close a silent one."""
+        config = self._config
+        interval = config.keepalive_interval_seconds
+        tick = min(interval, config.hello_timeout_seconds) / 2
+        while not self._closing:
+            await self._clock.sleep(tick)
+            now = self._clock.monotonic()
+            if self._version is None and now - self._connected_at >= config.hello_timeout_seconds:
+                self._abort(f"no Hello within {config.hello_timeout_seconds:g} s")
+                return
+            if now - self._last_received >= limits.KEEPALIVE_MISSED_MAX * interval:
+                self._abort(f"nothing received for {now - self._last_received:.1f} s")
+                return
+            if now - self._last_sent >= interval:
+                self._send(KeepAlive())
+
+    def begin_drain(self) -> None:
+        """Graceful shutdown: read nothing more, cancel waiting reads (they have no effect to keep);
+        appends and administration already received run to their answers."""
+        self._draining = True
+        self._update_reading()
+        for task in list(self._read_tasks):
+            task.cancel()
+        self._check_quiet()
+
+    async def wait_quiet(self) -> None:
+        """Until nothing this connection received waits for its answer (after ``begin_drain``)."""
+        await self._quiet.wait()
+
+    def close(self, reason: str) -> None:
+        """Close after sending what is buffered."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        self._closing = True
+        self._flush()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        if not self._lost.done() and self._transport is None:
+            self._lost.set_result(None)
+
+    def _abort(self, reason: str) -> None:
+        """Close because the peer (or a failure) left nothing sensible to do; logged once."""
+        if self._closing:
+            return
+        log.warning("closing connection %s: %s", self.peer, reason)
+        self.close(reason)
+
+    def _check_quiet(self) -> None:
+        if self._draining and self._requests == 0 and all(s.idle for s in self._writers.values()):
+            self._quiet.set()
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return self._in_flight_bytes
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._reading_paused
+
+    # --- backpressure -----------------------------------------------------------------------------------
+
+    def _charge(self, amount: int) -> None:
+        self._in_flight_bytes += amount
+        self._server.budget.total += amount
+
+    def _release(self, amount: int) -> None:
+        if amount:
+            self._in_flight_bytes -= amount
+            self._server.budget.total -= amount
+            self._server.on_released()
+
+    def _release_all(self) -> None:
+        held = self._in_flight_bytes
+        self._writers.clear()
+        self._parts.clear()
+        self._parts_bytes.clear()
+        self._release(held)
+        self._server.forget(self)
+
+    def _must_pause(self) -> bool:
+        return (self._task_group is None or self._writing_paused or self._draining
+                or self._requests >= self._config.connection_requests_max
+                or self._server.budget.must_pause(self._in_flight_bytes))
+
+    def _update_reading(self) -> None:
+        if self._closing:
+            return
+        pause = self._must_pause()
+        if pause != self._reading_paused:
+            self._set_reading(not pause)
+        if pause and not self._writing_paused and self._task_group is not None:
+            self._server.watch_paused(self)
+
+    def recheck_reading(self) -> None:
+        """The server's budget changed: resume if nothing holds this connection back any more."""
+        self._update_reading()
+
+    def _set_reading(self, reading: bool) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if reading:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
+        self._reading_paused = not reading
+
+    # --- sending ------------------------------------------------------------------------------------------
+
+    def _send(self, command: Command) -> None:
+        encode_into(self._outgoing, command)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._outgoing:
+            return
+        data, self._outgoing = self._outgoing, bytearray()
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)  # (hands the buffer over: TLS keeps a reference to it)
+            self._last_sent = self._clock.monotonic()
+
+    # --- dispatch -----------------------------------------------------------------------------------------
+
+    def _dispatch(self, command: Command) -> None:
+        kind = type(command)
+        if kind is AppendBlock:
+            self._on_append_block(command)  # type: ignore[arg-type]
+            return
+        if self._version is None:
+            if kind is not Hello:
+                self._fail_protocol(f"{kind.__name__} before Hello")
+            self._on_hello(command)  # type: ignore[arg-type]
+            return
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            # A reply only the store sends, or a Hello again: nothing to do with it.
+            request_id = getattr(command, "request_id", -1)
+            log.info("connection %s: unsupported %s (request %s)", self.peer, kind.__name__, request_id)
+            self._send(OperationUnsupported(request_id, kind.__name__))
+            return
+        handler(self, command)
+
+    def _fail_protocol(self, reason: str, reply: Command | None = None) -> None:
+        if reply is not None:
+            self._send(reply)
+        self._abort(reason)
+        raise _Closed
+
+    def _on_hello(self, hello: Hello) -> None:
+        try:
+            self._version = negotiate(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION, hello.high_version, hello.low_version)
+        except WireProtocolError as error:
+            self._fail_protocol(f"incompatible: {error}")
+
+    def _on_keep_alive(self, command: KeepAlive) -> None:
+        pass  # its arrival updated _last_received already
+
+    def _authorize(self, request_id: int, token: str, segment: str, permission: Permission) -> bool:
+        try:
+            self._server.authorizer.check(token, segment, permission)
+        except AuthenticationError as error:
+            log.info("connection %s: request %d refused: %s", self.peer, request_id, error)
+            self._send(AuthTokenCheckFailed(request_id, str(error)))
+            return False
+        return True
+
+    def _container(self, request_id: int, segment: str) -> SegmentContainer | None:
+        """The container serving ``segment``, or None after replying why there is none."""
+        try:
+            return self._server.container_for(segment)
+        except WrongHostError:
+            self._send(WrongHost(request_id, segment, ""))
+        except MillstreamError as error:  # the container is restarting or stopped; a bad name
+            self._send(ErrorMessage(request_id, segment, error_code_of(error), str(error)))
+        return None
+
+    # --- appends -------------------------------------------------------------------------------------------
+
+    def _on_setup_append(self, command: SetupAppend) -> None:
+        request_id, segment = command.request_id, command.segment
+        if not self._authorize(request_id, command.token, segment, _UPDATE_PERMISSION):
+            return
+        container = self._container(request_id, segment)
+        if container is None:
+            return
+        existing = self._writers.get(command.writer_id)
+        if existing is not None and not existing.idle:
+            self._send(ErrorMessage(request_id, segment, error_code_of(InvalidArgumentError()),
+                                    f"writer {command.writer_id} has appends in flight on this connection"))
+            return
+        try:
+            info = container.get_info(segment)
+        except Exception as error:
+            self._send(self._error_reply(request_id, segment, error))
+            return
+        # A sealed segment still gets AppendSetup: the writer learns what is stored, and its next
+        # block is answered SegmentIsSealed.
+        last = info.attributes.get(command.writer_id.int, NULL_ATTRIBUTE_VALUE)
+        self._writers[command.writer_id] = WriterSession(command.writer_id, segment, last)
+        self._drop_parts(command.writer_id)
+        self._send(AppendSetup(request_id, segment, command.writer_id, last))
+
+    def _session(self, writer_id: UUID, request_id: int) -> WriterSession:
+        session = self._writers.get(writer_id)
+        if session is None:
+            self._fail_protocol(f"an append for writer {writer_id} without SetupAppend",
+                                ErrorMessage(request_id, "", error_code_of(ProtocolError()),
+                                             f"writer {writer_id} did not SetupAppend on this connection"))
+        return session  # type: ignore[return-value]
+
+    def _on_append_block(self, command: AppendBlock) -> None:
+        if self._version is None:
+            self._fail_protocol("AppendBlock before Hello")
+        session = self._session(command.writer_id, command.request_id)
+        self._accept_block(session, command.request_id, command.last_event_number, command.event_count,
+                           command.data, None)
+
+    def _accept_block(self, session: WriterSession, request_id: int, last_event_number: int,
+                      event_count: int | None, data: bytes, expected_offset: int | None) -> None:
+        writer_id = session.writer_id
+        if last_event_number <= session.last_received:
+            self._fail_protocol(
+                f"writer {writer_id}: event number {last_event_number} does not follow {session.last_received}",
+                InvalidEventNumber(request_id, writer_id, last_event_number))
+        try:
+            count, longest = scan_events(data)
+        except WireProtocolError as error:
+            self._fail_protocol(f"writer {writer_id}: malformed events: {error}",
+                                ErrorMessage(request_id, session.segment, error_code_of(error), str(error)))
+        if event_count is not None and count != event_count:
+            self._fail_protocol(f"writer {writer_id}: a block announces {event_count} events and holds {count}",
+                                InvalidEventNumber(request_id, writer_id, last_event_number))
+        if longest > limits.EVENT_LENGTH_MAX_BYTES:
+            message = f"an event of {longest} bytes exceeds {limits.EVENT_LENGTH_MAX_BYTES}"
+            self._fail_protocol(f"writer {writer_id}: {message}",
+                                ErrorMessage(request_id, session.segment, error_code_of(_PAYLOAD_TOO_LARGE), message))
+        charge = len(data) + self._config.append_overhead_bytes
+        block = PendingBlock(request_id, last_event_number, data, expected_offset, charge)
+        self._charge(charge)
+        if session.accept(block):
+            self._submit(session, block)
+        else:
+            self._answer(session)
+
+    def _submit(self, session: WriterSession, block: PendingBlock) -> None:
+        try:
+            container = self._server.container_for(session.segment)
+        except MillstreamError as error:
+            self._abort(f"writer {session.writer_id}: cannot append to {session.segment!r}: {error}")
+            raise _Closed from None
+        self._spawn(self._append(container, session, block))
+
+    async def _append(self, container: SegmentContainer, session: WriterSession, block: PendingBlock) -> None:
+        update = AttributeUpdate(session.writer_id.int, _REPLACE_IF_EQUALS, block.last_event_number,
+                                 block.comparison)
+        try:
+            offset = await container.append(session.segment, block.data, (update,),
+                                            expected_offset=block.expected_offset)
+        except BadAttributeUpdateError:
+            session.failed(block, Failure.COMPARISON)
+        except BadOffsetError:
+            session.failed(block, Failure.OFFSET)
+        except StreamSegmentSealedError:
+            session.failed(block, Failure.SEALED, _length_or_zero(container, session.segment))
+        except StreamSegmentNotExistsError:
+            session.failed(block, Failure.GONE)
+        except Exception as error:  # ContainerUnavailableError, or anything unexpected: the writer reconnects
+            if self._closing:
+                return
+            self._abort(f"writer {session.writer_id}: append to {session.segment!r} failed: {error!r}")
+            return
+        else:
+            session.succeeded(block, offset)
+        if self._closing or self._writers.get(session.writer_id) is not session:
+            return
+        try:
+            self._answer(session)
+        except _Closed:
+            return
+        self._update_reading()
+
+    def _answer(self, session: WriterSession) -> None:
+        """Send what ``session`` may answer now; submit what it wants re-submitted."""
+        answered, to_submit = session.drain()
+        released = 0
+        close: str | None = None
+        for block in answered:
+            released += block.charge
+            reply = block.reply
+            assert reply is not None
+            self._send(reply)
+            if type(reply) is InvalidEventNumber:
+                close = (f"writer {session.writer_id}: another writer with the same id wrote to "
+                         f"{session.segment!r} (event number {block.last_event_number})")
+        self._release(released)
+        if close is not None:
+            self._abort(close)
+            raise _Closed
+        for block in to_submit:
+            self._submit(session, block)
+        self._check_quiet()
+
+    def _on_conditional_append(self, command: ConditionalAppend) -> None:
+        session = self._session(command.writer_id, command.request_id)
+        if command.expected_offset < 0:
+            self._send(ErrorMessage(command.request_id, session.segment, error_code_of(InvalidArgumentError()),
+                                    f"expected_offset {command.expected_offset} is negative"))
+            return
+        self._accept_block(session, command.request_id, command.event_number, None, command.data,
+                           command.expected_offset)
+
+    def _on_append_block_part(self, command: AppendBlockPart) -> None:
+        session = self._session(command.writer_id, -1)
+        held = self._parts_bytes.get(command.writer_id, 0) + len(command.data)
+        if held > limits.APPEND_LENGTH_MAX_BYTES:
+            self._fail_protocol(f"writer {session.writer_id}: a streamed block exceeds "
+                                f"{limits.APPEND_LENGTH_MAX_BYTES} bytes")
+        self._parts.setdefault(command.writer_id, []).append(command.data)
+        self._parts_bytes[command.writer_id] = held
+        self._charge(len(command.data))
+
+    def _drop_parts(self, writer_id: UUID) -> bytes:
+        parts = self._parts.pop(writer_id, [])
+        self._release(self._parts_bytes.pop(writer_id, 0))
+        return b"".join(parts)
+
+    def _on_append_block_end(self, command: AppendBlockEnd) -> None:
+        session = self._session(command.writer_id, command.request_id)
+        head = self._drop_parts(command.writer_id)
+        data = head + command.data if head else command.data
+        if len(data) != command.size_of_whole_events:
+            self._fail_protocol(
+                f"writer {session.writer_id}: a streamed block of {len(data)} bytes announces "
+                f"{command.size_of_whole_events}",
+                ErrorMessage(command.request_id, session.segment, error_code_of(ProtocolError()),
+                             "the block's parts do not add up to size_of_whole_events"))
+        if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
+            self._fail_protocol(f"writer {session.writer_id}: a streamed block exceeds the append limit")
+        self._accept_block(session, command.request_id, command.last_event_number, command.event_count, data, None)
+
+    # --- reads and administration ----------------------------------------------------------------------
+
+    def _request(self, coroutine: Coroutine[Any, Any, None], *, read: bool = False) -> None:
+        self._requests += 1
+        self._spawn(self._counted(coroutine), read=read)
+
+    async def _counted(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coroutine
+        finally:
+            self._requests -= 1
+            if not self._closing:
+                self._update_reading()
+                self._check_quiet()
+
+    def _on_read_segment(self, command: ReadSegment) -> None:
+        if not self._authorize(command.request_id, command.token, command.segment, _READ_PERMISSION):
+            return
+        container = self._container(command.request_id, command.segment)
+        if container is not None:
+            self._request(self._read(container, command), read=True)
+
+    async def _read(self, container: SegmentContainer, command: ReadSegment) -> None:
+        length = min(command.suggested_length, limits.READ_LENGTH_MAX_BYTES)
+        wait_seconds = min(max(command.wait_ms, 0) / 1000.0, limits.TAIL_READ_WAIT_MAX_SECONDS)
+        try:
+            result = await container.read(command.segment, command.offset, length, wait_seconds=wait_seconds)
+        except Exception as error:
+            self._send(self._error_reply(command.request_id, command.segment, error, container))
+            return
+        self._send(SegmentRead(command.request_id, command.segment, result.offset, result.at_tail,
+                               result.end_of_segment, result.data))
+
+    def _on_get_segment_info(self, command: GetSegmentInfo) -> None:
+        request_id, segment = command.request_id, command.segment
+        if not self._authorize(request_id, command.token, segment, _READ_PERMISSION):
+            return
+        container = self._container(request_id, segment)
+        if container is None:
+            return
+        try:
+            info = container.get_info(segment)
+        except StreamSegmentNotExistsError:
+            self._send(SegmentInfo(request_id, segment, False, False, False, 0, 0, 0))
+            return
+        except Exception as error:
+            self._send(self._error_reply(request_id, segment, error))
+            return
+        # last_modified: the container does not track modification times; 0 means "unknown".
+        self._send(SegmentInfo(request_id, segment, True, info.sealed, False, info.start_offset, info.length, 0))
+
+    def _on_get_segment_attribute(self, command: GetSegmentAttribute) -> None:
+        request_id, segment = command.request_id, command.segment
+        if not self._authorize(request_id, command.token, segment, _READ_PERMISSION):
+            return
+        container = self._container(request_id, segment)
+        if container is None:
+            return
+        try:
+            value = container.get_info(segment).attributes.get(command.attribute_id, NULL_ATTRIBUTE_VALUE)
+        except Exception as error:
+            self._send(self._error_reply(request_id, segment, error))
+            return
+        self._send(SegmentAttribute(request_id, value))
+
+    def _administer(self, request_id: int, segment: str, token: str,
+                    operation: Coroutine[Any, Any, Command]) -> None:
+        """Run an administrative ``operation`` (after the token and ownership checks) as a request."""
+        if not self._authorize(request_id, token, segment, _UPDATE_PERMISSION) \
+                or self._container(request_id, segment) is None:
+            operation.close()
+            return
+        self._request(self._reply_with(request_id, segment, operation))
+
+    async def _reply_with(self, request_id: int, segment: str, operation: Coroutine[Any, Any, Command]) -> None:
+        try:
+            reply = await operation
+        except Exception as error:
+            reply = self._error_reply(request_id, segment, error)
+        self._send(reply)
+
+    def _on_create_segment(self, command: CreateSegment) -> None:
+        async def create() -> Command:
+            await self._server.container_for(command.segment).create_segment(command.segment)
+            return SegmentCreated(command.request_id, command.segment)
+        self._administer(command.request_id, command.segment, command.token, create())
+
+    def _on_seal_segment(self, command: SealSegment) -> None:
+        async def seal() -> Command:
+            with contextlib.suppress(StreamSegmentSealedError):  # sealing is idempotent on the wire
+                await self._server.container_for(command.segment).seal(command.segment)
+            return SegmentSealed(command.request_id, command.segment)
+        self._administer(command.request_id, command.segment, command.token, seal())
+
+    def _on_truncate_segment(self, command: TruncateSegment) -> None:
+        async def truncate() -> Command:
+            await self._server.container_for(command.segment).truncate(command.segment, command.offset)
+            return SegmentTruncated(command.request_id, command.segment)
+        self._administer(command.request_id, command.segment, command.token, truncate())
+
+    def _on_delete_segment(self, command: DeleteSegment) -> None:
+        async def delete() -> Command:
+            await self._server.container_for(command.segment).delete(command.segment)
+            return SegmentDeleted(command.request_id, command.segment)
+        self._administer(command.request_id, command.segment, command.token, delete())
+
+    def _on_merge_segments(self, command: MergeSegments) -> None:
+        request_id, target, source = command.request_id, command.target, command.source
+        if not self._authorize(request_id, command.token, source, _UPDATE_PERMISSION) \
+                or self._container(request_id, source) is None:
+            return
+
+        async def merge() -> Command:
+            container = self._server.container_for(target)
+            if self._server.container_for(source) is not container:
+                raise InvalidArgumentError(f"{source!r} and {target!r} live in different containers; "
+                                           "only a segment's own hidden segments can be merged into it")
+            with contextlib.suppress(StreamSegmentSealedError):
+                await container.seal(source)
+            source_length = container.get_info(source).length
+            offset = await container.merge(target, source)
+            return SegmentsMerged(request_id, target, source, offset + source_length)
+        self._administer(request_id, target, command.token, merge())
+
+    def _on_update_segment_attribute(self, command: UpdateSegmentAttribute) -> None:
+        async def update() -> Command:
+            container = self._server.container_for(command.segment)
+            try:
+                await container.update_attributes(command.segment, (AttributeUpdate(
+                    command.attribute_id, _REPLACE_IF_EQUALS, command.new_value, command.expected_value),))
+            except BadAttributeUpdateError:
+                return SegmentAttributeUpdated(command.request_id, False)
+            return SegmentAttributeUpdated(command.request_id, True)
+        self._administer(command.request_id, command.segment, command.token, update())
+
+    # --- errors ----------------------------------------------------------------------------------------------
+
+    def _error_reply(self, request_id: int, segment: str, error: BaseException,
+                     container: SegmentContainer | None = None) -> Command:
+        """The reply a failed request gets: its own command where the protocol has one, else an
+        ``ErrorMessage`` with the error's code.  Unexpected errors are logged (once)."""
+        if isinstance(error, StreamSegmentNotExistsError):
+            return NoSuchSegment(request_id, segment)
+        if isinstance(error, StreamSegmentExistsError):
+            return SegmentAlreadyExists(request_id, segment)
+        if isinstance(error, StreamSegmentSealedError):
+            return SegmentIsSealed(request_id, segment, _length_or_zero(self._safe_container(segment, container),
+                                                                        segment))
+        if isinstance(error, StreamSegmentTruncatedError):
+            start = 0
+            found = self._safe_container(segment, container)
+            if found is not None:
+                with contextlib.suppress(MillstreamError):
+                    start = found.get_info(segment).start_offset
+            return SegmentIsTruncated(request_id, segment, start)
+        if isinstance(error, WrongHostError):
+            return WrongHost(request_id, segment, "")
+        if isinstance(error, AuthenticationError):
+            return AuthTokenCheckFailed(request_id, str(error))
+        if not isinstance(error, MillstreamError):
+            log.error("connection %s: request %d on %r failed unexpectedly", self.peer, request_id, segment,
+                      exc_info=error)
+        return ErrorMessage(request_id, segment, error_code_of(error), str(error) or type(error).__name__)
+
+    def _safe_container(self, segment: str, container: SegmentContainer | None) -> SegmentContainer | None:
+        if container is not None:
+            return container
+        try:
+            return self._server.container_for(segment)
+        except MillstreamError:
+            return None
+
+    def check_invariants(self) -> None:
+        charged = sum(b.charge for s in self._writers.values() for b in s.pending) + sum(self._parts_bytes.values())
+        if not self._closing:
+            assert charged == self._in_flight_bytes, (charged, self._in_flight_bytes)
+        assert self._requests >= 0
+        for session in self._writers.values():
+            session.check_invariants()
+        self._decoder.check_invariants()
+
+
+def _length_or_zero(container: SegmentContainer | None, segment: str) -> int:
+    if container is None:
+        return 0
+    try:
+        return container.get_info(segment).length
+    except MillstreamError:
+        return 0
+
+
+_PAYLOAD_TOO_LARGE = PayloadTooLargeError()
+
+_HANDLERS: dict[type[Command], Any] = {
+    KeepAlive: Connection._on_keep_alive,
+    SetupAppend: Connection._on_setup_append,
+    AppendBlock: Connection._on_append_block,
+    ConditionalAppend: Connection._on_conditional_append,
+    AppendBlockPart: Connection._on_append_block_part,
+    AppendBlockEnd: Connection._on_append_block_end,
+    ReadSegment: Connection._on_read_segment,
+    GetSegmentInfo: Connection._on_get_segment_info,
+    GetSegmentAttribute: Connection._on_get_segment_attribute,
+    CreateSegment: Connection._on_create_segment,
+    SealSegment: Connection._on_seal_segment,
+    TruncateSegment: Connection._on_truncate_segment,
+    DeleteSegment: Connection._on_delete_segment,
+    MergeSegments: Connection._on_merge_segments,
+    UpdateSegmentAttribute: Connection._on_update_segment_attribute,
+}

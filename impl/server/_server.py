@@ -1,0 +1,249 @@
+"""``SegmentStoreServer``: segment containers behind a TCP port."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from millstream.auth import Authorizer
+from millstream.clock import Clock, SystemClock
+from millstream.errors import (
+    InternalError,
+    InvalidArgumentError,
+    ObjectClosedError,
+    WrongHostError,
+)
+from millstream.naming import container_of
+from millstream.segmentstore.chunk_storage import ChunkStorage
+from millstream.segmentstore.container import SegmentContainer, StorageSettings
+from millstream.segmentstore.durable_data_log import DurableDataLog
+from millstream.segmentstore.host import ContainerHost
+from millstream.server._config import IngressBudget, ServerConfig
+from millstream.server._connection import Connection
+
+__all__ = ["SegmentStoreServer"]
+
+log = logging.getLogger("millstream.server")
+
+
+class SegmentStoreServer:
+    """Hosts the segment containers ``config.containers`` (each through a ``ContainerHost``, on the
+    log ``open_log(container_id)`` opens and the shared Tier-2 ``chunk_storage`` if any) and serves
+    them over TCP on ``config.host``/``config.port`` (port 0: a free one; see ``port`` once started).
+
+    ``ssl_context`` (a server-side ``ssl.SSLContext``) turns on TLS; ``auth_secret`` turns on token
+    authentication (``millstream.auth``); ``clock`` drives keep-alives and timeouts, ``wall_clock``
+    (seconds since the Unix epoch) token expiry.  ``container_options`` go to every
+    ``SegmentContainer`` (e.g. ``frame_length_max``).  The server does not close ``chunk_storage``:
+    its creator does, after ``stop``.
+
+    Use ``async with`` or ``start``/``stop``; everything runs on the loop that called ``start``."""
+
+    def __init__(
+        self,
+        open_log: Callable[[int], DurableDataLog],
+        *,
+        config: ServerConfig | None = None,
+        chunk_storage: ChunkStorage | None = None,
+        storage_settings: StorageSettings | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        auth_secret: bytes | None = None,
+        clock: Clock | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        container_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise InvalidArgumentError(f"ssl_context must be an ssl.SSLContext, not {type(ssl_context).__name__}")
+        self.config = config if config is not None else ServerConfig()
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.authorizer = Authorizer(auth_secret, now=wall_clock)
+        self.budget = IngressBudget(self.config.in_flight_bytes_max, self.config.connection_in_flight_bytes_target,
+                                    self.config.connection_in_flight_bytes_min)
+        self._open_log = open_log
+        self._chunk_storage = chunk_storage
+        self._storage_settings = storage_settings
+        self._ssl_context = ssl_context
+        self._container_options = dict(container_options or {})
+        self._hosts: dict[int, ContainerHost] = {}
+        self._listener: asyncio.Server | None = None
+        self._connections: set[Connection] = set()
+        self._connection_tasks: set[asyncio.Task[None]] = set()
+        self._paused: set[Connection] = set()
+        self._state = "new"  # new -> running -> stopping -> stopped (a table would be one line each way)
+        self._port = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every owned container (recovering it from its log), then listen.  A container that
+        fails to start stops the ones already started and the error propagates."""
+        if self._state != "new":
+            raise InternalError(f"a server starts once (it is {self._state})")
+        self._state = "running"
+        try:
+            for container_id in sorted(self.config.containers):
+                host = ContainerHost(container_id, self._opener(container_id), chunk_storage=self._chunk_storage,
+                                     storage_settings=self._storage_settings, clock=self.clock,
+                                     **self._container_options)
+                await host.start()
+                self._hosts[container_id] = host
+            loop = asyncio.get_running_loop()
+            self._listener = await loop.create_server(
+                lambda: Connection(self), self.config.host, self.config.port, ssl=self._ssl_context,
+                ssl_handshake_timeout=self.config.tls_handshake_timeout_seconds if self._ssl_context else None,
+                reuse_address=True)
+        except BaseException:
+            await self._stop_hosts()
+            self._state = "stopped"
+            raise
+        self._port = self._listener.sockets[0].getsockname()[1]
+        log.info("segment store listening on %s (containers %s of %d)", self.uri,
+                 sorted(self.config.containers), self.config.container_count)
+
+    def _opener(self, container_id: int) -> Callable[[], DurableDataLog]:
+        return lambda: self._open_log(container_id)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: stop accepting; stop reading; let appends and administration already
+        received finish and be answered (at most ``config.shutdown_drain_seconds``); close every
+        connection; stop the containers (which drain their own in-flight writes, bounded)."""
+        if self._state in ("stopping", "stopped"):
+            return
+        if self._state == "new":
+            self._state = "stopped"
+            return
+        self._state = "stopping"
+        if self._listener is not None:
+            self._listener.close()
+        connections = list(self._connections)
+        for connection in connections:
+            connection.begin_drain()
+        if connections:
+            quiet = asyncio.ensure_future(asyncio.gather(*(c.wait_quiet() for c in connections)))
+            deadline = asyncio.ensure_future(self.clock.sleep(self.config.shutdown_drain_seconds))
+            try:
+                done, _ = await asyncio.wait((quiet, deadline), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                quiet.cancel()
+                deadline.cancel()
+            if quiet not in done:
+                log.warning("shutdown: connections still had work after %.1f s; closing them anyway",
+                            self.config.shutdown_drain_seconds)
+        for connection in list(self._connections):
+            connection.close("the server is shutting down")
+        if self._connection_tasks:
+            await asyncio.wait(set(self._connection_tasks), timeout=self.config.shutdown_drain_seconds)
+        for task in list(self._connection_tasks):
+            task.cancel()
+        if self._connection_tasks:
+            await asyncio.gather(*self._connection_tasks, return_exceptions=True)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+        await self._stop_hosts()
+        self._state = "stopped"
+        log.info("segment store on port %d stopped", self._port)
+
+    async def _stop_hosts(self) -> None:
+        hosts, self._hosts = self._hosts, {}
+        for host in hosts.values():
+            try:
+                await host.stop()
+            except Exception:
+                log.exception("stopping container %d failed", host.container_id)
+
+    async def __aenter__(self) -> SegmentStoreServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # --- where it listens ----------------------------------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return self.config.host
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one picked, if configured as 0); 0 before ``start``."""
+        return self._port
+
+    @property
+    def uri(self) -> str:
+        """``tcp://host:port`` (``tls://`` with TLS on)."""
+        return f"{'tls' if self._ssl_context is not None else 'tcp'}://{self.host}:{self._port}"
+
+    @property
+    def tls(self) -> bool:
+        return self._ssl_context is not None
+
+    # --- containers ------------------------------------------------------------------------------------------
+
+    def container_host(self, container_id: int) -> ContainerHost:
+        """The host of an owned container (tests use it to fail or inspect one)."""
+        try:
+            return self._hosts[container_id]
+        except KeyError:
+            raise WrongHostError(f"container {container_id} is not hosted here") from None
+
+    def container_for(self, segment: str) -> SegmentContainer:
+        """The running container that owns ``segment``.  Raises ``WrongHostError`` if this server
+        does not own it, ``ContainerUnavailableError`` while it restarts, ``ObjectClosedError``
+        once the server stopped."""
+        if not isinstance(segment, str) or not segment:
+            raise InvalidArgumentError(f"a segment name must be a non-empty str, not {segment!r}")
+        container_id = container_of(segment, self.config.container_count)
+        host = self._hosts.get(container_id)
+        if host is None:
+            if self._state not in {"running", "stopping"}:
+                raise ObjectClosedError("the server is not running")
+            raise WrongHostError(f"segment {segment!r} lives in container {container_id}, not hosted here")
+        return host.container
+
+    # --- connections (called by Connection) ---------------------------------------------------------------------
+
+    @property
+    def connections(self) -> frozenset[Connection]:
+        return frozenset(self._connections)
+
+    def adopt(self, connection: Connection) -> None:
+        if self._state != "running" or len(self._connections) >= self.config.connections_max:
+            log.warning("refusing connection %s: %s", connection.peer,
+                        "the server is shutting down" if self._state != "running"
+                        else f"{self.config.connections_max} connections are open")
+            connection.close("refused")
+            return
+        self._connections.add(connection)
+        task = asyncio.get_running_loop().create_task(connection.run(), name=f"connection {connection.peer}")
+        self._connection_tasks.add(task)
+        task.add_done_callback(self._connection_tasks.discard)
+
+    def forget(self, connection: Connection) -> None:
+        self._connections.discard(connection)
+        self._paused.discard(connection)
+
+    def watch_paused(self, connection: Connection) -> None:
+        """``connection`` stopped reading for lack of budget: re-check it when bytes are released."""
+        self._paused.add(connection)
+
+    def on_released(self) -> None:
+        if self._paused:
+            paused, self._paused = self._paused, set()
+            for connection in paused:
+                connection.recheck_reading()
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return self.budget.total
+
+    def check_invariants(self) -> None:
+        total = sum(c.in_flight_bytes for c in self._connections)
+        assert total == self.budget.total, (total, self.budget.total)
+        assert self.budget.total >= 0
+        for connection in self._connections:
+            connection.check_invariants()

@@ -1,0 +1,310 @@
+"""Standalone mode: a whole millstream node in one process, on local files, listening on loopback.
+
+Theory of operation.  A ``Node`` is the services of one node -- today the segment store
+(``SegmentStoreServer`` hosting every container, FileLog as Tier 1 and FileChunkStorage as Tier 2);
+the controller joins in a later issue -- started in order and stopped in reverse, all on one event
+loop.  Adding a service means adding it to ``Node._build_services``: each is an object with
+``async start()`` and ``async stop()``.
+
+``standalone(data_dir)`` runs a ``Node`` on its own event loop in a background thread and returns a
+``StandaloneNode`` handle once it listens: use it as a context manager, or call ``close()``.
+``millstream standalone`` runs the same ``Node`` on the main thread's loop until SIGINT/SIGTERM.
+Any other process -- a CLI command, a Spark executor -- reaches it over TCP at ``uri``.
+
+Everything lives under the data directory, so stopping the node and starting it again on the same
+directory recovers every segment (each container replays its log, Tier 2 keeps the rest)::
+
+    <data_dir>/node.json                 the node's fixed shape (container count); checked at start
+    <data_dir>/tier1/container-<id>/     each container's FileLog
+    <data_dir>/tier2/                    the FileChunkStorage all containers share
+
+The container count is fixed when the directory is first used: changing it would move segments to
+other containers, whose logs do not hold them, so a node refuses to start on a directory made with
+another count (``InvalidArgumentError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import ssl
+import threading
+from collections.abc import Collection, Coroutine
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Protocol, TypeVar
+
+from millstream import limits
+from millstream.errors import InvalidArgumentError, ObjectClosedError, StorageError
+from millstream.segmentstore.container import StorageSettings
+from millstream.segmentstore.file_chunk_storage import FileChunkStorage
+from millstream.segmentstore.file_log import FileLog
+from millstream.server import SegmentStoreServer, ServerConfig
+
+__all__ = ["Node", "Service", "StandaloneNode", "standalone"]
+
+log = logging.getLogger("millstream.standalone")
+
+_T = TypeVar("_T")
+
+#: The version of the data directory's layout (``node.json``'s "format").
+_LAYOUT_FORMAT: Final = 1
+
+#: How long ``standalone()`` waits for the node to recover and listen, and ``close()`` for it to stop.
+#: Recovery replays each container's log, which is bounded by checkpoints and truncation; a minute
+#: covers a large log on a slow disk, and a node that takes longer is broken, not slow.
+NODE_START_TIMEOUT_SECONDS: Final = 60.0
+NODE_STOP_TIMEOUT_SECONDS: Final = limits.SERVER_SHUTDOWN_DRAIN_SECONDS + limits.SHUTDOWN_TIMEOUT_SECONDS + 10.0
+
+
+class Service(Protocol):
+    """One part of a node."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class _ChunkStorageService:
+    """Closes the shared Tier-2 storage after the containers using it have stopped."""
+
+    def __init__(self, storage: FileChunkStorage) -> None:
+        self.storage = storage
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        await self.storage.close()
+
+
+def _check_layout(data_dir: Path, container_count: int) -> None:
+    """Create ``node.json`` on first use; refuse a directory made for another container count."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "node.json"
+    try:
+        recorded = json.loads(path.read_text())
+    except FileNotFoundError:
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps({"format": _LAYOUT_FORMAT, "container_count": container_count}) + "\n")
+        with open(temporary, "rb") as file:
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+        return
+    except (OSError, ValueError) as error:
+        raise StorageError(f"{path} is unreadable: {error}") from error
+    if not isinstance(recorded, dict) or recorded.get("format") != _LAYOUT_FORMAT:
+        raise InvalidArgumentError(f"{path} describes an unknown layout: {recorded!r}")
+    if recorded.get("container_count") != container_count:
+        raise InvalidArgumentError(
+            f"{data_dir} was created with {recorded.get('container_count')} containers, not {container_count}: "
+            "the container count of a data directory cannot change")
+
+
+class Node:
+    """The services of one node on local files under ``data_dir``, run on the calling event loop.
+
+    ``owned_containers`` (default: all) and the other options go to the ``SegmentStoreServer``."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        container_count: int = 4,
+        owned_containers: Collection[int] | None = None,
+        auth_secret: bytes | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        storage_settings: StorageSettings | None = None,
+        config: ServerConfig | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        if config is None:
+            config = ServerConfig(host=host, port=port, container_count=container_count,
+                                  owned_containers=None if owned_containers is None else frozenset(owned_containers))
+        self.config = config
+        self._auth_secret = auth_secret
+        self._ssl_context = ssl_context
+        self._storage_settings = storage_settings
+        self._services: list[Service] = []
+        self._started: list[Service] = []
+        self.server: SegmentStoreServer | None = None
+
+    def _open_log(self, container_id: int) -> FileLog:
+        return FileLog(self.data_dir / "tier1" / f"container-{container_id}")
+
+    def _build_services(self) -> list[Service]:
+        """The node's services in start order (add new ones here)."""
+        chunk_storage = FileChunkStorage(self.data_dir / "tier2")
+        self.server = SegmentStoreServer(self._open_log, config=self.config, chunk_storage=chunk_storage,
+                                         storage_settings=self._storage_settings, ssl_context=self._ssl_context,
+                                         auth_secret=self._auth_secret)
+        # Stopped in reverse: the server (and its containers) before the storage they write to.
+        return [_ChunkStorageService(chunk_storage), self.server]
+
+    async def start(self) -> None:
+        """Start every service; if one fails, stop those already started and re-raise."""
+        if self._services:
+            raise ObjectClosedError("a node starts once")
+        _check_layout(self.data_dir, self.config.container_count)
+        self._services = self._build_services()
+        try:
+            for service in self._services:
+                await service.start()
+                self._started.append(service)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop the started services in reverse order (each one's failure is logged, the rest still stop)."""
+        while self._started:
+            service = self._started.pop()
+            try:
+                await service.stop()
+            except Exception:
+                log.exception("stopping %s failed", type(service).__name__)
+
+    @property
+    def host(self) -> str:
+        return self.config.host
+
+    @property
+    def port(self) -> int:
+        return 0 if self.server is None else self.server.port
+
+    @property
+    def uri(self) -> str:
+        return "" if self.server is None else self.server.uri
+
+
+class StandaloneNode:
+    """A ``Node`` running on its own event loop in a background thread.  Made by ``standalone()``.
+
+    ``uri`` (``tcp://127.0.0.1:PORT``), ``host``, ``port`` and ``data_dir`` say where it is;
+    ``close()`` (or leaving the ``with`` block) shuts it down gracefully and waits for that.  ``run``
+    runs a coroutine on the node's loop (for tests and embedding code that needs the server object)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=f"millstream-node {node.data_dir}", daemon=True)
+        self._closed = False
+
+    def _start(self, timeout_seconds: float) -> None:
+        self._thread.start()
+        if not self._ready.wait(timeout_seconds):
+            self.close()
+            raise TimeoutError(f"the node on {self.node.data_dir} did not start within {timeout_seconds:g} s")
+        if self._failure is not None:
+            self._thread.join(timeout_seconds)
+            raise self._failure
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as error:  # reported to the thread that called standalone()
+            if not self._ready.is_set():
+                self._failure = error
+                self._ready.set()
+            else:
+                log.exception("the standalone node failed")
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        await self.node.start()
+        try:
+            self._ready.set()
+            await self._stop.wait()
+        finally:
+            await self.node.stop()
+
+    @property
+    def uri(self) -> str:
+        return self.node.uri
+
+    @property
+    def host(self) -> str:
+        return self.node.host
+
+    @property
+    def port(self) -> int:
+        return self.node.port
+
+    @property
+    def data_dir(self) -> Path:
+        return self.node.data_dir
+
+    @property
+    def server(self) -> SegmentStoreServer:
+        """The segment store (touch it only on the node's loop: see ``run``)."""
+        assert self.node.server is not None
+        return self.node.server
+
+    def run(self, coroutine: Coroutine[Any, Any, _T], timeout_seconds: float = NODE_START_TIMEOUT_SECONDS) -> _T:
+        """Run ``coroutine`` on the node's event loop and return its result."""
+        if self._loop is None or self._closed:
+            coroutine.close()
+            raise ObjectClosedError("the node is not running")
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(timeout_seconds)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the call did not finish within {timeout_seconds:g} s") from None
+
+    def close(self) -> None:
+        """Shut the node down gracefully and wait for it (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread.is_alive():
+            self._thread.join(NODE_STOP_TIMEOUT_SECONDS)
+            if self._thread.is_alive():
+                log.error("the node on %s did not stop within %.0f s", self.data_dir, NODE_STOP_TIMEOUT_SECONDS)
+
+    def __enter__(self) -> StandaloneNode:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StandaloneNode(uri={self.uri!r}, data_dir={str(self.data_dir)!r})"
+
+
+def standalone(
+    data_dir: str | os.PathLike[str],
+    *,
+    port: int = 0,
+    container_count: int = 4,
+    host: str = "127.0.0.1",
+    auth_secret: bytes | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    storage_settings: StorageSettings | None = None,
+    start_timeout_seconds: float = NODE_START_TIMEOUT_SECONDS,
+) -> StandaloneNode:
+    """Start a full node on ``data_dir`` in a background thread; return its handle once it listens.
+
+    Use as ``with millstream.standalone("./data") as node: ...`` (``node.uri`` is where to connect),
+    or keep the handle and call ``close()``.  Raises ``InvalidArgumentError`` for a bad option or a
+    data directory made with another container count, the storage's error if recovery fails, and
+    ``TimeoutError`` if the node does not listen within ``start_timeout_seconds``."""
+    node = Node(data_dir, host=host, port=port, container_count=container_count, auth_secret=auth_secret,
+                ssl_context=ssl_context, storage_settings=storage_settings)
+    handle = StandaloneNode(node)
+    handle._start(start_timeout_seconds)
+    return handle
