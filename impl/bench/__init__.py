@@ -6,6 +6,11 @@ Suites:
   the disk's physical limit measured in the same run.
 * ``tiering`` (``millstream.bench.tiering``): ingestion with Tier-2 flushing on versus off, and catch-up
   reads from Tier 2 against a raw sequential file read, in the same run.
+* ``quick`` and ``peers`` (``millstream.bench.harness``): workloads from TOML files
+  (``millstream.bench.workload``; bundled ones in ``workloads/``) against a ``millstream standalone``
+  server and its peers -- NATS JetStream and Redis Streams at equal durability, and at their defaults
+  -- started by the harness on 127.0.0.1; latency-throughput tables and plots, and ``BENCHMARKS.md``.
+  ``quick`` answers issue 9's targets in a few minutes; ``peers`` is the seed's whole grid.
 
 Importing this package is cheap; a suite's module (which imports the store) is imported when it runs.
 """
@@ -14,7 +19,10 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["SUITE_NAMES"]
+__all__ = ["HARNESS_SUITE_NAMES", "SUITE_NAMES"]
+
+#: The suites the peers harness runs (their workloads: ``millstream.bench.workload.SUITES``).
+HARNESS_SUITE_NAMES: Final = ("quick", "peers")
 
 #: Every suite ``millstream bench --suite`` accepts.
-SUITE_NAMES: Final = ("write-path", "tiering")
+SUITE_NAMES: Final = ("write-path", "tiering", *HARNESS_SUITE_NAMES)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
+import sys
 import tempfile
 from pathlib import Path
 
 import click
-from millstream.bench import SUITE_NAMES
+from click.core import ParameterSource
+from millstream.bench import HARNESS_SUITE_NAMES, SUITE_NAMES
 from millstream.bench.scenarios import SCENARIOS
 from millstream.cli._group import main
 from millstream.cli._progress import Progress
@@ -15,9 +19,25 @@ from millstream.cli._progress import Progress
 __all__ = ["bench"]
 
 
-@main.command(short_help="Measure the write path against the disk's physical limit.")
+@main.command(short_help="Benchmarks: the write path, tiering, and millstream beside its peers.")
 @click.option("--suite", type=click.Choice(SUITE_NAMES), default="write-path", show_default=True,
-              help="Which benchmark to run.")
+              help="Which benchmark to run (quick, peers: millstream beside NATS JetStream and Redis Streams).")
+@click.option("--workload", "workload_files", multiple=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Run the peers harness on this workload TOML file instead of a suite's (repeatable).")
+@click.option("--system", "system_names", multiple=True, metavar="NAME",
+              help="Peers harness: measure only this system (repeatable), e.g. millstream, nats-jetstream, "
+                   "redis-streams.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Peers harness: also write the report to this Markdown file (e.g. BENCHMARKS.md).")
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Peers harness: where the PNG plots go.  Default: docs/bench beside --markdown, else "
+                   "figures/ under --output.")
+@click.option("--fio/--no-fio", "use_fio", default=True, show_default=True,
+              help="Peers harness: also measure the disk with fio, if it is installed.")
+@click.option("--profile", is_flag=True, default=False,
+              help="Peers harness: profile millstream's writer and server (cProfile) at max rate; the report "
+                   "lists where the time goes.")
 @click.option("--duration", "duration_seconds", type=click.FloatRange(0.01, 600.0), default=2.5,
               show_default=True, metavar="SECONDS", help="Length of each measurement (after its warm-up).")
 @click.option("--warmup", "warmup_seconds", type=click.FloatRange(0.0, 60.0), default=0.5, show_default=True,
@@ -38,10 +58,18 @@ __all__ = ["bench"]
               show_default=True, metavar="SECONDS", help="...for at most this long (0: do not wait).")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show progress on stderr.")
-def bench(suite: str, duration_seconds: float, warmup_seconds: float, repeat: int, scenario_names: tuple[str, ...],
-          output_dir: Path, data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float,
-          progress: bool) -> None:
-    """Measure millstream against the machine's physical limit, in the same run.
+def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...], markdown_path: Path | None,
+          figures_dir: Path | None, use_fio: bool, profile: bool, duration_seconds: float, warmup_seconds: float,
+          repeat: int, scenario_names: tuple[str, ...], output_dir: Path, data_dir: Path | None,
+          quiet_idle_percent_min: float, quiet_timeout_seconds: float, progress: bool) -> None:
+    """Measure millstream against the machine's physical limit and against its peers, in the same run.
+
+    The quick and peers suites (or --workload FILE) run the peers harness: one writer process (this
+    one) against a `millstream standalone` server, NATS JetStream and Redis Streams, each started here
+    on 127.0.0.1 with fsync before acknowledgement (peers that are not installed are skipped, with a
+    message).  For every offered rate it reports p50/p95/p99 write and end-to-end latency and the
+    throughput achieved, as Markdown tables and latency-throughput plots, beside the disk's limit
+    measured in the same run.  `--suite quick --markdown BENCHMARKS.md` takes a few minutes.
 
     The write-path suite runs one segment container in this process on a durable FileLog and appends
     100-byte and 10,000-byte events: one appender awaiting each append, 16 concurrent ones, and one
@@ -56,6 +84,21 @@ def bench(suite: str, duration_seconds: float, warmup_seconds: float, repeat: in
     from millstream.bench.scenarios import scenarios_named
     from millstream.bench.write_path import WritePathConfig, run_write_path, write_json
 
+    if workload_files or suite in HARNESS_SUITE_NAMES:
+        context = click.get_current_context()
+
+        def given(name: str) -> bool:
+            return context.get_parameter_source(name) is not ParameterSource.DEFAULT
+
+        _bench_harness(
+            suite="custom" if workload_files else suite, workload_files=workload_files, system_names=system_names,
+            markdown_path=markdown_path, figures_dir=figures_dir, use_fio=use_fio, profile=profile,
+            duration_seconds=duration_seconds if given("duration_seconds") else None,
+            warmup_seconds=warmup_seconds if given("warmup_seconds") else None, output_dir=output_dir,
+            data_dir=data_dir, quiet_idle_percent_min=quiet_idle_percent_min,
+            quiet_timeout_seconds=quiet_timeout_seconds if given("quiet_timeout_seconds") else None,
+            progress=progress)
+        return
     if suite == "tiering":
         _bench_tiering(duration_seconds, warmup_seconds, repeat, output_dir, data_dir, quiet_idle_percent_min,
                        quiet_timeout_seconds, progress)
@@ -94,3 +137,64 @@ def _bench_tiering(duration_seconds: float, warmup_seconds: float, repeat: int, 
         report = run_tiering(config, data_root, Progress(stack, "tiering") if progress else None)
     click.echo(render_tiering_markdown(report))
     click.echo(f"raw results: {write_tiering_json(report, output_dir)}", err=True)
+
+
+def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...],
+                   markdown_path: Path | None, figures_dir: Path | None, use_fio: bool, profile: bool,
+                   duration_seconds: float | None, warmup_seconds: float | None, output_dir: Path,
+                   data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float | None,
+                   progress: bool) -> None:
+    """The peers harness (``millstream.bench.harness``): workloads x systems x offered rates."""
+    import attrs
+    from millstream.bench._system import choose_data_root, filesystem_of
+    from millstream.bench.benchmarks_md import render_markdown
+    from millstream.bench.drivers import all_drivers
+    from millstream.bench.harness import HarnessConfig, run_harness, write_json
+    from millstream.bench.plots import plot_report
+    from millstream.bench.workload import SYSTEM_NAMES, load_workload, suite_workloads
+    from millstream.errors import InvalidArgumentError
+
+    unknown = [name for name in system_names if name not in SYSTEM_NAMES]
+    if unknown:
+        raise click.BadParameter(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEM_NAMES)}",
+                                 param_hint="--system")
+    try:
+        workloads = (tuple(load_workload(path) for path in workload_files) if workload_files
+                     else suite_workloads(suite))
+    except InvalidArgumentError as error:
+        raise click.BadParameter(str(error), param_hint="--workload") from error
+    workloads = tuple(w.with_timing(duration_seconds=duration_seconds, warmup_seconds=warmup_seconds)
+                      for w in workloads)
+    if system_names:
+        workloads = tuple(attrs.evolve(w, systems=tuple(s for s in w.systems if s in system_names))
+                          for w in workloads)
+    data_root, reason = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
+    data_root.mkdir(parents=True, exist_ok=True)
+    filesystem = filesystem_of(data_root)
+    if filesystem.in_memory:
+        click.echo(f"warning: {data_root} is on {filesystem.type}, in memory: fsync costs nothing there, so the "
+                   "figures will not mean durability.  Use --data-dir on a disk.", err=True)
+    drivers = all_drivers()
+    for name in sorted({s for w in workloads for s in w.systems}):
+        availability = drivers[name].availability()
+        if not availability.available:
+            click.echo(f"skipping {name}: {availability.detail}", err=True)
+    config = HarnessConfig(suite=suite, workloads=workloads, quiet_idle_percent_min=quiet_idle_percent_min,
+                           use_fio=use_fio, profile=profile)
+    if quiet_timeout_seconds is not None:
+        config = attrs.evolve(config, quiet_timeout_seconds=quiet_timeout_seconds)
+    with contextlib.ExitStack() as stack:
+        report = run_harness(config, drivers, data_root, reason, Progress(stack, suite) if progress else None)
+    if figures_dir is None:
+        figures_dir = (markdown_path.parent / "docs" / "bench") if markdown_path is not None else output_dir / "figures"
+    figures = plot_report(report, figures_dir)
+    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
+    base = markdown_path.parent if markdown_path is not None else Path.cwd()
+    links = {name: Path(os.path.relpath(path, base)).as_posix() for name, path in figures.items()}
+    markdown = render_markdown(report, links, command=command)
+    if markdown_path is not None:
+        markdown_path.write_text(markdown, encoding="utf-8")
+        click.echo(f"report: {markdown_path}", err=True)
+    click.echo(markdown)
+    click.echo(f"raw results: {write_json(report, output_dir)}", err=True)
+    click.echo(f"figures: {', '.join(str(path) for path in figures.values()) or 'none'}", err=True)

@@ -1,0 +1,297 @@
+"""Offering one rate to one system: the pacing loop, and the bookkeeping of what came back.
+
+Theory of operation.  One asyncio loop in the harness's process is the writer.  The pacing loop
+(``offer``) looks at the clock, works out how many events are due at the offered rate since the step
+began (``floor(elapsed * rate) + 1 - sent``), and hands them to the driver as one ``Batch`` -- at most
+``BENCH_TICK_EVENTS_MAX`` events or ``BENCH_TICK_BYTES_MAX`` bytes -- then yields and looks again.
+At "max" (no rate) every tick is a full batch and the only brake is backpressure.  The events of a
+batch share one send time, which rides in the first 8 bytes of their payload (little-endian double,
+``time.monotonic()``: one clock for the whole machine on Linux, so a reader in any process could
+use it).
+
+Write latency is from the send time to the acknowledgement the driver reports; end-to-end latency
+from the send time to the moment a consumer reads the event.  Only events *sent* inside the measured
+window ``[window_start, window_end)`` -- after the warm-up -- are counted, however late they come back:
+achieved throughput is those events, acknowledged, divided by the window's length.  An offered rate
+the system cannot take shows up as achieved < offered, and as latency.
+
+Backpressure is the harness's, the same for every system: when more than ``BENCH_IN_FLIGHT_EVENTS_MAX``
+events (or ``BENCH_IN_FLIGHT_BYTES_MAX`` bytes) are sent and not acknowledged, the pacing loop waits
+for acknowledgements (bounded: no acknowledgement for ``BENCH_DRAIN_TIMEOUT_SECONDS`` fails the step).
+
+Bounds: the loop stops at the window's end, after ``bytes_max`` bytes, or after ``ticks_max`` ticks,
+whichever comes first; then ``drain`` waits (bounded) for the acknowledgements and the consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, Protocol
+
+import attrs
+from millstream.bench._histogram import LatencyHistogram
+from millstream.limits import (
+    BENCH_DRAIN_TIMEOUT_SECONDS,
+    BENCH_IN_FLIGHT_BYTES_MAX,
+    BENCH_IN_FLIGHT_EVENTS_MAX,
+    BENCH_TICK_BYTES_MAX,
+    BENCH_TICK_EVENTS_MAX,
+)
+
+__all__ = [
+    "SEND_TIME",
+    "Batch",
+    "OfferPlan",
+    "Producer",
+    "StepRecorder",
+    "StepStalledError",
+    "make_payload",
+    "offer",
+    "send_time_of",
+]
+
+#: The send time's place in every payload: the first 8 bytes, a little-endian double.
+SEND_TIME: Final = struct.Struct("<d")
+
+#: Ticks per second of pacing the loop may take at most (a tick is one batch or one short sleep):
+#: far above what Python's event loop manages, so only a broken clock ever meets it.
+_TICKS_PER_SECOND_MAX: Final = 200_000
+
+
+class StepStalledError(RuntimeError):
+    """A step made no progress: no acknowledgement (or no delivery) for the drain timeout."""
+
+
+def make_payload(sent_at: float, event_bytes: int) -> bytes:
+    """An event of ``event_bytes`` whose first 8 bytes are the send time."""
+    return SEND_TIME.pack(sent_at) + b"\xa5" * (event_bytes - SEND_TIME.size)
+
+
+def send_time_of(payload: bytes | memoryview) -> float:
+    return float(SEND_TIME.unpack_from(payload)[0])
+
+
+@attrs.frozen
+class Batch:
+    """Events ``first_sequence .. first_sequence + count - 1`` of a step, all sent at ``sent_at`` with
+    the same ``payload``.  The driver gets their routing keys or partitions from the ``KeySpace``."""
+
+    sent_at: float
+    payload: bytes
+    count: int
+    first_sequence: int
+
+
+class Producer(Protocol):
+    """What the pacing loop needs of a driver's session."""
+
+    async def write(self, batch: Batch) -> None:
+        """Hand the batch's events to the system's client.  Return as soon as they are handed over
+        (await only what the client itself makes you await); report acknowledgements to the step's
+        ``StepRecorder`` as they arrive."""
+        ...
+
+
+class StepRecorder:
+    """What happened to the events of one step: sent, acknowledged, delivered, and their latencies.
+
+    Drivers call ``acknowledged`` and ``delivered`` (from callbacks or tasks on the loop's thread);
+    the pacing loop calls ``sent`` and ``begin_window``/``end_window``.
+    """
+
+    def __init__(self, *, event_bytes: int, clock: Callable[[], float] = time.monotonic,
+                 in_flight_events_max: int = BENCH_IN_FLIGHT_EVENTS_MAX,
+                 in_flight_bytes_max: int = BENCH_IN_FLIGHT_BYTES_MAX) -> None:
+        self.clock = clock
+        self.event_bytes = event_bytes
+        self.window_start = math.inf
+        self.window_end = math.inf
+        self.write_latency = LatencyHistogram()
+        self.end_to_end_latency = LatencyHistogram()
+        self.sent_total = 0
+        self.acknowledged_total = 0
+        self.delivered_total = 0
+        self.sent_measured = 0
+        self.acknowledged_measured = 0
+        self.delivered_measured = 0
+        self.errors: list[str] = []
+        self._in_flight_max = max(1, min(in_flight_events_max, in_flight_bytes_max // max(1, event_bytes)))
+        self._room = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._window_hooks: list[Callable[[str], None]] = []
+
+    # -- the window ----------------------------------------------------------------------------------
+
+    def on_window(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook("begin")`` and ``hook("end")`` when the measured window opens and closes."""
+        self._window_hooks.append(hook)
+
+    def begin_window(self, at: float) -> None:
+        self.window_start = at
+        for hook in self._window_hooks:
+            hook("begin")
+
+    def end_window(self, at: float) -> None:
+        self.window_end = at
+        for hook in self._window_hooks:
+            hook("end")
+
+    @property
+    def window_seconds(self) -> float | None:
+        if math.isinf(self.window_start) or math.isinf(self.window_end):
+            return None
+        return self.window_end - self.window_start
+
+    def _measured(self, sent_at: float) -> bool:
+        return self.window_start <= sent_at < self.window_end
+
+    # -- what drivers report -------------------------------------------------------------------------
+
+    def sent(self, sent_at: float, count: int) -> None:
+        self.sent_total += count
+        if self._measured(sent_at):
+            self.sent_measured += count
+
+    def acknowledged(self, sent_at: float, count: int = 1) -> None:
+        """``count`` events sent at ``sent_at`` are durable (the system acknowledged them) now."""
+        self.acknowledged_total += count
+        if self._measured(sent_at):
+            self.acknowledged_measured += count
+            self.write_latency.record(self.clock() - sent_at, count)
+        if self.sent_total - self.acknowledged_total <= self._in_flight_max * 3 // 4:
+            self._room.set()
+        self._progress.set()
+
+    def delivered(self, sent_at: float, count: int = 1) -> None:
+        """A consumer read ``count`` events sent at ``sent_at`` now."""
+        self.delivered_total += count
+        if self._measured(sent_at):
+            self.delivered_measured += count
+            self.end_to_end_latency.record(self.clock() - sent_at, count)
+        self._progress.set()
+
+    def failed(self, message: str) -> None:
+        """The driver saw an error it could not recover from (reported; the step fails at its end)."""
+        self.errors.append(message)
+        self._progress.set()
+        self._room.set()
+
+    # -- waits ---------------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent_total - self.acknowledged_total
+
+    async def wait_for_room(self, count: int, deadline: float,
+                            stall_seconds: float = BENCH_DRAIN_TIMEOUT_SECONDS) -> bool:
+        """Wait while sending ``count`` more would exceed the in-flight bound.  False if ``deadline``
+        (on ``clock``) came first; ``StepStalledError`` if ``stall_seconds`` pass with no
+        acknowledgement at all."""
+        while self.in_flight + count > self._in_flight_max and self.in_flight > 0 and not self.errors:
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return False
+            self._room.clear()
+            before = self.acknowledged_total
+            try:
+                await asyncio.wait_for(self._room.wait(), min(remaining, stall_seconds))
+            except TimeoutError:
+                if self.acknowledged_total == before and remaining > stall_seconds:
+                    raise StepStalledError(
+                        f"no acknowledgement for {stall_seconds:g} s with {self.in_flight:,} events in flight"
+                    ) from None
+        return True
+
+    async def wait_until(self, done: Callable[[], bool], what: str, timeout_seconds: float) -> None:
+        """Wait until ``done()`` (or an error was reported), for at most ``timeout_seconds`` in all."""
+        deadline = self.clock() + timeout_seconds
+        while not done() and not self.errors:
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                raise StepStalledError(f"still waiting for {what} after {timeout_seconds:g} s")
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+
+    async def drain(self, *, consumers: bool, timeout_seconds: float = BENCH_DRAIN_TIMEOUT_SECONDS) -> None:
+        """Wait for every sent event's acknowledgement, then (with consumers) for every measured event
+        to be delivered; at most ``timeout_seconds`` each, else ``StepStalledError``."""
+        await self.wait_until(lambda: self.acknowledged_total >= self.sent_total,
+                              f"{self.in_flight:,} acknowledgements", timeout_seconds)
+        if consumers:
+            await self.wait_until(lambda: self.delivered_measured >= self.acknowledged_measured,
+                                  "the consumers to read every measured event", timeout_seconds)
+
+    def check_invariants(self) -> None:
+        assert 0 <= self.acknowledged_measured <= self.acknowledged_total
+        assert self.sent_measured <= self.sent_total
+        assert self.write_latency.count == self.acknowledged_measured
+        assert self.end_to_end_latency.count == self.delivered_measured
+        self.write_latency.check_invariants()
+        self.end_to_end_latency.check_invariants()
+
+
+@attrs.frozen
+class OfferPlan:
+    """One step: offer ``rate`` events/s (None: as fast as taken) for ``warmup_seconds`` unmeasured,
+    then ``duration_seconds`` measured, at most ``bytes_max`` bytes in all."""
+
+    rate: float | None
+    warmup_seconds: float
+    duration_seconds: float
+    event_bytes: int
+    bytes_max: int
+
+    @property
+    def tick_events_max(self) -> int:
+        return max(1, min(BENCH_TICK_EVENTS_MAX, BENCH_TICK_BYTES_MAX // self.event_bytes))
+
+
+async def offer(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
+                sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> int:
+    """Run the pacing loop of one step (see the module docstring); the number of events sent."""
+    clock = recorder.clock
+    started = clock()
+    window_start = started + plan.warmup_seconds
+    window_end = window_start + plan.duration_seconds
+    ticks_max = math.ceil((plan.warmup_seconds + plan.duration_seconds) * _TICKS_PER_SECOND_MAX) + 1
+    tick_events_max = plan.tick_events_max
+    in_window = False
+    sent = 0
+    sent_bytes = 0
+    for _ in range(ticks_max):
+        now = clock()
+        if not in_window and now >= window_start:
+            in_window = True
+            recorder.begin_window(now)
+        if now >= window_end or sent_bytes >= plan.bytes_max or recorder.errors:
+            break
+        if plan.rate is None:
+            count = tick_events_max
+        else:
+            due = math.floor((now - started) * plan.rate) + 1 - sent
+            if due <= 0:
+                next_due = started + (sent / plan.rate)
+                await sleep(max(0.0, min(next_due, window_end) - now))
+                continue
+            count = min(due, tick_events_max)
+        count = min(count, max(1, (plan.bytes_max - sent_bytes) // plan.event_bytes))
+        if not await recorder.wait_for_room(count, window_end):
+            break
+        now = clock()  # the wait may have taken a while: the events are sent now
+        recorder.sent(now, count)  # before the write: a driver may report acknowledgements inside it
+        await producer.write(Batch(sent_at=now, payload=make_payload(now, plan.event_bytes), count=count,
+                                   first_sequence=sent))
+        sent += count
+        sent_bytes += count * plan.event_bytes
+        await sleep(0)  # let acknowledgements and consumers run between ticks
+    end = clock()
+    if not in_window:
+        recorder.begin_window(min(end, window_start))
+    recorder.end_window(min(end, window_end))
+    return sent

