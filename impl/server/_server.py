@@ -123,7 +123,7 @@ class SegmentStoreServer:
         for connection in connections:
             connection.begin_drain()
         if connections:
-            quiet = asyncio.ensure_future(asyncio.gather(*(c.wait_quiet() for c in connections)))
+            quiet = asyncio.ensure_future(_all_quiet(connections))
             deadline = asyncio.ensure_future(self.clock.sleep(self.config.shutdown_drain_seconds))
             try:
                 done, _ = await asyncio.wait((quiet, deadline), return_when=asyncio.FIRST_COMPLETED)
@@ -247,3 +247,8 @@ class SegmentStoreServer:
         assert self.budget.total >= 0
         for connection in self._connections:
             connection.check_invariants()
+
+
+async def _all_quiet(connections: list[Connection]) -> None:
+    for connection in connections:
+        await connection.wait_quiet()

@@ -1,0 +1,153 @@
+"""``millstream standalone`` and ``millstream serve``: run a node until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+from millstream.cli._group import main
+
+__all__ = ["serve", "standalone"]
+
+_CONFIG_KEYS = {"data_dir", "host", "port", "container_count", "owned_containers", "auth_secret_file",
+                "tls_cert_file", "tls_key_file"}
+
+
+def _run_node(node: Any, data_dir: Path) -> None:
+    """Start ``node``, print where it listens, serve until SIGINT/SIGTERM, then stop it gracefully."""
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signal_number in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signal_number, stop.set)
+        await node.start()
+        try:
+            click.echo(f"millstream standalone listening on {node.uri} (data in {data_dir})")
+            sys.stdout.flush()
+            await stop.wait()
+            click.echo("millstream: shutting down (draining acknowledged work) ...", err=True)
+        finally:
+            await node.stop()
+        click.echo("millstream: stopped", err=True)
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve())
+    except Exception as error:
+        from millstream.errors import MillstreamError
+        if isinstance(error, (MillstreamError, OSError)):
+            raise click.ClickException(str(error)) from error
+        raise
+
+
+@main.command(short_help="Run a whole node on this machine, listening on loopback.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Where the node keeps everything (created if missing).  Starting again on the same "
+                   "directory recovers every segment.")
+@click.option("--port", type=click.IntRange(0, 65535), default=9090, show_default=True,
+              help="TCP port to listen on (0: pick a free one; the line printed at start says which).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind.  The default keeps the node private to this machine.")
+@click.option("--containers", "container_count", type=click.IntRange(1, 1024), default=4, show_default=True,
+              help="Segment containers (fixed for a data directory once it is first used).")
+def standalone(data_dir: Path, port: int, host: str, container_count: int) -> None:
+    """Run a millstream node: the segment store with every container, on local files.
+
+    It prints one line when it is ready,
+
+        millstream standalone listening on tcp://127.0.0.1:PORT (data in DIR)
+
+    and serves until you press Ctrl-C (SIGINT) or send SIGTERM; then it stops accepting, lets the
+    appends it already received be acknowledged, and shuts down.  Other processes (the millstream
+    commands, your programs, Spark executors) connect to the printed address.  Logs go to stderr.
+
+    Example:  millstream standalone --data-dir ./data --port 9090
+    """
+    from millstream.standalone import Node
+
+    _run_node(Node(data_dir, host=host, port=port, container_count=container_count), data_dir)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise click.BadParameter(f"cannot read {path}: {error}", param_hint="--config") from error
+    unknown = set(config) - _CONFIG_KEYS
+    if unknown:
+        raise click.BadParameter(f"{path}: unknown keys {sorted(unknown)} (known: {sorted(_CONFIG_KEYS)})",
+                                 param_hint="--config")
+    if "data_dir" not in config:
+        raise click.BadParameter(f"{path}: data_dir is required", param_hint="--config")
+    return config
+
+
+def _relative(base: Path, value: Any, key: str) -> Path:
+    if not isinstance(value, str):
+        raise click.BadParameter(f"{key} must be a string path, not {value!r}", param_hint="--config")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+@main.command(short_help="Run a node as a configuration file describes it.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              required=True, help="A TOML file (see below).")
+def serve(config_path: Path) -> None:
+    """Run a millstream node as described by a TOML file, until SIGINT or SIGTERM.
+
+    \b
+    Keys (relative paths are relative to the file's directory):
+      data_dir = "data"                  required; as for `millstream standalone --data-dir`
+      host = "127.0.0.1"                 address to bind
+      port = 9090                        0 picks a free port
+      container_count = 4                fixed for a data directory once it is used
+      owned_containers = [0, 1]          containers this node hosts (default: all); the others
+                                         are answered WrongHost
+      auth_secret_file = "secret"        turn on token authentication; the file holds the
+                                         secret (at least 16 bytes; issue tokens with
+                                         millstream.issue_token)
+      tls_cert_file = "cert.pem"         turn on TLS (both files, PEM)
+      tls_key_file = "key.pem"
+
+    It prints the same "listening on" line as `millstream standalone` and shuts down gracefully.
+    """
+    import ssl
+
+    from millstream.standalone import Node
+
+    config = _read_config(config_path)
+    base = config_path.resolve().parent
+    data_dir = _relative(base, config["data_dir"], "data_dir")
+    secret = None
+    if "auth_secret_file" in config:
+        secret_path = _relative(base, config["auth_secret_file"], "auth_secret_file")
+        try:
+            secret = secret_path.read_bytes().strip()
+        except OSError as error:
+            raise click.BadParameter(f"cannot read the secret: {error}", param_hint="--config") from error
+    ssl_context = None
+    if ("tls_cert_file" in config) != ("tls_key_file" in config):
+        raise click.BadParameter("tls_cert_file and tls_key_file go together", param_hint="--config")
+    if "tls_cert_file" in config:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ssl_context.load_cert_chain(_relative(base, config["tls_cert_file"], "tls_cert_file"),
+                                        _relative(base, config["tls_key_file"], "tls_key_file"))
+        except (OSError, ssl.SSLError) as error:
+            raise click.BadParameter(f"cannot load the TLS certificate: {error}", param_hint="--config") from error
+    from millstream.errors import InvalidArgumentError
+    try:
+        node = Node(data_dir, host=config.get("host", "127.0.0.1"), port=config.get("port", 9090),
+                    container_count=config.get("container_count", 4),
+                    owned_containers=config.get("owned_containers"), auth_secret=secret, ssl_context=ssl_context)
+    except InvalidArgumentError as error:
+        raise click.BadParameter(str(error), param_hint="--config") from error
+    _run_node(node, data_dir)

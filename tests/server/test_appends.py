@@ -1,0 +1,138 @@
+"""Idempotent, pipelined appends over TCP: resends after a reconnect are deduplicated by the stored
+event number, a second writer with the same id is refused, and acknowledgements come back in order."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from millstream.model.types import NULL_ATTRIBUTE_VALUE
+from millstream.wire import (
+    AppendSetup,
+    CreateSegment,
+    DataAppended,
+    InvalidEventNumber,
+    ReadSegment,
+    SegmentRead,
+    SetupAppend,
+    iter_events,
+)
+
+from tests.server.raw import RawClient, Tiers, block, run, serving
+
+
+async def read_all(client: RawClient, segment: str) -> list[bytes]:
+    data = b""
+    while True:
+        reply = await client.request(ReadSegment(999_000 + len(data), segment, len(data), 1 << 20, "", 0))
+        assert isinstance(reply, SegmentRead), reply
+        data += reply.data
+        if reply.at_tail:
+            return list(iter_events(data))
+
+
+def payload(number: int) -> bytes:
+    return f"event-{number:06d}".encode()
+
+
+def test_pipelined_blocks_are_acknowledged_in_order(tiers: Tiers) -> None:
+    async def scenario() -> None:
+        async with serving(tiers) as server:
+            client = await RawClient.connect(server.port)
+            segment = "sc/pipeline"
+            await client.request(CreateSegment(1, segment, ""))
+            writer = uuid.uuid4()
+            await client.request(SetupAppend(2, writer, segment, ""))
+            blocks = [block(writer, (n + 1) * 10, [payload(n * 10 + i + 1) for i in range(10)], 100 + n)
+                      for n in range(300)]
+            await client.send(*blocks)  # all of them, without waiting
+            acks = await client.receive_many(len(blocks))
+            assert all(isinstance(a, DataAppended) for a in acks)
+            assert [a.event_number for a in acks] == [b.last_event_number for b in blocks]  # type: ignore[union-attr]
+            assert [a.request_id for a in acks] == [b.request_id for b in blocks]  # type: ignore[union-attr]
+            previous = [NULL_ATTRIBUTE_VALUE] + [b.last_event_number for b in blocks[:-1]]
+            assert [a.previous_event_number for a in acks] == previous  # type: ignore[union-attr]
+            offsets = [a.current_segment_write_offset for a in acks]  # type: ignore[union-attr]
+            assert offsets == sorted(offsets) and offsets[-1] == sum(len(b.data) for b in blocks)
+            assert await read_all(client, segment) == [payload(n) for n in range(1, 3001)]
+            await client.close()
+    run(scenario)
+
+
+def test_a_resend_after_a_reconnect_is_deduplicated_by_the_stored_event_number(tiers: Tiers) -> None:
+    async def scenario() -> None:
+        async with serving(tiers) as server:
+            segment = "sc/idempotent"
+            writer = uuid.uuid4()
+            first = await RawClient.connect(server.port)
+            await first.request(CreateSegment(1, segment, ""))
+            await first.request(SetupAppend(2, writer, segment, ""))
+            # Send 50 one-event blocks and hang up without reading a single acknowledgement.
+            await first.send(*(block(writer, n, [payload(n)], 10 + n) for n in range(1, 51)))
+            await first.close()
+            # The writer reconnects; whatever was stored is what SetupAppend reports.
+            second = await RawClient.connect(server.port)
+            for _ in range(100):
+                setup = await second.request(SetupAppend(3, writer, segment, ""))
+                assert isinstance(setup, AppendSetup)
+                if setup.last_event_number == 50:
+                    break
+                await asyncio.sleep(0.01)  # the blocks the first connection sent may still be landing
+            stored = setup.last_event_number
+            # It re-sends only what follows the stored number, as a client does ...
+            resend = [block(writer, n, [payload(n)], 100 + n) for n in range(max(stored, 0) + 1, 61)]
+            await second.send(*resend)
+            acks = await second.receive_many(len(resend))
+            assert [a.event_number for a in acks] == [b.last_event_number for b in resend]  # type: ignore[union-attr]
+            assert await read_all(second, segment) == [payload(n) for n in range(1, 61)]
+            # ... and a block it had stored already is refused, not stored twice.
+            stale = await RawClient.connect(server.port)
+            await stale.request(SetupAppend(4, writer, segment, ""))
+            assert await stale.request(block(writer, 60, [payload(60)], 5)) == InvalidEventNumber(5, writer, 60)
+            await stale.expect_closed()
+            assert await read_all(second, segment) == [payload(n) for n in range(1, 61)]
+            await second.close()
+    run(scenario)
+
+
+def test_a_second_writer_with_the_same_id_gets_invalid_event_number_and_the_first_goes_on(tiers: Tiers) -> None:
+    async def scenario() -> None:
+        async with serving(tiers) as server:
+            segment = "sc/twins"
+            writer = uuid.uuid4()
+            one = await RawClient.connect(server.port)
+            two = await RawClient.connect(server.port)
+            await one.request(CreateSegment(1, segment, ""))
+            assert await one.request(SetupAppend(2, writer, segment, "")) == AppendSetup(
+                2, segment, writer, NULL_ATTRIBUTE_VALUE)
+            assert await two.request(SetupAppend(2, writer, segment, "")) == AppendSetup(
+                2, segment, writer, NULL_ATTRIBUTE_VALUE)
+            assert isinstance(await one.request(block(writer, 1, [b"from one"], 3)), DataAppended)
+            # The twin compares with what it was told (nothing stored) and finds event 1 stored.
+            assert await two.request(block(writer, 1, [b"from two"], 3)) == InvalidEventNumber(3, writer, 1)
+            await two.expect_closed()
+            assert isinstance(await one.request(block(writer, 2, [b"one again"], 4)), DataAppended)
+            assert await read_all(one, segment) == [b"from one", b"one again"]
+            await one.close()
+    run(scenario)
+
+
+def test_many_writers_share_one_connection(tiers: Tiers) -> None:
+    async def scenario() -> None:
+        async with serving(tiers) as server:
+            client = await RawClient.connect(server.port)
+            writers = [uuid.uuid4() for _ in range(8)]
+            for index, writer in enumerate(writers):
+                await client.request(CreateSegment(index, f"sc/multi/{index}", ""))
+                await client.request(SetupAppend(100 + index, writer, f"sc/multi/{index}", ""))
+            # Interleave the writers' blocks on the wire.
+            await client.send(*(block(w, n, [payload(n)], n * 100 + i) for n in range(1, 21)
+                                for i, w in enumerate(writers)))
+            acks = await client.receive_many(20 * len(writers))
+            for writer in writers:
+                mine = [a.event_number for a in acks if a.writer_id == writer]  # type: ignore[union-attr]
+                assert mine == list(range(1, 21)), "each writer's acknowledgements are in order"
+            for index in range(len(writers)):
+                assert await read_all(client, f"sc/multi/{index}") == [payload(n) for n in range(1, 21)]
+            await client.close()
+    run(scenario)
