@@ -4,13 +4,24 @@ What exists so far is the segment store's container layer: ``SegmentContainer`` 
 ``DurableDataLog`` (``FileLog`` on local disk) and, optionally, Tier-2 ``ChunkStorage``
 (``FileChunkStorage``), kept serving across Tier-1 failures by a ``ContainerHost``; the segment-store
 server (``millstream.server``) that serves containers over TCP, and ``standalone(data_dir)``, which
-runs a whole node on loopback.  Tokens for an authenticating server come from ``issue_token``
+runs a whole node on loopback; and the client (``millstream.client``: ``connect(uri)`` returns a
+blocking ``Client``, ``AsyncClient`` is its asyncio core) with its idempotent ``EventStreamWriter``
+and segment readers.  Tokens for an authenticating server come from ``issue_token``
 (``millstream.auth``).  Streams, readers and the Spark pipeline build on it.  Errors live in
 ``millstream.errors``.
 """
 
-from millstream import auth, errors
+from millstream import auth, client, errors
 from millstream.auth import Permission, issue_token
+from millstream.client import (
+    AsyncClient,
+    BytesSerializer,
+    Client,
+    JsonSerializer,
+    Serializer,
+    StringSerializer,
+    connect,
+)
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, SegmentInfo, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
@@ -23,18 +34,26 @@ from millstream.standalone import StandaloneNode, standalone
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
+    "BytesSerializer",
     "ChunkStorage",
+    "Client",
     "ContainerHost",
     "DurableDataLog",
     "FileChunkStorage",
     "FileLog",
+    "JsonSerializer",
     "Permission",
     "ReadResult",
     "SegmentContainer",
     "SegmentInfo",
+    "Serializer",
     "StandaloneNode",
     "StorageSettings",
+    "StringSerializer",
     "auth",
+    "client",
+    "connect",
     "errors",
     "issue_token",
     "standalone",

@@ -1,0 +1,75 @@
+"""The millstream client: connections, segment operations, the idempotent event writer, readers.
+
+Two flavours share one implementation: ``AsyncClient`` (asyncio) and ``Client`` (blocking; it runs
+the asyncio core on an event-loop thread of its own).  ``millstream.connect(uri)`` returns a ``Client``.
+
+    import millstream
+
+    with millstream.connect("tcp://127.0.0.1:9090") as client:
+        client.segments().create("demo/events/0")
+        with client.event_writer(["demo/events/0"], millstream.StringSerializer()) as w:
+            w.write_event("hello", routing_key="greetings")
+        for event in client.segment_reader("demo/events/0").read_events():
+            print(event.offset, event.value)
+
+Where to read on: ``_connection`` (framing, request routing, keep-alives), ``_pool`` (connections per
+server, reconnect backoff), ``_writer`` (idempotent appends, batching, resends), ``_batching`` (the
+block-size rule), ``_readers`` (tail reads, event decoding), ``_blocking`` (the blocking flavour).
+"""
+
+from millstream.client._batching import BlockSizeTracker
+from millstream.client._blocking import (
+    ByteStreamReader,
+    Client,
+    EventStreamWriter,
+    SegmentReader,
+    Segments,
+    connect,
+)
+from millstream.client._client import AsyncClient
+from millstream.client._config import (
+    Backoff,
+    ClientConfig,
+    Endpoint,
+    RandomSource,
+    SystemRandomSource,
+    parse_uri,
+)
+from millstream.client._pool import FixedLocator, SegmentLocator
+from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader, SegmentEvent
+from millstream.client._routing import KeySpaceRouter, Router, routing_key_fraction
+from millstream.client._segments import AsyncSegments, SegmentProperties
+from millstream.client._serializers import BytesSerializer, JsonSerializer, Serializer, StringSerializer
+from millstream.client._writer import AsyncEventStreamWriter
+
+__all__ = [
+    "AsyncByteStreamReader",
+    "AsyncClient",
+    "AsyncEventStreamWriter",
+    "AsyncSegmentReader",
+    "AsyncSegments",
+    "Backoff",
+    "BlockSizeTracker",
+    "ByteStreamReader",
+    "BytesSerializer",
+    "Client",
+    "ClientConfig",
+    "Endpoint",
+    "EventStreamWriter",
+    "FixedLocator",
+    "JsonSerializer",
+    "KeySpaceRouter",
+    "RandomSource",
+    "Router",
+    "SegmentEvent",
+    "SegmentLocator",
+    "SegmentProperties",
+    "SegmentReader",
+    "Segments",
+    "Serializer",
+    "StringSerializer",
+    "SystemRandomSource",
+    "connect",
+    "parse_uri",
+    "routing_key_fraction",
+]

@@ -1,0 +1,168 @@
+"""``AsyncClient``: the asyncio entry point to a millstream server.
+
+Theory of operation.  A client holds one ``ConnectionPool`` (connections per server), a
+``SegmentLocator`` (which server holds a segment; a fixed one for a client built from one URI) and the
+writers and readers it made, so that closing the client closes them: writers flush first.  Nothing
+connects until the first operation needs a server.  The blocking ``Client`` runs this same object on
+an event loop of its own (``_blocking``).  Later layers add their entry points here (stream manager,
+reader groups, stream-aware writers) so a program needs one client.
+"""
+
+from __future__ import annotations
+
+import ssl as _ssl
+import weakref
+from collections.abc import Sequence
+from typing import Any, TypeVar, overload
+
+from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
+from millstream.client._pool import ConnectionPool, FixedLocator, SegmentLocator
+from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
+from millstream.client._routing import KeySpaceRouter, Router
+from millstream.client._segments import AsyncSegments
+from millstream.client._serializers import BytesSerializer, Serializer
+from millstream.client._writer import AsyncEventStreamWriter
+from millstream.clock import Clock, SystemClock
+from millstream.errors import InvalidArgumentError, ObjectClosedError
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """A connection to a millstream server for asyncio programs.
+
+    ``async with AsyncClient("tcp://127.0.0.1:9090") as client:`` -- ``uri`` is ``tcp://HOST:PORT`` or
+    ``tls://HOST:PORT``; ``token`` is passed with every request (empty: none); ``ssl_context`` makes the
+    connection TLS (the default context verifies the server if the URI says ``tls://``).  ``config``,
+    ``clock`` and ``rng`` are for tests (see ``ClientConfig``); ``locator`` is for the stream layer."""
+
+    def __init__(self, uri: str, *, token: str = "", ssl_context: _ssl.SSLContext | None = None,
+                 config: ClientConfig | None = None, clock: Clock | None = None, rng: RandomSource | None = None,
+                 locator: SegmentLocator | None = None) -> None:
+        self._endpoint = parse_uri(uri)
+        if not isinstance(token, str):
+            raise InvalidArgumentError(f"token is a str (empty for none), not {type(token).__name__}")
+        if ssl_context is not None and not isinstance(ssl_context, _ssl.SSLContext):
+            raise InvalidArgumentError(f"ssl_context is an ssl.SSLContext, not {type(ssl_context).__name__}")
+        if config is not None and not isinstance(config, ClientConfig):
+            raise InvalidArgumentError(f"config is a ClientConfig, not {type(config).__name__}")
+        self._token = token
+        self._config = config or ClientConfig()
+        self._clock = clock or SystemClock()
+        self._rng = rng or SystemRandomSource()
+        self._pool = ConnectionPool(clock=self._clock, config=self._config, rng=self._rng, ssl_context=ssl_context)
+        self._locator = locator or FixedLocator(self._endpoint)
+        self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token, rng=self._rng)
+        self._writers: weakref.WeakSet[AsyncEventStreamWriter[Any]] = weakref.WeakSet()
+        self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()
+        self._closed = False
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The server this client was pointed at."""
+        return self._endpoint
+
+    @property
+    def config(self) -> ClientConfig:
+        return self._config
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The client's connections (for diagnostics and tests)."""
+        return self._pool
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ObjectClosedError("the client is closed")
+
+    def segments(self) -> AsyncSegments:
+        """Operations on segments by name: create, info, seal, truncate, delete, merge, attributes,
+        reads and conditional appends."""
+        self._check_open()
+        return self._segments
+
+    @overload
+    def event_writer(self, target: Sequence[str] | Router, /) -> AsyncEventStreamWriter[bytes]: ...
+
+    @overload
+    def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[T], /) -> AsyncEventStreamWriter[T]:
+        ...
+
+    def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[Any] | None = None, /,
+                     ) -> AsyncEventStreamWriter[Any]:
+        """An idempotent writer.  ``target``: a list of segment names (routing keys split the key space
+        evenly among them) or a ``Router`` that picks each event's segment.  ``serializer`` turns events
+        into bytes (default: events are bytes).  Call it on the client's event loop."""
+        self._check_open()
+        router = _router_of(target)
+        writer: AsyncEventStreamWriter[Any] = AsyncEventStreamWriter(
+            pool=self._pool, locator=self._locator, router=router, serializer=serializer or BytesSerializer(),
+            token=self._token, config=self._config, rng=self._rng)
+        self._writers.add(writer)
+        return writer
+
+    def byte_stream_reader(self, segment: str, *, offset: int = 0) -> AsyncByteStreamReader:
+        """A reader of ``segment``'s raw bytes from ``offset`` on."""
+        self._check_open()
+        reader = AsyncByteStreamReader(self._segments, segment, offset=offset)
+        self._readers.add(reader)
+        return reader
+
+    @overload
+    def segment_reader(self, segment: str, *, offset: int = ...) -> AsyncSegmentReader[bytes]: ...
+
+    @overload
+    def segment_reader(self, segment: str, serializer: Serializer[T], *, offset: int = ...) -> AsyncSegmentReader[T]:
+        ...
+
+    def segment_reader(self, segment: str, serializer: Serializer[Any] | None = None, *,
+                       offset: int = 0) -> AsyncSegmentReader[Any]:
+        """A reader of the events of ``segment`` from ``offset`` on (which must be where an event starts)."""
+        self._check_open()
+        reader: AsyncSegmentReader[Any] = AsyncSegmentReader(self._segments, segment,
+                                                             serializer or BytesSerializer(), offset=offset)
+        self._readers.add(reader)
+        return reader
+
+    async def close(self) -> None:
+        """Close every writer (flushing it), every reader and every connection.  Raises the first
+        writer's error (after everything is closed), if a flush failed."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[BaseException] = []
+        for writer in list(self._writers):
+            try:
+                await writer.close()
+            except Exception as error:  # collected: every writer must be closed before anything is raised
+                errors.append(error)
+        for reader in list(self._readers):
+            await reader.close()
+        await self._pool.close()
+        if errors:
+            raise errors[0]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({str(self._endpoint)!r})"
+
+
+def _router_of(target: Sequence[str] | Router) -> Router:
+    if isinstance(target, str):
+        raise InvalidArgumentError(
+            f"event_writer({target!r}): writing to a stream by name arrives with the stream layer; for now "
+            "pass a list of segment names (or a Router)")
+    if hasattr(target, "segment_for"):
+        return target  # type: ignore[return-value]
+    return KeySpaceRouter(target)

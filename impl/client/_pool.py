@@ -1,0 +1,161 @@
+"""Connections per server, where each segment lives, and reconnecting with bounded backoff.
+
+Theory of operation.  A ``ConnectionPool`` keeps up to ``connections_per_endpoint_max`` open
+connections per server.  A writer session asks for a connection of its own while the limit allows
+(``for_session=True``) and otherwise shares the least-loaded one; one-shot requests and readers share
+the least-loaded one.  Callers asking at the same time share one connection attempt, so a burst of
+requests to a server that is down makes one attempt, not a hundred.
+
+``acquire`` makes (at most) one attempt; ``acquire_with_retry`` retries a failed attempt after the
+``Backoff`` delay on the injected clock, up to the configured count.  Only *connecting* is retried
+here: nothing was sent yet, so a retry cannot duplicate anything.  Whether a request that was sent
+may be retried is its caller's decision (reads may; a writer re-sends through its event numbers).
+
+A ``SegmentLocator`` says which server holds a segment.  The client built from one URI uses
+``FixedLocator``; the stream layer supplies one that asks the controller, and is told to ``forget``
+a segment after a ``WrongHost`` reply so that its next answer is fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as _ssl
+from typing import Protocol
+
+from millstream.client._config import ClientConfig, Endpoint, RandomSource
+from millstream.client._connection import Connection
+from millstream.clock import Clock
+from millstream.errors import ConnectionLostError, ObjectClosedError
+
+__all__ = ["ConnectionPool", "FixedLocator", "SegmentLocator"]
+
+_log = logging.getLogger(__name__)
+
+
+class SegmentLocator(Protocol):
+    """Which server holds a segment (the controller's answer, once the stream layer supplies it)."""
+
+    async def endpoint_for(self, segment: str) -> Endpoint:
+        ...
+
+    def forget(self, segment: str) -> None:
+        """A server answered ``WrongHost`` for ``segment``: do not trust the cached answer any more."""
+        ...
+
+
+class FixedLocator:
+    """Every segment lives on one server."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+
+    async def endpoint_for(self, segment: str) -> Endpoint:
+        return self.endpoint
+
+    def forget(self, segment: str) -> None:
+        """Nothing is cached: the one server is the only answer."""
+
+
+class _EndpointConnections:
+    """The open connections to one server and the attempt (if any) to open another."""
+
+    __slots__ = ("connections", "opening")
+
+    def __init__(self) -> None:
+        self.connections: list[Connection] = []
+        self.opening: asyncio.Task[Connection] | None = None
+
+
+class ConnectionPool:
+    """Connections to every server a client talks to.  Runs on the client's event loop."""
+
+    def __init__(self, *, clock: Clock, config: ClientConfig, rng: RandomSource,
+                 ssl_context: _ssl.SSLContext | None = None) -> None:
+        self._clock = clock
+        self._config = config
+        self._rng = rng
+        self._ssl_context = ssl_context
+        self._endpoints: dict[Endpoint, _EndpointConnections] = {}
+        self._closed = False
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def config(self) -> ClientConfig:
+        return self._config
+
+    @property
+    def rng(self) -> RandomSource:
+        return self._rng
+
+    def connections(self) -> list[Connection]:
+        """Every open connection (for tests and diagnostics)."""
+        return [c for entry in self._endpoints.values() for c in entry.connections if c.is_open]
+
+    async def acquire(self, endpoint: Endpoint, *, for_session: bool = False) -> Connection:
+        """An open connection to ``endpoint`` (one connection attempt at most).  Raises
+        ``ConnectionLostError`` if the attempt fails, ``ObjectClosedError`` once the pool is closed."""
+        if self._closed:
+            raise ObjectClosedError("the client is closed")
+        entry = self._endpoints.get(endpoint)
+        if entry is None:
+            entry = self._endpoints[endpoint] = _EndpointConnections()
+        entry.connections = [c for c in entry.connections if c.is_open]
+        if entry.connections:
+            best = min(entry.connections, key=lambda c: c.load)
+            room = len(entry.connections) + (entry.opening is not None) < self._config.connections_per_endpoint_max
+            if not for_session or best.load == 0 or not room:
+                return best
+        task = entry.opening
+        if task is None:
+            task = entry.opening = asyncio.get_running_loop().create_task(
+                Connection.open(endpoint, clock=self._clock, config=self._config, ssl_context=self._ssl_context),
+                name=f"millstream-connect-{endpoint}")
+            task.add_done_callback(lambda done: self._opened(entry, done))
+        # Shielded: a caller that gives up must not cancel an attempt others share.
+        return await asyncio.shield(task)
+
+    def _opened(self, entry: _EndpointConnections, task: asyncio.Task[Connection]) -> None:
+        if entry.opening is task:
+            entry.opening = None
+        if task.cancelled() or task.exception() is not None:
+            return
+        connection = task.result()
+        if self._closed:
+            connection.close(ObjectClosedError("the client is closed"))
+        entry.connections.append(connection)
+
+    async def acquire_with_retry(self, endpoint: Endpoint, *, for_session: bool = False) -> Connection:
+        """``acquire``, retried with bounded, jittered exponential backoff while attempts fail with
+        ``ConnectionLostError``; the last failure is raised once the attempts are used up."""
+        backoff = self._config.backoff(self._rng)
+        failures = 0
+        while True:
+            try:
+                return await self.acquire(endpoint, for_session=for_session)
+            except ConnectionLostError as error:
+                failures += 1
+                delay = backoff.delay(failures)
+                if delay is None:
+                    raise
+                _log.info("connecting to %s failed (%s); attempt %d in %.3f s", endpoint, error, failures + 1, delay)
+                await self._clock.sleep(delay)
+
+    async def close(self) -> None:
+        """Close every connection and stop every attempt; wait until they are all done."""
+        self._closed = True
+        entries = list(self._endpoints.values())
+        attempts = [entry.opening for entry in entries if entry.opening is not None]
+        for task in attempts:
+            task.cancel()
+        if attempts:
+            await asyncio.gather(*attempts, return_exceptions=True)
+        connections = [c for entry in entries for c in entry.connections]
+        for connection in connections:
+            connection.close(ObjectClosedError("the client is closed"))
+        for connection in connections:
+            await connection.wait_closed()
+        self._endpoints.clear()

@@ -1,0 +1,717 @@
+"""The idempotent event writer: per-segment append sessions, adaptive blocks, exactly-once resends.
+
+Theory of operation.  An ``AsyncEventStreamWriter`` serializes each event, asks its ``Router`` for
+the segment, and hands the payload to that segment's ``SegmentWriter``.  A segment writer has a
+random writer id of its own and numbers its events 1, 2, 3, ...; it frames each event
+(``type 0 | length | payload``) into an open block and closes the block -- giving it the number of
+its last event -- when nothing else is in flight or when the block reaches the size the
+``BlockSizeTracker`` asks for (see ``_batching``); an acknowledgement that leaves nothing in flight
+closes it too.  Closed blocks are kept, in order, until acknowledged.
+
+Per event the writer does a few plain operations under one lock (serialize, route, frame, count);
+everything else -- closing a block, sending it, acknowledgements, reconnecting -- happens per block.
+That lock (``WriterShared.lock``) is what lets the blocking flavour run the per-event path on the
+caller's thread while the event loop thread sends blocks and reads acknowledgements: a block closed on
+the caller's thread goes into a FIFO outbox that the loop drains, so blocks always enter the wire in
+the order they were numbered.
+
+The append session (the ``Session`` of ``_connection``) is a loop per segment writer: find the
+segment's server, take a connection, send ``SetupAppend`` and wait for ``AppendSetup``, whose
+``last_event_number`` is the last number the server stored for this writer id -- stored atomically
+with the data, by compare-and-set.  Blocks up to that number are acknowledged by it (their
+acknowledgement may have been lost with the old connection); the rest are re-sent in order, with the
+same numbers and the same bytes, so a block is stored once however often it is sent.  A
+``DataAppended`` acknowledges every block up to its event number (acknowledgements are cumulative, so
+a lost one is covered by the next and a stale or reordered one is ignored).  When the connection
+breaks, or no acknowledgement comes within the ack timeout (the last one was lost), the session ends
+and starts again after a jittered, bounded backoff; a run of failures without an acknowledgement in
+between gives up after ``reconnect_attempts_max``.  ``InvalidEventNumber`` (the server saw a number
+that does not follow what it stored -- e.g. a resend racing the old connection's last block) is
+handled like a broken connection: the next ``AppendSetup`` tells the truth.
+
+Errors.  A failure that retrying cannot fix (the segment is sealed or missing, the token is refused,
+reconnecting gave up) fails the segment writer and becomes the writer's error: it fails the
+per-event futures of every unacknowledged event and is raised by the next ``write_event`` and by
+``flush``.  The events stay in the segment writer, in order (``unacknowledged_events``), so that the
+stream layer can re-route a sealed segment's events to its successors.
+
+Memory.  Bytes written and not yet acknowledged (all segments of a writer) are bounded by the
+config's ``writer_unacked_bytes_max``: beyond it ``write_event`` waits until acknowledgements bring
+them under half of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import struct
+import threading
+from collections import deque
+from typing import Final, Generic, TypeVar
+from uuid import UUID
+
+from millstream import limits
+from millstream.client._batching import BlockSizeTracker
+from millstream.client._config import ClientConfig, RandomSource, random_uuid
+from millstream.client._connection import Connection
+from millstream.client._pool import ConnectionPool, SegmentLocator
+from millstream.client._replies import error_of_reply
+from millstream.client._routing import Router
+from millstream.client._serializers import BytesSerializer, Serializer
+from millstream.errors import (
+    ConnectionLostError,
+    InvalidArgumentError,
+    InvalidEventNumberError,
+    MillstreamError,
+    ObjectClosedError,
+    PayloadTooLargeError,
+    ProtocolError,
+    RetryableError,
+    WrongHostError,
+)
+from millstream.model.types import NULL_ATTRIBUTE_VALUE
+from millstream.wire import codec
+from millstream.wire.commands import AppendBlock, AppendSetup, Command, DataAppended, SetupAppend
+
+__all__ = ["AsyncEventStreamWriter", "SegmentWriter", "WriterShared"]
+
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: A per-event completion: an ``asyncio.Future`` (the async flavour) or a ``concurrent.futures.Future``.
+Completion = asyncio.Future[None] | concurrent.futures.Future[None]
+
+_EVENT_HEADER: Final = struct.Struct(">ii").pack
+_HEADER_LENGTH: Final = 8
+_EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_MAX_BYTES
+
+#: ``SegmentWriter.append`` results (bit flags).
+SHIPPED: Final = 1  # a block was closed: an async caller yields once so the loop can read acknowledgements
+OVER_BUDGET: Final = 2  # too much is unacknowledged: the caller waits (``WriterShared.wait_for_capacity``)
+
+
+class _Block:
+    """A closed block: framed events numbered up to ``last_event_number``, and their futures."""
+
+    __slots__ = ("data", "event_count", "futures", "last_event_number", "sent_at")
+
+    def __init__(self, data: bytes, event_count: int, last_event_number: int,
+                 futures: list[Completion] | None) -> None:
+        self.data = data
+        self.event_count = event_count
+        self.last_event_number = last_event_number
+        self.futures = futures
+        self.sent_at = 0.0
+
+
+def _settle(futures: list[Completion] | None, error: BaseException | None) -> None:
+    if not futures:
+        return
+    for future in futures:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+
+class WriterShared:
+    """What the segment writers of one event writer share: the lock, the byte budget, the first error."""
+
+    __slots__ = ("_capacity_waiters", "error", "lock", "loop", "loop_thread", "unacked_bytes", "unacked_bytes_max")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, unacked_bytes_max: int) -> None:
+        self.lock = threading.Lock()
+        self.loop = loop
+        self.loop_thread = threading.get_ident()  # built on the loop's thread
+        self.unacked_bytes = 0
+        self.unacked_bytes_max = unacked_bytes_max
+        self.error: BaseException | None = None
+        self._capacity_waiters: list[asyncio.Future[None]] = []
+
+    def raise_error(self) -> None:
+        error = self.error
+        if error is not None:
+            raise error.with_traceback(None)
+
+    def fail(self, error: BaseException) -> None:
+        """Record the writer's first error (under the lock) and wake whoever waits for capacity."""
+        with self.lock:
+            if self.error is None:
+                self.error = error
+        self.wake_capacity_waiters()
+
+    def wake_capacity_waiters(self) -> None:
+        """(Loop thread.)  Let waiting writers re-check the budget."""
+        waiters, self._capacity_waiters = self._capacity_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_for_capacity(self) -> None:
+        """(Loop thread.)  Wait until at most half the budget is unacknowledged; raise the writer's error."""
+        while True:
+            with self.lock:
+                self.raise_error()
+                if self.unacked_bytes <= self.unacked_bytes_max // 2:
+                    return
+            waiter = self.loop.create_future()
+            self._capacity_waiters.append(waiter)
+            await waiter
+
+
+class SegmentWriter:
+    """The writer's session with one segment: numbering, blocks, acknowledgements, reconnects.
+
+    ``append`` may be called from any thread; every other method runs on the event loop."""
+
+    def __init__(self, segment: str, *, shared: WriterShared, pool: ConnectionPool, locator: SegmentLocator,
+                 token: str, writer_id: UUID, config: ClientConfig) -> None:
+        self.segment = segment
+        self._writer_id = writer_id
+        self._shared = shared
+        self._pool = pool
+        self._locator = locator
+        self._token = token
+        self._config = config
+        self._clock = pool.clock
+        # Producer side: under shared.lock, any thread.
+        self._parts: list[bytes] = []
+        self._open_bytes = 0
+        self._open_count = 0
+        self._open_futures: list[Completion] | None = None
+        self._last_assigned = 0  # the last event number given to a closed block
+        self._blocks_unacked = 0  # closed and not acknowledged
+        self._tracker = BlockSizeTracker(now=self._clock.monotonic(), block_bytes_max=config.writer_block_bytes_max,
+                                         window_max_seconds=limits.CLIENT_WRITER_BATCH_WINDOW_MAX_SECONDS)
+        self._target_bytes = self._tracker.target()
+        self._outbox: deque[_Block] = deque()  # closed blocks on their way to _inflight (a FIFO)
+        self._drain_scheduled = False
+        self._closing = False
+        # Loop side.
+        self._inflight: deque[_Block] = deque()  # closed, not acknowledged, in number order
+        self._sent = 0  # how many of _inflight (a prefix) went out on the current session
+        self._acked = 0  # the last event number acknowledged
+        self._connection: Connection | None = None
+        self._request_id = 0
+        self._ready = False
+        self._setup_sent_at = 0.0
+        self._session_end: asyncio.Future[BaseException] | None = None
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._failed: BaseException | None = None
+        #: Sessions started after the first (evidence for tests).
+        self.reconnects = 0
+
+    # --- Session protocol (see _connection.Session) ------------------------------------------------
+
+    @property
+    def request_id(self) -> int:
+        return self._request_id
+
+    @property
+    def writer_id(self) -> UUID:
+        return self._writer_id
+
+    @property
+    def acknowledged_event_number(self) -> int:
+        """The last event number acknowledged (0: none)."""
+        return self._acked
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    def reply_deadline(self) -> float | None:
+        timeout = self._config.append_ack_timeout_seconds
+        if not self._ready:
+            return self._setup_sent_at + timeout if self._connection is not None else None
+        if self._sent:
+            return self._inflight[0].sent_at + timeout
+        return None
+
+    def on_reply(self, reply: Command) -> None:
+        kind = type(reply)
+        try:
+            if kind is DataAppended:
+                self._on_acknowledged(reply)  # type: ignore[arg-type]
+            elif kind is AppendSetup:
+                self._on_setup(reply)  # type: ignore[arg-type]
+            else:
+                error = error_of_reply(reply)
+                if error is None:
+                    raise ProtocolError(f"the server answered an append session with {kind.__name__}")
+                self._end_session(error)
+        except ProtocolError as error:
+            _log.warning("writer %s on %s: %s", self._writer_id, self.segment, error)
+            connection = self._connection
+            self._end_session(error)
+            if connection is not None:
+                connection.close(error)
+
+    def on_connection_lost(self, error: BaseException) -> None:
+        self._ready = False
+        end = self._session_end
+        if end is not None and not end.done():
+            end.set_result(error)
+
+    # --- Producer side (any thread) ----------------------------------------------------------------
+
+    def append(self, payload: bytes, future: Completion | None) -> int:
+        """Add one event; return ``SHIPPED``/``OVER_BUDGET`` flags.  Raises the writer's error, or
+        ``PayloadTooLargeError`` (nothing added)."""
+        length = len(payload)
+        if length > _EVENT_LENGTH_MAX:
+            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {_EVENT_LENGTH_MAX} bytes")
+        shared = self._shared
+        with shared.lock:
+            if shared.error is not None:
+                shared.raise_error()
+            if self._closing:
+                raise ObjectClosedError("the writer is closed")
+            parts = self._parts
+            parts.append(_EVENT_HEADER(0, length))
+            parts.append(payload)
+            length += _HEADER_LENGTH
+            self._open_bytes += length
+            self._open_count += 1
+            shared.unacked_bytes += length
+            if future is not None:
+                if self._open_futures is None:
+                    self._open_futures = [future]
+                else:
+                    self._open_futures.append(future)
+            if self._blocks_unacked == 0 or self._open_bytes >= self._target_bytes:
+                self._close_block_locked()
+                shipped = SHIPPED
+            else:
+                shipped = 0
+            over = OVER_BUDGET if shared.unacked_bytes > shared.unacked_bytes_max else 0
+        if shipped:
+            self._ship()
+        return shipped | over
+
+    def _close_block_locked(self) -> None:
+        """Number the open block's events and queue it for sending.  Caller holds the lock."""
+        count = self._open_count
+        self._last_assigned += count
+        block = _Block(b"".join(self._parts), count, self._last_assigned, self._open_futures)
+        self._parts = []
+        self._open_bytes = 0
+        self._open_count = 0
+        self._open_futures = None
+        self._blocks_unacked += 1
+        self._tracker.block_closed(self._clock.monotonic(), len(block.data))
+        self._target_bytes = self._tracker.target()
+        self._outbox.append(block)
+
+    def _ship(self) -> None:
+        """Get queued blocks to the loop: drain now on the loop thread, else schedule a drain there."""
+        shared = self._shared
+        if threading.get_ident() == shared.loop_thread:
+            self._drain_outbox()
+        elif not self._drain_scheduled:
+            self._drain_scheduled = True
+            shared.loop.call_soon_threadsafe(self._drain_outbox)
+
+    # --- Loop side ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the session loop (on the event loop)."""
+        if self._task is None and not self._closing:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"millstream-writer-{self.segment}-{self._writer_id}")
+
+    def _drain_outbox(self) -> None:
+        self._drain_scheduled = False  # cleared before popping: a block queued meanwhile schedules a new drain
+        outbox = self._outbox
+        inflight = self._inflight
+        while outbox:
+            block = outbox.popleft()
+            inflight.append(block)
+            if self._ready:
+                self._send(block)
+
+    def _send(self, block: _Block) -> None:
+        connection = self._connection
+        assert connection is not None and self._ready
+        block.sent_at = self._clock.monotonic()
+        try:
+            connection.send(AppendBlock(self._writer_id, block.last_event_number, block.event_count,
+                                        self._request_id, block.data))
+        except ConnectionLostError:
+            return  # the connection is closing: the session ends and re-sends after setting up again
+        self._sent += 1
+
+    async def _run(self) -> None:
+        backoff = self._config.backoff(self._pool.rng)
+        failures = 0
+        while not self._closing:
+            acknowledged_before = self._acked
+            end: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+            self._session_end = end
+            try:
+                endpoint = await self._locator.endpoint_for(self.segment)
+                connection = await self._pool.acquire(endpoint, for_session=True)
+                self._begin_session(connection)
+                reason = await end
+            except (RetryableError, InvalidEventNumberError) as error:
+                reason = error
+            except MillstreamError as error:
+                self._fail(error)
+                return
+            finally:
+                self._leave_session()
+            if self._closing or self._failed is not None:
+                return
+            if not isinstance(reason, (RetryableError, InvalidEventNumberError)):
+                self._fail(reason)
+                return
+            if isinstance(reason, WrongHostError):
+                self._locator.forget(self.segment)
+            if self._acked > acknowledged_before:
+                failures = 0
+            failures += 1
+            delay = backoff.delay(failures)
+            if delay is None:
+                self._fail(self._gave_up(reason, failures - 1))
+                return
+            _log.info("writer %s on %s: session ended (%s); reconnecting in %.3f s", self._writer_id, self.segment,
+                      reason, delay)
+            self.reconnects += 1
+            await self._clock.sleep(delay)
+
+    def _gave_up(self, reason: BaseException, attempts: int) -> BaseException:
+        message = (f"the writer for segment {self.segment!r} gave up after {attempts} reconnect attempts "
+                   f"without progress; last error: {reason}")
+        error: BaseException = (InvalidEventNumberError(message) if isinstance(reason, InvalidEventNumberError)
+                                else ConnectionLostError(message))
+        error.__cause__ = reason
+        return error
+
+    def _begin_session(self, connection: Connection) -> None:
+        self._connection = connection
+        self._request_id = connection.take_request_id()
+        self._ready = False
+        self._sent = 0
+        connection.attach(self)
+        self._setup_sent_at = self._clock.monotonic()
+        connection.send(SetupAppend(self._request_id, self._writer_id, self.segment, self._token))
+
+    def _leave_session(self) -> None:
+        connection = self._connection
+        if connection is not None:
+            connection.detach(self)
+        self._connection = None
+        self._ready = False
+        self._session_end = None
+
+    def _end_session(self, reason: BaseException) -> None:
+        """A reply ended the session (an error reply, or a protocol error): stop routing replies here."""
+        self._ready = False
+        connection = self._connection
+        if connection is not None:
+            connection.detach(self)
+        end = self._session_end
+        if end is not None and not end.done():
+            end.set_result(reason)
+
+    def _on_setup(self, reply: AppendSetup) -> None:
+        if reply.writer_id != self._writer_id or self._ready:
+            raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
+        self._drain_outbox()
+        stored = 0 if reply.last_event_number == NULL_ATTRIBUTE_VALUE else reply.last_event_number
+        if stored < self._acked:
+            self._end_session(ProtocolError(
+                f"the server stores event number {stored} for writer {self._writer_id} on {self.segment!r}, but "
+                f"acknowledged {self._acked}: acknowledged events are missing"))
+            return
+        if stored > self._acked:
+            self._acknowledge_through(stored, sent_on_this_session=False)
+        self._ready = True
+        self._sent = 0
+        for block in self._inflight:
+            self._send(block)
+            if not self._ready:
+                break
+
+    def _on_acknowledged(self, reply: DataAppended) -> None:
+        number = reply.event_number
+        if reply.previous_event_number >= number:
+            raise ProtocolError(f"DataAppended for writer {self._writer_id} goes backwards "
+                                f"({reply.previous_event_number} -> {number})")
+        if number <= self._acked:
+            return  # stale or reordered: a later acknowledgement covered it already
+        self._drain_outbox()
+        self._acknowledge_through(number, sent_on_this_session=self._ready)
+
+    def _acknowledge_through(self, number: int, *, sent_on_this_session: bool) -> None:
+        """Every block up to event ``number`` is durable: settle it and free its bytes."""
+        inflight = self._inflight
+        count = 0
+        for block in inflight:
+            if block.last_event_number > number:
+                break
+            count += 1
+        if count == 0 or inflight[count - 1].last_event_number != number:
+            raise ProtocolError(f"the server acknowledged event {number} of writer {self._writer_id}, which ends "
+                                "no block this writer sent")
+        if sent_on_this_session and count > self._sent:
+            raise ProtocolError(f"the server acknowledged event {number} of writer {self._writer_id} before it "
+                                "was sent on this connection")
+        freed = 0
+        last = inflight[0]
+        for _ in range(count):
+            last = inflight.popleft()
+            freed += len(last.data)
+            if last.futures:
+                _settle(last.futures, None)
+        self._sent = max(self._sent - count, 0)
+        self._acked = number
+        shared = self._shared
+        with shared.lock:
+            shared.unacked_bytes -= freed
+            self._blocks_unacked -= count
+            if sent_on_this_session:
+                self._tracker.acknowledged(self._clock.monotonic(), last.sent_at)
+                self._target_bytes = self._tracker.target()
+            shipped = self._open_count and self._failed is None and (
+                self._blocks_unacked == 0 or self._open_bytes >= self._target_bytes)
+            if shipped:
+                self._close_block_locked()
+            wake = shared.unacked_bytes <= shared.unacked_bytes_max // 2
+        if shipped:
+            self._drain_outbox()
+        if wake:
+            shared.wake_capacity_waiters()
+        if self._flush_waiters:
+            waiting = []
+            for target, waiter in self._flush_waiters:
+                if number >= target:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    waiting.append((target, waiter))
+            self._flush_waiters = waiting
+
+    def _fail(self, error: BaseException) -> None:
+        """A failure retrying cannot fix: fail every unacknowledged event's future and every waiter, and
+        make ``error`` the writer's error.  The events themselves stay (``unacknowledged_events``)."""
+        if self._failed is not None:
+            return
+        self._failed = error
+        _log.warning("writer %s on %s failed: %s", self._writer_id, self.segment, error)
+        shared = self._shared
+        with shared.lock:
+            open_futures, self._open_futures = self._open_futures, None
+        self._drain_outbox()
+        for block in self._inflight:
+            _settle(block.futures, error)
+            block.futures = None
+        _settle(open_futures, error)
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+        shared.fail(error)
+
+    async def flush(self) -> None:
+        """Send the open block and wait until every event added so far is acknowledged.  Raises the
+        segment writer's failure."""
+        with self._shared.lock:
+            if self._open_count and self._failed is None and not self._closing:
+                self._close_block_locked()
+            target = self._last_assigned
+        self._drain_outbox()
+        if self._failed is not None:
+            raise self._failed.with_traceback(None)
+        if self._acked >= target:
+            return
+        if self._task is None or self._task.done():
+            raise ObjectClosedError(f"the writer for segment {self.segment!r} is closed")
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((target, waiter))
+        await waiter
+
+    async def stop(self) -> None:
+        """Stop the session loop and detach; unacknowledged events stay (the writer is closed)."""
+        with self._shared.lock:
+            self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._leave_session()
+        closed = ObjectClosedError(f"the writer for segment {self.segment!r} was closed")
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(closed)
+
+    def unacknowledged_events(self) -> list[bytes]:
+        """(Loop thread.)  The payloads not yet acknowledged, in order: in flight, then the open block."""
+        self._drain_outbox()
+        with self._shared.lock:
+            payloads = [payload for block in self._inflight for payload in codec.iter_events(block.data)]
+            payloads.extend(self._parts[1::2])
+        return payloads
+
+    def check_invariants(self) -> None:
+        """Blocks are numbered consecutively after the acknowledged one; the counts agree."""
+        with self._shared.lock:
+            blocks = list(self._inflight) + list(self._outbox)
+            expected = self._acked
+            for block in blocks:
+                assert block.event_count > 0 and block.last_event_number == expected + block.event_count, (
+                    block.last_event_number, expected, block.event_count)
+                assert codec.count_events(block.data) == block.event_count
+                expected = block.last_event_number
+            assert expected == self._last_assigned, (expected, self._last_assigned)
+            if self._failed is None and not self._closing:
+                assert len(blocks) == self._blocks_unacked, (len(blocks), self._blocks_unacked)
+            assert 0 <= self._sent <= len(self._inflight)
+            assert len(self._parts) == 2 * self._open_count
+            assert self._open_bytes == sum(len(part) for part in self._parts)
+
+
+class AsyncEventStreamWriter(Generic[T]):
+    """Writes events to a set of segments, exactly once per event, in order per routing key.
+
+    Made by ``AsyncClient.event_writer``.  ``write_event`` returns as soon as the event is buffered
+    (it waits only when too much is unacknowledged); ``flush`` waits until everything written so far is
+    durable; ``close`` flushes and stops.  Errors surface on the next call or on ``flush``."""
+
+    def __init__(self, *, pool: ConnectionPool, locator: SegmentLocator, router: Router, serializer: Serializer[T],
+                 token: str, config: ClientConfig, rng: RandomSource) -> None:
+        self._shared = WriterShared(asyncio.get_running_loop(), config.writer_unacked_bytes_max)
+        self._pool = pool
+        self._locator = locator
+        self._router = router
+        self._segment_for = router.segment_for
+        self._serializer = serializer
+        self._serialize = serializer.serialize
+        self._identity = type(serializer) is BytesSerializer
+        self._token = token
+        self._config = config
+        self._rng = rng
+        self._writers: dict[str, SegmentWriter] = {}
+        self._closed = False
+
+    @property
+    def router(self) -> Router:
+        return self._router
+
+    @property
+    def serializer(self) -> Serializer[T]:
+        return self._serializer
+
+    def segment_writers(self) -> dict[str, SegmentWriter]:
+        """The segment writers made so far, by segment (for the stream layer and tests)."""
+        return dict(self._writers)
+
+    def unacknowledged_events(self, segment: str) -> list[bytes]:
+        """The serialized events written to ``segment`` and not acknowledged, in order (after a
+        ``StreamSegmentSealedError`` these are what must go to the segment's successors)."""
+        writer = self._writers.get(segment)
+        return [] if writer is None else writer.unacknowledged_events()
+
+    # --- The per-event path, shared with the blocking flavour -------------------------------------
+
+    def _add(self, event: T, routing_key: str | None, future: Completion | None) -> int:
+        if self._identity and type(event) is bytes:
+            payload: bytes = event
+        else:
+            payload = self._serialize(event)
+            if type(payload) is not bytes:
+                raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
+        segment = self._segment_for(routing_key)
+        writer = self._writers.get(segment)
+        if writer is None:
+            writer = self._open_segment(segment)
+        return writer.append(payload, future)
+
+    def _open_segment(self, segment: str) -> SegmentWriter:
+        shared = self._shared
+        with shared.lock:
+            shared.raise_error()
+            if self._closed:
+                raise ObjectClosedError("the writer is closed")
+            writer = self._writers.get(segment)
+            if writer is not None:
+                return writer
+            writer = SegmentWriter(segment, shared=shared, pool=self._pool, locator=self._locator, token=self._token,
+                                   writer_id=random_uuid(self._rng), config=self._config)
+            self._writers[segment] = writer
+        if threading.get_ident() == shared.loop_thread:
+            writer.start()
+        else:
+            shared.loop.call_soon_threadsafe(writer.start)
+        return writer
+
+    # --- API ---------------------------------------------------------------------------------------
+
+    async def write_event(self, event: T, *, routing_key: str | None = None) -> None:
+        """Buffer ``event`` for its segment (by ``routing_key``; None spreads keyless events evenly).
+        Waits only while too much is unacknowledged.  Raises the writer's error if it has failed,
+        ``InvalidArgumentError`` for an event the serializer refuses, ``PayloadTooLargeError`` for one
+        over ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing is written then)."""
+        flags = self._add(event, routing_key, None)
+        if flags:
+            if flags & OVER_BUDGET:
+                await self._shared.wait_for_capacity()
+            else:
+                await asyncio.sleep(0)  # a block went out: let the loop read acknowledgements
+
+    async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
+        """``write_event``, and a future that completes when the event is durable (or fails with the
+        writer's error).  A future per event costs time; use it when you need to know per event."""
+        future: asyncio.Future[None] = self._shared.loop.create_future()
+        flags = self._add(event, routing_key, future)
+        if flags & OVER_BUDGET:
+            await self._shared.wait_for_capacity()
+        elif flags:
+            await asyncio.sleep(0)
+        return future
+
+    async def flush(self) -> None:
+        """Wait until every event written so far is durable.  Raises the writer's error, if any."""
+        writers = list(self._writers.values())
+        results = await asyncio.gather(*(writer.flush() for writer in writers), return_exceptions=True)
+        self._shared.raise_error()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def close(self) -> None:
+        """Flush, then stop.  Raises the writer's error (after stopping) if the flush failed."""
+        if self._closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            with self._shared.lock:
+                self._closed = True
+            for writer in list(self._writers.values()):
+                await writer.stop()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> AsyncEventStreamWriter[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def check_invariants(self) -> None:
+        total = 0
+        for writer in self._writers.values():
+            writer.check_invariants()
+            with self._shared.lock:
+                total += writer._open_bytes + sum(len(b.data) for b in writer._inflight) + sum(
+                    len(b.data) for b in writer._outbox)
+        with self._shared.lock:
+            assert total == self._shared.unacked_bytes, (total, self._shared.unacked_bytes)
