@@ -136,3 +136,46 @@ def test_many_writers_share_one_connection(tiers: Tiers) -> None:
                 assert await read_all(client, f"sc/multi/{index}") == [payload(n) for n in range(1, 21)]
             await client.close()
     run(scenario)
+
+
+def test_a_block_overtaken_before_the_container_is_submitted_again_not_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An append that waits before it is queued (ingestion throttling does that) can be overtaken by
+    the writer's next block, whose comparison then fails.  The server submits the overtaking block
+    again once the first is stored: the writer sees nothing but acknowledgements, in order."""
+    tiers = Tiers("simulated", tmp_path)
+
+    async def scenario() -> None:
+        async with serving(tiers) as server:
+            segment = "sc/overtaken"
+            client = await RawClient.connect(server.port)
+            await client.request(CreateSegment(1, segment, ""))
+            container = server.container_for(segment)
+            real_append = container.append
+            delayed: list[int] = []
+            calls: list[int] = []
+
+            async def throttled_append(name, data, attribute_updates=(), *, expected_offset=None):  # type: ignore[no-untyped-def]
+                if attribute_updates[0].value in (2, 5) and attribute_updates[0].value not in delayed:
+                    delayed.append(attribute_updates[0].value)
+                    await asyncio.sleep(0.05)  # as a throttled append waits before it is queued
+                calls.append(attribute_updates[0].value)
+                return await real_append(name, data, attribute_updates, expected_offset=expected_offset)
+
+            container.append = throttled_append  # type: ignore[method-assign]
+            writer = uuid.uuid4()
+            await client.request(SetupAppend(2, writer, segment, ""))
+            blocks = [block(writer, n, [payload(n)], 10 + n) for n in range(1, 9)]
+            await client.send(*blocks)
+            acks = await client.receive_many(len(blocks))
+            assert all(isinstance(a, DataAppended) for a in acks), acks
+            assert [a.event_number for a in acks] == list(range(1, 9))  # type: ignore[union-attr]
+            assert [a.previous_event_number for a in acks] == [NULL_ATTRIBUTE_VALUE, *range(1, 8)]  # type: ignore[union-attr]
+            assert delayed == [2, 5]
+            # 3 and 4 overtook 2, and 6, 7, 8 overtook 5, which itself came late and compared with 4: each
+            # of them was refused once and submitted again, in order, after 2 was stored.
+            assert calls[:8] == [1, 3, 4, 6, 7, 8, 2, 5], calls
+            assert calls[8:] == [3, 4, 5, 6, 7, 8], calls
+            assert await read_all(client, segment) == [payload(n) for n in range(1, 9)]
+            server.check_invariants()
+            await client.close()
+    run(scenario)

@@ -116,7 +116,7 @@ def test_scan_events_counts_like_the_codec(events: list[bytes]) -> None:
     assert scan_events(data) == (count_events(data), max((len(p) for p in events), default=0))
 
 
-@given(st.integers(0, 50), st.integers(1, 20), st.data())
+@given(st.integers(0, 50), st.integers(1, 80), st.data())
 def test_scan_events_rejects_what_the_codec_rejects(size: int, count: int, data: st.DataObject) -> None:
     # Equal events (the strided fast path), then one byte of the whole changed or cut.
     block = bytearray(encode_event(b"p" * size) * count)
@@ -132,3 +132,37 @@ def test_scan_events_rejects_what_the_codec_rejects(size: int, count: int, data:
             scan_events(bytes(block))
     else:
         assert scan_events(bytes(block))[0] == expected
+
+
+@given(st.integers(1, 12), st.data())
+def test_any_overtaking_still_stores_every_block_once_in_order(count: int, data: st.DataObject) -> None:
+    """A container that applies compare-and-sets in the order appends reach it, and appends that reach
+    it in any order (as throttled ones may): every block is stored exactly once, in order, and every
+    reply is a DataAppended, in order."""
+    session = WriterSession(WRITER, "s", NULL_ATTRIBUTE_VALUE)
+    stored_number, stored = NULL_ATTRIBUTE_VALUE, []
+    in_transit: list[PendingBlock] = []  # submitted, not yet reached the container
+    replies = []
+    blocks = [new_block(n, bytes([n])) for n in range(1, count + 1)]
+    arrivals = list(blocks)
+    while arrivals or in_transit:
+        if arrivals and (not in_transit or data.draw(st.booleans(), label="arrive")):
+            block = arrivals.pop(0)
+            if session.accept(block):
+                in_transit.append(block)
+        else:
+            block = in_transit.pop(data.draw(st.integers(0, len(in_transit) - 1), label="reaches the container"))
+            if block.comparison == stored_number:
+                stored_number = block.last_event_number
+                stored.append(block.last_event_number)
+                session.succeeded(block, len(stored) - 1)
+            else:
+                session.failed(block, Failure.COMPARISON)
+            answered, to_submit = session.drain()
+            replies += [b.reply for b in answered]
+            in_transit += to_submit
+        session.check_invariants()
+    assert stored == list(range(1, count + 1))
+    assert all(isinstance(r, DataAppended) for r in replies), replies
+    assert [r.event_number for r in replies] == list(range(1, count + 1))  # type: ignore[union-attr]
+    assert session.idle
