@@ -84,6 +84,8 @@ class LatencyHistogram:
         for bucket, count in enumerate(self.counts):
             seen += count
             if seen >= rank:
+                if bucket == _BUCKETS - 1:
+                    return self.maximum  # the last bucket has no upper edge
                 return min(max(self.upper_edge(bucket), self.minimum), self.maximum)
         raise AssertionError("counts do not add up to count")  # check_invariants would have said so
 

@@ -10,10 +10,14 @@ batch share one send time, which rides in the first 8 bytes of their payload (li
 use it).
 
 Write latency is from the send time to the acknowledgement the driver reports; end-to-end latency
-from the send time to the moment a consumer reads the event.  Only events *sent* inside the measured
-window ``[window_start, window_end)`` -- after the warm-up -- are counted, however late they come back:
-achieved throughput is those events, acknowledged, divided by the window's length.  An offered rate
-the system cannot take shows up as achieved < offered, and as latency.
+from the send time to the moment a consumer reads the event.  What is *measured* is what comes back
+inside the window ``[window_start, window_end)`` that follows the warm-up: the acknowledgements (and
+deliveries) that arrive in it, with their latencies, and achieved throughput is their number divided
+by the window's length -- as OpenMessaging Benchmark counts a producer's rate.  At a rate the system
+keeps up with, that is the offered rate; at "max" it is what the system sustains, however deep the
+queue in front of it.  An offered rate the system cannot take shows up as achieved < offered, and as
+latency.  After the window the harness waits (bounded) until every event sent is acknowledged and
+delivered, so a lost event is an error, not a silently smaller count.
 
 Backpressure is the harness's, the same for every system: when more than ``BENCH_IN_FLIGHT_EVENTS_MAX``
 events (or ``BENCH_IN_FLIGHT_BYTES_MAX`` bytes) are sent and not acknowledged, the pacing loop waits
@@ -120,10 +124,11 @@ class StepRecorder:
         self.acknowledged_measured = 0
         self.delivered_measured = 0
         self.errors: list[str] = []
-        self._in_flight_max = max(1, min(in_flight_events_max, in_flight_bytes_max // max(1, event_bytes)))
+        self.in_flight_max = max(1, min(in_flight_events_max, in_flight_bytes_max // max(1, event_bytes)))
         self._room = asyncio.Event()
         self._progress = asyncio.Event()
         self._window_hooks: list[Callable[[str], None]] = []
+        self.window_opened = False
 
     # -- the window ----------------------------------------------------------------------------------
 
@@ -131,24 +136,32 @@ class StepRecorder:
         """Call ``hook("begin")`` and ``hook("end")`` when the measured window opens and closes."""
         self._window_hooks.append(hook)
 
-    def begin_window(self, at: float) -> None:
-        self.window_start = at
+    def plan_window(self, start: float, end: float) -> None:
+        """The measured window, known before the first event is sent (so that an event counts as measured
+        or not the same way when it is sent, acknowledged and delivered)."""
+        self.window_start = start
+        self.window_end = end
+
+    def begin_window(self) -> None:
+        self.window_opened = True
         for hook in self._window_hooks:
             hook("begin")
 
     def end_window(self, at: float) -> None:
-        self.window_end = at
+        """The window closes at ``at`` (earlier than planned if the step ran out of bytes: nothing was
+        sent after ``at``)."""
+        self.window_end = min(self.window_end, at)
         for hook in self._window_hooks:
             hook("end")
 
     @property
     def window_seconds(self) -> float | None:
-        if math.isinf(self.window_start) or math.isinf(self.window_end):
-            return None
+        if math.isinf(self.window_start) or math.isinf(self.window_end) or self.window_end <= self.window_start:
+            return None  # not run yet, or the step ended (out of bytes) before its warm-up did
         return self.window_end - self.window_start
 
-    def _measured(self, sent_at: float) -> bool:
-        return self.window_start <= sent_at < self.window_end
+    def _measured(self, at: float) -> bool:
+        return self.window_start <= at < self.window_end
 
     # -- what drivers report -------------------------------------------------------------------------
 
@@ -160,19 +173,21 @@ class StepRecorder:
     def acknowledged(self, sent_at: float, count: int = 1) -> None:
         """``count`` events sent at ``sent_at`` are durable (the system acknowledged them) now."""
         self.acknowledged_total += count
-        if self._measured(sent_at):
+        now = self.clock()
+        if self._measured(now):
             self.acknowledged_measured += count
-            self.write_latency.record(self.clock() - sent_at, count)
-        if self.sent_total - self.acknowledged_total <= self._in_flight_max * 3 // 4:
+            self.write_latency.record(now - sent_at, count)
+        if self.sent_total - self.acknowledged_total <= self.in_flight_max * 3 // 4:
             self._room.set()
         self._progress.set()
 
     def delivered(self, sent_at: float, count: int = 1) -> None:
         """A consumer read ``count`` events sent at ``sent_at`` now."""
         self.delivered_total += count
-        if self._measured(sent_at):
+        now = self.clock()
+        if self._measured(now):
             self.delivered_measured += count
-            self.end_to_end_latency.record(self.clock() - sent_at, count)
+            self.end_to_end_latency.record(now - sent_at, count)
         self._progress.set()
 
     def failed(self, message: str) -> None:
@@ -192,7 +207,7 @@ class StepRecorder:
         """Wait while sending ``count`` more would exceed the in-flight bound.  False if ``deadline``
         (on ``clock``) came first; ``StepStalledError`` if ``stall_seconds`` pass with no
         acknowledgement at all."""
-        while self.in_flight + count > self._in_flight_max and self.in_flight > 0 and not self.errors:
+        while self.in_flight + count > self.in_flight_max and self.in_flight > 0 and not self.errors:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 return False
@@ -224,12 +239,12 @@ class StepRecorder:
         await self.wait_until(lambda: self.acknowledged_total >= self.sent_total,
                               f"{self.in_flight:,} acknowledgements", timeout_seconds)
         if consumers:
-            await self.wait_until(lambda: self.delivered_measured >= self.acknowledged_measured,
-                                  "the consumers to read every measured event", timeout_seconds)
+            await self.wait_until(lambda: self.delivered_total >= self.acknowledged_total,
+                                  "the consumers to read every event", timeout_seconds)
 
     def check_invariants(self) -> None:
-        assert 0 <= self.acknowledged_measured <= self.acknowledged_total
-        assert self.sent_measured <= self.sent_total
+        assert 0 <= self.acknowledged_measured <= self.acknowledged_total <= self.sent_total
+        assert self.sent_measured <= self.sent_total and self.delivered_measured <= self.delivered_total
         assert self.write_latency.count == self.acknowledged_measured
         assert self.end_to_end_latency.count == self.delivered_measured
         self.write_latency.check_invariants()
@@ -260,38 +275,41 @@ async def offer(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
     window_start = started + plan.warmup_seconds
     window_end = window_start + plan.duration_seconds
     ticks_max = math.ceil((plan.warmup_seconds + plan.duration_seconds) * _TICKS_PER_SECOND_MAX) + 1
-    tick_events_max = plan.tick_events_max
-    in_window = False
-    sent = 0
-    sent_bytes = 0
-    for _ in range(ticks_max):
-        now = clock()
-        if not in_window and now >= window_start:
-            in_window = True
-            recorder.begin_window(now)
-        if now >= window_end or sent_bytes >= plan.bytes_max or recorder.errors:
-            break
-        if plan.rate is None:
-            count = tick_events_max
-        else:
-            due = math.floor((now - started) * plan.rate) + 1 - sent
-            if due <= 0:
-                next_due = started + (sent / plan.rate)
-                await sleep(max(0.0, min(next_due, window_end) - now))
-                continue
-            count = min(due, tick_events_max)
-        count = min(count, max(1, (plan.bytes_max - sent_bytes) // plan.event_bytes))
-        if not await recorder.wait_for_room(count, window_end):
-            break
-        now = clock()  # the wait may have taken a while: the events are sent now
-        recorder.sent(now, count)  # before the write: a driver may report acknowledgements inside it
-        await producer.write(Batch(sent_at=now, payload=make_payload(now, plan.event_bytes), count=count,
-                                   first_sequence=sent))
-        sent += count
-        sent_bytes += count * plan.event_bytes
-        await sleep(0)  # let acknowledgements and consumers run between ticks
-    end = clock()
-    if not in_window:
-        recorder.begin_window(min(end, window_start))
-    recorder.end_window(min(end, window_end))
+    tick_events_max = min(plan.tick_events_max, recorder.in_flight_max)
+    recorder.plan_window(window_start, window_end)
+    # The CPU meters start when the window opens, even if the loop is waiting for room just then.
+    opening = asyncio.get_running_loop().call_later(plan.warmup_seconds, recorder.begin_window)
+    try:
+        sent = 0
+        sent_bytes = 0
+        for _ in range(ticks_max):
+            now = clock()
+            if now >= window_end or sent_bytes >= plan.bytes_max or recorder.errors:
+                break
+            if plan.rate is None:
+                count = tick_events_max
+            else:
+                due = math.floor((now - started) * plan.rate) + 1 - sent
+                if due <= 0:
+                    next_due = started + (sent / plan.rate)
+                    await sleep(max(0.0, min(next_due, window_end) - now))
+                    continue
+                count = min(due, tick_events_max)
+            count = min(count, max(1, (plan.bytes_max - sent_bytes) // plan.event_bytes))
+            if not await recorder.wait_for_room(count, window_end):
+                break
+            now = clock()  # the wait may have taken a while: the events are sent now
+            if now >= window_end:
+                break
+            recorder.sent(now, count)  # before the write: a driver may report acknowledgements inside it
+            await producer.write(Batch(sent_at=now, payload=make_payload(now, plan.event_bytes), count=count,
+                                       first_sequence=sent))
+            sent += count
+            sent_bytes += count * plan.event_bytes
+            await sleep(0)  # let acknowledgements and consumers run between ticks
+    finally:
+        opening.cancel()
+    if not recorder.window_opened:  # the step ended before its warm-up did
+        recorder.begin_window()
+    recorder.end_window(clock())
     return sent

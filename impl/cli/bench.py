@@ -33,6 +33,9 @@ __all__ = ["bench"]
 @click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Peers harness: where the PNG plots go.  Default: docs/bench beside --markdown, else "
                    "figures/ under --output.")
+@click.option("--disk-probe", "disk_probe_seconds", type=click.FloatRange(0.01, 60.0), default=2.0,
+              show_default=True, metavar="SECONDS",
+              help="Peers harness: length of each probe of the disk's physical limit (raw loop, fio).")
 @click.option("--fio/--no-fio", "use_fio", default=True, show_default=True,
               help="Peers harness: also measure the disk with fio, if it is installed.")
 @click.option("--profile", is_flag=True, default=False,
@@ -59,7 +62,8 @@ __all__ = ["bench"]
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show progress on stderr.")
 def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...], markdown_path: Path | None,
-          figures_dir: Path | None, use_fio: bool, profile: bool, duration_seconds: float, warmup_seconds: float,
+          figures_dir: Path | None, disk_probe_seconds: float, use_fio: bool, profile: bool, duration_seconds: float,
+          warmup_seconds: float,
           repeat: int, scenario_names: tuple[str, ...], output_dir: Path, data_dir: Path | None,
           quiet_idle_percent_min: float, quiet_timeout_seconds: float, progress: bool) -> None:
     """Measure millstream against the machine's physical limit and against its peers, in the same run.
@@ -92,7 +96,8 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
 
         _bench_harness(
             suite="custom" if workload_files else suite, workload_files=workload_files, system_names=system_names,
-            markdown_path=markdown_path, figures_dir=figures_dir, use_fio=use_fio, profile=profile,
+            markdown_path=markdown_path, figures_dir=figures_dir, disk_probe_seconds=disk_probe_seconds,
+            use_fio=use_fio, profile=profile,
             duration_seconds=duration_seconds if given("duration_seconds") else None,
             warmup_seconds=warmup_seconds if given("warmup_seconds") else None, output_dir=output_dir,
             data_dir=data_dir, quiet_idle_percent_min=quiet_idle_percent_min,
@@ -140,7 +145,8 @@ def _bench_tiering(duration_seconds: float, warmup_seconds: float, repeat: int, 
 
 
 def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...],
-                   markdown_path: Path | None, figures_dir: Path | None, use_fio: bool, profile: bool,
+                   markdown_path: Path | None, figures_dir: Path | None, disk_probe_seconds: float, use_fio: bool,
+                   profile: bool,
                    duration_seconds: float | None, warmup_seconds: float | None, output_dir: Path,
                    data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float | None,
                    progress: bool) -> None:
@@ -180,7 +186,7 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
         if not availability.available:
             click.echo(f"skipping {name}: {availability.detail}", err=True)
     config = HarnessConfig(suite=suite, workloads=workloads, quiet_idle_percent_min=quiet_idle_percent_min,
-                           use_fio=use_fio, profile=profile)
+                           disk_probe_seconds=disk_probe_seconds, use_fio=use_fio, profile=profile)
     if quiet_timeout_seconds is not None:
         config = attrs.evolve(config, quiet_timeout_seconds=quiet_timeout_seconds)
     with contextlib.ExitStack() as stack:
