@@ -4,20 +4,23 @@ Configuration.  ``millstream standalone --data-dir DATA --port P`` in a process 
 writer and the server each get a core, as a user would run them): a full node on 127.0.0.1 with a
 durable FileLog (write + fdatasync before any acknowledgement, group commit) and local Tier 2.
 
-Mapping.  Segment ``i`` of a workload is ``bench/<workload>/<i>.#epoch.0``, created if missing.  One
-``EventStreamWriter`` over the workload's segments writes every event with the workload's routing
-key (``None``: the writer picks the segment itself); its batching is its own, adaptive, with no
-knob.  Each event's acknowledgement is the per-event future the writer hands back; write latency is
-from the send time to that future's completion.  A consumer is a ``SegmentReader`` per segment,
-starting at the segment's length when opened, doing long-poll tail reads and parsing events as the
-writer framed them.
+Mapping.  Segment ``i`` of a workload is ``bench/<workload>/<i>.#epoch.0``, created if missing
+(``AsyncClient.segments().create``).  One ``AsyncEventStreamWriter`` over the workload's segments
+(``AsyncClient.event_writer(names)``) writes every event with the workload's routing key (``None``:
+the writer spreads keyless events itself); its batching is its own, adaptive, with no knob.  Each
+event is written with ``write_event_future``, and its acknowledgement is that future completing --
+one future per event, as NATS's ``publish_async`` gives one per message, so both clients pay the same
+kind of per-event bookkeeping.  A consumer is an ``AsyncSegmentReader`` per segment, starting at the
+segment's length when opened, doing long-poll tail reads (``read_events(wait_seconds=...)``).
+
+The client's API differs from the first plan (``write_event`` returning a future; a
+``segment_info``/``create_segment`` on the client): the driver follows the API as built.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import signal
 import sys
 from collections.abc import Sequence
@@ -81,16 +84,13 @@ class MillstreamDriver(Driver):
         from millstream.client import AsyncClient
 
         client = AsyncClient(f"tcp://127.0.0.1:{port}")
-        await asyncio.wait_for(client.__aenter__(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
         try:
             names = segment_names(workload)
             for name in names:
                 await _create_if_missing(client, name)
             writer = client.event_writer(names)
-            if inspect.isawaitable(writer):
-                writer = await writer
         except BaseException:
-            await client.__aexit__(None, None, None)
+            await client.close()
             raise
         return _MillstreamSession(client, writer, names, keys, recorder)
 
@@ -99,7 +99,7 @@ async def _create_if_missing(client: Any, name: str) -> None:
     from millstream.errors import StreamSegmentExistsError
 
     with contextlib.suppress(StreamSegmentExistsError):
-        await asyncio.wait_for(client.create_segment(name), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+        await asyncio.wait_for(client.segments().create(name), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
 
 
 class _MillstreamSession(Session):
@@ -112,20 +112,18 @@ class _MillstreamSession(Session):
         self._consumers: list[_MillstreamConsumer] = []
 
     async def write(self, batch: Batch) -> None:
-        write_event = self._writer.write_event
+        write_event_future = self._writer.write_event_future
         acknowledged = partial(_on_ack, self._recorder, batch.sent_at)
         payload = batch.payload
         for key in self._keys.keys(batch.first_sequence, batch.count):
-            future = write_event(payload, routing_key=key)
-            if inspect.isawaitable(future) and not isinstance(future, asyncio.Future):
-                future = await future  # a write_event that waits for room hands back the ack future
+            future = await write_event_future(payload, routing_key=key)
             future.add_done_callback(acknowledged)
 
     async def open_consumer(self, partitions: Sequence[int]) -> Consumer:
         readers = []
         for partition in partitions:
             name = self._names[partition]
-            info = await asyncio.wait_for(self._client.segment_info(name), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            info = await asyncio.wait_for(self._client.segments().info(name), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
             readers.append(self._client.segment_reader(name, offset=info.length))
         consumer = _MillstreamConsumer(readers, self._recorder)
         self._consumers.append(consumer)
@@ -135,14 +133,9 @@ class _MillstreamSession(Session):
         for consumer in self._consumers:
             await consumer.close()
         try:
-            await asyncio.wait_for(self._writer.flush(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
-            close = getattr(self._writer, "close", None)
-            if close is not None:
-                result = close()
-                if inspect.isawaitable(result):
-                    await asyncio.wait_for(result, BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            await asyncio.wait_for(self._writer.close(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)  # flushes first
         finally:
-            await self._client.__aexit__(None, None, None)
+            await asyncio.wait_for(self._client.close(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
 
 
 def _on_ack(recorder: StepRecorder, sent_at: float, future: asyncio.Future[Any]) -> None:
@@ -167,14 +160,10 @@ class _MillstreamConsumer(Consumer):
     async def _tail(self, reader: Any, stop: asyncio.Event) -> None:
         delivered = self._recorder.delivered
         while not stop.is_set():
-            events = await reader.read_events(timeout=BENCH_CONSUMER_POLL_SECONDS)
+            events = await reader.read_events(wait_seconds=BENCH_CONSUMER_POLL_SECONDS)
             for event in events:
-                delivered(send_time_of(event))
+                delivered(send_time_of(event.value))
 
     async def close(self) -> None:
         for reader in self._readers:
-            close = getattr(reader, "close", None)
-            if close is not None:
-                result = close()
-                if inspect.isawaitable(result):
-                    await result
+            await reader.close()
