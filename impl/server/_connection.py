@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -56,6 +57,8 @@ from millstream.errors import (
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
 from millstream.server._appends import Failure, PendingBlock, WriterSession, scan_events
 from millstream.wire import (
+    FRAME_HEADER_LENGTH,
+    FRAME_LENGTH_MAX,
     OLDEST_COMPATIBLE_VERSION,
     WIRE_VERSION,
     AppendBlock,
@@ -110,6 +113,13 @@ __all__ = ["Connection"]
 log = logging.getLogger("millstream.server")
 
 _REPLACE_IF_EQUALS = AttributeUpdateType.REPLACE_IF_EQUALS
+_HEADER = struct.Struct(">ii")
+_LENGTH = struct.Struct(">i")
+
+#: A frame at least this long that does not arrive in one read is received into a buffer of its own
+#: (exactly its size), then decoded whole: its bytes are not first gathered by the decoder, which
+#: would copy them once more (and again each time its buffer grew).
+_LARGE_FRAME_BYTES = 64 * 1024
 
 _READ_PERMISSION = Permission.READ
 _UPDATE_PERMISSION = Permission.READ_UPDATE
@@ -132,6 +142,8 @@ class Connection(asyncio.BufferedProtocol):
         self._decoder = Decoder()
         self._receive = bytearray(limits.SERVER_RECEIVE_BUFFER_BYTES)
         self._receive_view = memoryview(self._receive)
+        self._large_frame: memoryview | None = None  # a frame too large for _receive, being received
+        self._large_frame_filled = 0
         self._outgoing = bytearray()
         self._flush_scheduled = False
         self._version: int | None = None
@@ -166,14 +178,61 @@ class Connection(asyncio.BufferedProtocol):
         self._server.adopt(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        large = self._large_frame
+        if large is not None:
+            return large[self._large_frame_filled:]  # exactly the rest of that frame, no more
         return self._receive_view
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._closing:
             return
         self._last_received = self._clock.monotonic()
+        large = self._large_frame
+        if large is not None:
+            self._large_frame_filled += nbytes
+            if self._large_frame_filled < len(large):
+                return
+            self._large_frame = None
+            self._feed(large)
+        else:
+            view = self._receive_view[:nbytes]
+            whole = self._whole_frames_end(view)
+            if whole is None:
+                self._feed(view)
+            else:
+                # A large frame starts at ``whole`` and does not end in this read: decode what comes
+                # before it, and receive the rest of it straight into a buffer of its own size.
+                self._feed(view[:whole])
+                if self._closing:
+                    return
+                header_length, = _LENGTH.unpack_from(view, whole + 4)
+                large = memoryview(bytearray(FRAME_HEADER_LENGTH + header_length))
+                large[:nbytes - whole] = view[whole:]
+                self._large_frame, self._large_frame_filled = large, nbytes - whole
+        self._update_reading()
+
+    def _whole_frames_end(self, view: memoryview) -> int | None:
+        """Where a frame of at least ``_LARGE_FRAME_BYTES`` starts that ``view`` holds only the start
+        of, if the decoder is between frames; else None (the decoder takes everything as it is: small
+        frames it buffers cost little to copy, and it rejects bad headers itself)."""
+        if self._decoder.pending_bytes:
+            return None
+        size = len(view)
+        position = 0
+        header = _HEADER.unpack_from
+        while size - position >= FRAME_HEADER_LENGTH:
+            _type_code, length = header(view, position)
+            if not 0 <= length <= FRAME_LENGTH_MAX:
+                return None
+            end = position + FRAME_HEADER_LENGTH + length
+            if end > size:
+                return position if FRAME_HEADER_LENGTH + length >= _LARGE_FRAME_BYTES else None
+            position = end
+        return None
+
+    def _feed(self, data: memoryview) -> None:
         try:
-            commands = self._decoder.feed(self._receive_view[:nbytes])
+            commands = self._decoder.feed(data)
         except WireProtocolError as error:
             self._abort(f"malformed input ({type(error).__name__}: {error})")
             return
@@ -182,11 +241,11 @@ class Connection(asyncio.BufferedProtocol):
                 self._dispatch(command)
         except _Closed:
             return
-        self._update_reading()
 
     def eof_received(self) -> bool:
-        if self._decoder.pending_bytes:
-            self._abort(f"the peer hung up inside a frame ({self._decoder.pending_bytes} bytes of it)")
+        pending = self._decoder.pending_bytes or self._large_frame_filled * (self._large_frame is not None)
+        if pending:
+            self._abort(f"the peer hung up inside a frame ({pending} bytes of it)")
         return False  # close our side too: there is no half-open use in this protocol
 
     def pause_writing(self) -> None:
@@ -762,6 +821,8 @@ class Connection(asyncio.BufferedProtocol):
         for session in self._writers.values():
             session.check_invariants()
         self._decoder.check_invariants()
+        if self._large_frame is not None:
+            assert not self._decoder.pending_bytes and 0 < self._large_frame_filled < len(self._large_frame)
 
 
 def _length_or_zero(container: SegmentContainer | None, segment: str) -> int:

@@ -211,3 +211,27 @@ def test_segments_of_containers_this_server_does_not_own_get_wrong_host(tmp_path
             assert isinstance(await client.request(ReadSegment(5, owned, 0, 10, "", 0)), SegmentRead)
             await client.close()
     run(scenario)
+
+
+@pytest.mark.parametrize("tiers", ["simulated"], indirect=True)
+def test_a_peer_hanging_up_inside_a_large_frame_is_closed_and_logged_once(
+        tiers: Tiers, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="millstream.server")
+
+    async def scenario() -> None:
+        async with serving(tiers) as server:
+            bystander = await Bystander.start(server.port)
+            client = await RawClient.connect(server.port)
+            writer = uuid.uuid4()
+            await client.request(CreateSegment(1, "sc/cut", ""))
+            await client.request(SetupAppend(2, writer, "sc/cut", ""))
+            frame = encode(block(writer, 1, [bytes(300_000)], 3))  # larger than one read
+            before = len(closing_warnings(caplog))
+            await client.send_bytes(frame[:200_000])
+            client.writer.write_eof()
+            await closed_once(client, caplog, before, "inside a frame")
+            await bystander.still_works()
+            read = await bystander.client.request(ReadSegment(1, "sc/cut", 0, 100, "", 0))
+            assert isinstance(read, SegmentRead) and read.data == b"", "nothing of the cut block was stored"
+            await bystander.client.close()
+    run(scenario)

@@ -114,3 +114,52 @@ def test_the_cli_serves_over_tcp_until_sigterm(tmp_path: Path) -> None:
     # The data it acknowledged is there for the next node on that directory.
     with millstream.standalone(data_dir) as node:
         assert read_back(node.port) == {s: [f"{s}:{n}".encode() for n in range(1, 4)] for s in SEGMENTS}
+
+
+def test_serve_runs_a_node_from_a_toml_file(tmp_path: Path) -> None:
+    from millstream.auth import Permission, issue_token
+    from millstream.naming import container_of
+    from millstream.wire import AuthTokenCheckFailed, WrongHost
+
+    secret = b"serve-test-secret-0123456789"
+    (tmp_path / "secret").write_bytes(secret + b"\n")
+    (tmp_path / "node.toml").write_text(
+        'data_dir = "data"\nport = 0\ncontainer_count = 4\nowned_containers = [0, 1]\n'
+        'auth_secret_file = "secret"\n')
+    owned = next(f"sc/s{n}" for n in range(100) if container_of(f"sc/s{n}", 4) in (0, 1))
+    foreign = next(f"sc/s{n}" for n in range(100) if container_of(f"sc/s{n}", 4) in (2, 3))
+    token = issue_token(secret, "sc/*", Permission.READ_UPDATE, 4_000_000_000.0)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from millstream.cli import main; main()", "serve", "--config",
+         str(tmp_path / "node.toml")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = re.fullmatch(r"millstream standalone listening on tcp://127\.0\.0\.1:(\d+) \(data in (.+)\)\n", line)
+        assert match and Path(match[2]) == tmp_path / "data", line
+
+        async def scenario() -> None:
+            client = await RawClient.connect(int(match[1]))
+            assert isinstance(await client.request(CreateSegment(1, owned, "")), AuthTokenCheckFailed)
+            assert await client.request(CreateSegment(2, owned, token)) == SegmentCreated(2, owned)
+            assert await client.request(CreateSegment(3, foreign, token)) == WrongHost(3, foreign, "")
+            await client.close()
+        run(scenario)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_serve_refuses_a_bad_configuration_clearly(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from millstream.cli import main
+
+    (tmp_path / "bad.toml").write_text('data_dir = "d"\nprot = 9090\n')
+    result = CliRunner().invoke(main, ["serve", "--config", str(tmp_path / "bad.toml")])
+    assert result.exit_code == 2 and "unknown keys ['prot']" in result.output
+    (tmp_path / "tls.toml").write_text('data_dir = "d"\ntls_cert_file = "c.pem"\n')
+    result = CliRunner().invoke(main, ["serve", "--config", str(tmp_path / "tls.toml")])
+    assert result.exit_code == 2 and "go together" in result.output
