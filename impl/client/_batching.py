@@ -9,7 +9,9 @@ block size:
 
     target = min(arrival_rate x min(round_trip / 2, window_max), block_bytes_max)
 
-so a slow writer sends every event as it comes (the target is smaller than one event), and a fast one
+and an open block never waits longer than ``window()`` (that time again: a block whose events trickle
+in, or whose acknowledgement is slow to come, still leaves within the window).  So a slow writer sends
+every event as it comes (the target is smaller than one event), and a fast one
 sends blocks that grow until about two are in flight per round trip -- enough to keep the server's
 pipeline busy, few enough that the per-block costs (a frame, a container append, an acknowledgement)
 stay small.  The arrival rate is measured per block: the bytes of the block just closed over the time
@@ -64,7 +66,10 @@ class BlockSizeTracker:
         self._round_trip = sample if self._round_trip is None else self._round_trip + _WEIGHT * (
             sample - self._round_trip)
 
+    def window(self) -> float:
+        """How long an open block may wait for more events: min(half a round trip, the batch window)."""
+        return self._window_max if self._round_trip is None else min(self._round_trip / 2, self._window_max)
+
     def target(self) -> int:
         """Close the open block once it holds this many bytes (0: close at every event)."""
-        window = self._window_max if self._round_trip is None else min(self._round_trip / 2, self._window_max)
-        return min(int(self._rate * window), self._block_bytes_max)
+        return min(int(self._rate * self.window()), self._block_bytes_max)

@@ -6,7 +6,7 @@ random writer id of its own and numbers its events 1, 2, 3, ...; it frames each 
 (``type 0 | length | payload``) into an open block and closes the block -- giving it the number of
 its last event -- when nothing else is in flight or when the block reaches the size the
 ``BlockSizeTracker`` asks for (see ``_batching``); an acknowledgement that leaves nothing in flight
-closes it too.  Closed blocks are kept, in order, until acknowledged.
+closes it too, and so does the end of the batch window (a timer per block, armed by its first event).  Closed blocks are kept, in order, until acknowledged.
 
 Per event the writer does a few plain operations under one lock (serialize, route, frame, count);
 everything else -- closing a block, sending it, acknowledgements, reconnecting -- happens per block.
@@ -283,14 +283,19 @@ class SegmentWriter:
                     self._open_futures = [future]
                 else:
                     self._open_futures.append(future)
+            arm = -1
             if self._blocks_unacked == 0 or self._open_bytes >= self._target_bytes:
                 self._close_block_locked()
                 shipped = SHIPPED
             else:
                 shipped = 0
+                if self._open_count == 1:
+                    arm = self._last_assigned  # a new open block: it leaves within the batch window
             over = OVER_BUDGET if shared.unacked_bytes > shared.unacked_bytes_max else 0
         if shipped:
             self._ship()
+        elif arm >= 0:
+            self._arm_batch_timer(arm)
         return shipped | over
 
     def _close_block_locked(self) -> None:
@@ -306,6 +311,24 @@ class SegmentWriter:
         self._tracker.block_closed(self._clock.monotonic(), len(block.data))
         self._target_bytes = self._tracker.target()
         self._outbox.append(block)
+
+    def _arm_batch_timer(self, generation: int) -> None:
+        """Close the block that follows event ``generation`` once the batch window has passed (per block,
+        not per event: only the first event of an open block arms it)."""
+        shared = self._shared
+        delay = self._tracker.window()
+        if threading.get_ident() == shared.loop_thread:
+            shared.loop.call_later(delay, self._batch_window_passed, generation)
+        else:
+            shared.loop.call_soon_threadsafe(shared.loop.call_later, delay, self._batch_window_passed, generation)
+
+    def _batch_window_passed(self, generation: int) -> None:
+        with self._shared.lock:
+            if (self._last_assigned != generation or not self._open_count or self._failed is not None
+                    or self._closing):
+                return  # that block left already (it filled, or an acknowledgement closed it)
+            self._close_block_locked()
+        self._drain_outbox()
 
     def _ship(self) -> None:
         """Get queued blocks to the loop: drain now on the loop thread, else schedule a drain there."""
@@ -386,8 +409,11 @@ class SegmentWriter:
     def _gave_up(self, reason: BaseException, attempts: int) -> BaseException:
         message = (f"the writer for segment {self.segment!r} gave up after {attempts} reconnect attempts "
                    f"without progress; last error: {reason}")
-        error: BaseException = (InvalidEventNumberError(message) if isinstance(reason, InvalidEventNumberError)
-                                else ConnectionLostError(message))
+        error: BaseException
+        try:  # the same kind of error as the last one (our errors take a message), so a caller can tell
+            error = type(reason)(message) if isinstance(reason, MillstreamError) else ConnectionLostError(message)
+        except TypeError:
+            error = ConnectionLostError(message)
         error.__cause__ = reason
         return error
 
