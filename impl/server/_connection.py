@@ -280,6 +280,7 @@ class Connection(asyncio.BufferedProtocol):
             self._abort(f"internal error: {error!r}")
         finally:
             self._closing = True
+            self._quiet.set()  # nothing of a closed connection waits for an answer any more
             self._release_all()
             if self._transport is not None and not self._transport.is_closing():
                 self._transport.abort()

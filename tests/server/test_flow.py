@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import struct
 import threading
 import uuid
 from pathlib import Path
@@ -244,4 +246,38 @@ def test_a_container_restart_under_a_connected_writer_loses_and_duplicates_nothi
             assert isinstance(read, SegmentRead)
             assert list(iter_events(read.data)) == [f"e{n}".encode() for n in range(1, total + 1)]
             await client.close()
+    run(scenario)
+
+
+def test_shutdown_does_not_wait_for_connections_that_went_away(tmp_path: Path) -> None:
+    gate = GatedFdatasync()
+
+    async def scenario() -> None:
+        tiers = gated_tiers(tmp_path, gate)
+        chunk_storage = tiers.open_chunk_storage()
+        server = SegmentStoreServer(tiers.open_log, chunk_storage=chunk_storage,
+                                    config=ServerConfig(shutdown_drain_seconds=5.0, keepalive_interval_seconds=0.1))
+        await server.start()
+        client = await RawClient.connect(server.port)
+        writer = uuid.uuid4()
+        await client.request(CreateSegment(1, "sc/gone", ""))
+        await client.request(SetupAppend(2, writer, "sc/gone", ""))
+        gate.gate.clear()
+        await client.send(block(writer, 1, [b"never acknowledged"], 3))
+        await until(lambda: server.in_flight_bytes > 0, "the block arrived")
+        started = asyncio.get_running_loop().time()
+        stopping = asyncio.create_task(server.stop())
+        await asyncio.sleep(0.1)
+        assert not stopping.done(), "the server waits for the block it received"
+        # The writer's process dies while the server drains (a reset, not a polite close).  The
+        # server does not read during the drain, but its next KeepAlive meets the reset.
+        sock = client.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.writer.transport.abort()
+        await until(lambda: not server.connections, "the server saw the connection go", seconds=3.0)
+        assert not stopping.done()
+        gate.gate.set()
+        await stopping
+        assert asyncio.get_running_loop().time() - started < 2.0, "it did not wait for the drain timeout"
+        await chunk_storage.close()
     run(scenario)
