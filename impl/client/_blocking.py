@@ -238,6 +238,11 @@ class SegmentReader(Generic[T]):
         return not self._pending and self._core.end_of_segment
 
     @property
+    def pending_events(self) -> int:
+        """Events fetched and not yet returned (``read_event`` returns them without waiting)."""
+        return len(self._pending)
+
+    @property
     def at_tail(self) -> bool:
         return not self._pending and self._core.at_tail
 

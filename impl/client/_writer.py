@@ -6,7 +6,8 @@ random writer id of its own and numbers its events 1, 2, 3, ...; it frames each 
 (``type 0 | length | payload``) into an open block and closes the block -- giving it the number of
 its last event -- when nothing else is in flight or when the block reaches the size the
 ``BlockSizeTracker`` asks for (see ``_batching``); an acknowledgement that leaves nothing in flight
-closes it too, and so does the end of the batch window (a timer per block, armed by its first event).  Closed blocks are kept, in order, until acknowledged.
+closes it too, and so does the end of the batch window (a timer per block, armed by its first
+event).  Closed blocks are kept, in order, until acknowledged.
 
 Per event the writer does a few plain operations under one lock (serialize, route, frame, count);
 everything else -- closing a block, sending it, acknowledgements, reconnecting -- happens per block.
@@ -528,7 +529,8 @@ class SegmentWriter:
         if self._failed is not None:
             return
         self._failed = error
-        _log.warning("writer %s on %s failed: %s", self._writer_id, self.segment, error)
+        # INFO, not WARNING: the error reaches the caller (next call, flush, futures); no need to say it twice.
+        _log.info("writer %s on %s failed: %s", self._writer_id, self.segment, error)
         shared = self._shared
         with shared.lock:
             open_futures, self._open_futures = self._open_futures, None

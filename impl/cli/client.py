@@ -1,0 +1,283 @@
+"""``millstream segment ...``, ``millstream write`` and ``millstream read``: the client from the shell.
+
+Each command connects to a running server (``millstream standalone`` prints its address), does its job
+with the blocking ``millstream.Client`` and exits.  Errors from the server are printed as one line
+naming the error (``StreamSegmentNotExistsError: ...``) with exit status 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import click
+from millstream.cli._group import main
+from millstream.cli._progress import Progress
+
+__all__ = ["read", "segment", "write"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DEFAULT_URI = "tcp://127.0.0.1:9090"
+
+
+def _connection_options(command: F) -> F:
+    """--uri, --token and --tls-ca, shared by every command here."""
+    command = click.option(
+        "--tls-ca", "tls_ca", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+        help="Use TLS and trust the server's certificate if this CA file (PEM) signed it.  "
+             "(A tls:// URI without it trusts the system's CAs.)")(command)
+    command = click.option(
+        "--token", envvar="MILLSTREAM_TOKEN", default="", show_envvar=True,
+        help="Access token for a server that checks tokens (issue one with millstream.issue_token).")(command)
+    command = click.option(
+        "--uri", envvar="MILLSTREAM_URI", default=_DEFAULT_URI, show_default=True, show_envvar=True,
+        help="The server: tcp://HOST:PORT or tls://HOST:PORT, as `millstream standalone` prints it.")(command)
+    return command
+
+
+@contextlib.contextmanager
+def _client(uri: str, token: str, tls_ca: Path | None) -> Iterator[Any]:
+    """A blocking client; the server's errors become one-line messages (exit status 1)."""
+    import ssl
+
+    import millstream
+    from millstream.errors import MillstreamError
+
+    context = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca is not None else None
+    try:
+        with millstream.connect(uri, token=token, ssl_context=context) as client:
+            yield client
+    except MillstreamError as error:
+        raise click.ClickException(f"{type(error).__name__}: {error}") from error
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+# --- millstream segment ----------------------------------------------------------------------------
+
+
+@main.group(short_help="Create, inspect, seal, truncate or delete segments on a server.")
+def segment() -> None:
+    """Work with segments by name on a running server.
+
+    A segment is an append-only sequence of bytes with a name, such as `demo/events/0`.  Writers
+    append events to segments (`millstream write`); readers read them back from an offset
+    (`millstream read`).
+
+    \b
+    Example, with `millstream standalone --data-dir ./data` running:
+      millstream segment create demo/events/0
+      echo hello | millstream write --segment demo/events/0
+      millstream read --segment demo/events/0
+      millstream segment info demo/events/0
+    """
+
+
+@segment.command(short_help="Create empty segments.")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.option("--exist-ok", is_flag=True, help="Do not fail if a segment exists already.")
+@_connection_options
+def create(names: tuple[str, ...], exist_ok: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Create each named segment (empty, open for appends)."""
+    from millstream.errors import StreamSegmentExistsError
+
+    with _client(uri, token, tls_ca) as client:
+        for name in names:
+            try:
+                client.segments().create(name)
+                click.echo(f"created {name}")
+            except StreamSegmentExistsError:
+                if not exist_ok:
+                    raise
+                click.echo(f"exists  {name}")
+
+
+@segment.command(short_help="Show a segment's length, start offset and state.")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+@_connection_options
+def info(name: str, as_json: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Show a segment's length (bytes ever appended), start offset (below it, bytes were truncated
+    away) and whether it is sealed."""
+    with _client(uri, token, tls_ca) as client:
+        properties = client.segments().info(name)
+    fields = {"name": properties.name, "length": properties.length, "start_offset": properties.start_offset,
+              "sealed": properties.sealed, "last_modified_ms": properties.last_modified_ms}
+    if as_json:
+        click.echo(json.dumps(fields))
+        return
+    for key, value in fields.items():
+        click.echo(f"{key + ':':<18}{str(value).lower() if isinstance(value, bool) else value}")
+
+
+@segment.command(short_help="Seal a segment: no more appends.")
+@click.argument("name")
+@_connection_options
+def seal(name: str, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Seal a segment.  Readers then see its end; writers get StreamSegmentSealedError.  Sealing a
+    sealed segment succeeds."""
+    with _client(uri, token, tls_ca) as client:
+        client.segments().seal(name)
+    click.echo(f"sealed {name}")
+
+
+@segment.command(short_help="Drop a segment's bytes below an offset.")
+@click.argument("name")
+@click.argument("offset", type=click.IntRange(min=0))
+@_connection_options
+def truncate(name: str, offset: int, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Truncate a segment: its bytes below OFFSET are dropped and it starts at OFFSET.  Use the offset
+    of an event (`millstream read --show-offsets` prints them) so readers can start there."""
+    with _client(uri, token, tls_ca) as client:
+        client.segments().truncate(name, offset)
+    click.echo(f"truncated {name} at {offset}")
+
+
+@segment.command(short_help="Delete a segment and its data.")
+@click.argument("name")
+@_connection_options
+def delete(name: str, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Delete a segment and everything in it."""
+    with _client(uri, token, tls_ca) as client:
+        client.segments().delete(name)
+    click.echo(f"deleted {name}")
+
+
+# --- millstream write ------------------------------------------------------------------------------
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+    for line in stream:
+        if line.endswith(b"\r\n"):
+            yield line[:-2]
+        elif line.endswith(b"\n"):
+            yield line[:-1]
+        else:
+            yield line
+
+
+@main.command(short_help="Append events to segments: lines from stdin, or files.")
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+                metavar="[FILE...]")
+@click.option("--segment", "segments", multiple=True, required=True, metavar="NAME",
+              help="Segment to write to (repeat it to spread events over several: events with the same "
+                   "routing key always go to the same one).")
+@click.option("--routing-key", default=None, metavar="KEY",
+              help="Routing key for every event (default: none; events are spread evenly).")
+@click.option("--whole-files", is_flag=True,
+              help="Each FILE is one event (default: each line is one event, without its newline).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress on stderr.")
+@_connection_options
+def write(files: tuple[Path, ...], segments: tuple[str, ...], routing_key: str | None, whole_files: bool,
+          progress: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Append events to segments and wait until they are durable.
+
+    With no FILE (or FILE `-`), each line of standard input is one event.  With FILEs, each line of
+    each file is one event, or each whole file with --whole-files.  The segments must exist
+    (`millstream segment create`).  The command returns once every event is acknowledged: written
+    to disk on the server.  Each event is written exactly once, even if the connection breaks.
+
+    \b
+    Examples:
+      printf 'a\\nb\\nc\\n' | millstream write --segment demo/events/0
+      millstream write --segment demo/logs/0 app.log
+      millstream write --segment demo/images/0 --whole-files *.png
+    """
+    if whole_files and (not files or any(str(f) == "-" for f in files)):
+        raise click.UsageError("--whole-files needs FILE arguments (standard input is read as lines)")
+    sources = list(files) or [Path("-")]
+    count = size = 0
+    with contextlib.ExitStack() as stack:
+        client = stack.enter_context(_client(uri, token, tls_ca))
+        report = Progress(stack, "write") if progress and (len(sources) > 1 or whole_files) else None
+        writer = stack.enter_context(client.event_writer(list(segments)))
+        for index, source in enumerate(sources):
+            if report is not None:
+                report(index, len(sources), str(source))
+            if whole_files:
+                events: Iterator[bytes] = iter([source.read_bytes()])
+            elif str(source) == "-":
+                events = _lines(sys.stdin.buffer)
+            else:
+                events = _lines(stack.enter_context(source.open("rb")))
+            for event in events:
+                writer.write_event(event, routing_key=routing_key)
+                count += 1
+                size += len(event)
+        if report is not None:
+            report(len(sources), len(sources), "flushing")
+        writer.flush()
+    where = segments[0] if len(segments) == 1 else f"{len(segments)} segments"
+    click.echo(f"wrote {_count(count, 'event')} ({_count(size, 'byte')}) to {where}; all durable", err=True)
+
+
+# --- millstream read -------------------------------------------------------------------------------
+
+
+@main.command(short_help="Print the events of a segment, from an offset; optionally follow it.")
+@click.option("--segment", "name", required=True, metavar="NAME", help="Segment to read.")
+@click.option("--offset", type=click.IntRange(min=0), default=None,
+              help="Where to start: the offset of an event (see --show-offsets).  [default: the segment's "
+                   "first byte that was not truncated away]")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep reading new events as they arrive, until the segment is sealed or Ctrl-C.")
+@click.option("--max-events", type=click.IntRange(min=1), default=None, help="Stop after this many events.")
+@click.option("--show-offsets", is_flag=True, help="Print each event's offset and a tab before it.")
+@_connection_options
+def read(name: str, offset: int | None, follow: bool, max_events: int | None, show_offsets: bool, uri: str, token: str,
+         tls_ca: Path | None) -> None:
+    """Print the events of a segment, one per line, from --offset on.
+
+    Without --follow it stops at the current end of the segment.  With --follow it waits for new
+    events (long polling: no busy loop) until the segment is sealed and read to its end, or until
+    Ctrl-C; it then prints, on stderr, the offset to resume from.
+
+    \b
+    Examples:
+      millstream read --segment demo/events/0
+      millstream read --segment demo/events/0 --follow --show-offsets
+      millstream read --segment demo/events/0 --offset 120 --max-events 10
+    """
+    from millstream import limits
+
+    out = sys.stdout.buffer
+    printed = 0
+    wait_seconds = limits.TAIL_READ_WAIT_MAX_SECONDS if follow else 0.0
+    with _client(uri, token, tls_ca) as client:
+        if offset is None:
+            offset = client.segments().info(name).start_offset
+        reader = client.segment_reader(name, offset=offset)
+        try:
+            while max_events is None or printed < max_events:
+                if not reader.pending_events:
+                    out.flush()  # the next read may wait: show what we have
+                event = reader.read_event(wait_seconds=wait_seconds)
+                if event is None:
+                    if reader.end_of_segment or not follow:
+                        break
+                    continue
+                if show_offsets:
+                    out.write(b"%d\t" % event.offset)
+                out.write(event.value)
+                out.write(b"\n")
+                printed += 1
+            out.flush()
+        except KeyboardInterrupt:
+            with contextlib.suppress(OSError):
+                out.flush()
+            click.echo(f"\nstopped after {_count(printed, 'event')}; resume with --offset {reader.offset}", err=True)
+            sys.exit(130)
+        except BrokenPipeError:  # whoever read our output went away (e.g. `| head`): that is fine
+            with contextlib.suppress(OSError):
+                os.close(sys.stdout.fileno())
+            return
+        end = " (the segment is sealed: this is its end)" if reader.end_of_segment else ""
+        click.echo(f"read {_count(printed, 'event')}; next offset {reader.offset}{end}", err=True)
