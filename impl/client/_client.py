@@ -163,6 +163,8 @@ def _router_of(target: Sequence[str] | Router) -> Router:
         raise InvalidArgumentError(
             f"event_writer({target!r}): writing to a stream by name arrives with the stream layer; for now "
             "pass a list of segment names (or a Router)")
-    if hasattr(target, "segment_for"):
-        return target  # type: ignore[return-value]
-    return KeySpaceRouter(target)
+    if isinstance(target, Sequence):
+        return KeySpaceRouter(target)
+    if not callable(getattr(target, "segment_for", None)):
+        raise InvalidArgumentError(f"event_writer takes a list of segment names or a Router, not {target!r}")
+    return target

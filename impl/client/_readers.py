@@ -25,7 +25,7 @@ from typing import Final, Generic, NamedTuple, TypeVar
 
 from millstream import limits
 from millstream.client._segments import AsyncSegments, validate_segment_name
-from millstream.client._serializers import BytesSerializer, Serializer
+from millstream.client._serializers import Serializer, is_identity
 from millstream.errors import InvalidArgumentError, ObjectClosedError
 from millstream.segmentstore.read_index import ReadResult
 from millstream.wire.codec import MalformedEventError
@@ -124,7 +124,7 @@ class AsyncSegmentReader(Generic[T]):
             raise InvalidArgumentError(f"offset must be a non-negative int, not {offset!r}")
         self._serializer = serializer
         self._deserialize = serializer.deserialize
-        self._identity = type(serializer) is BytesSerializer
+        self._identity = is_identity(serializer)
         self._buffer = bytearray()  # bytes from _offset on, not yet returned
         self._offset = offset  # where _buffer starts: the next event's offset
         self._at_tail = False  # the last read reached the tail

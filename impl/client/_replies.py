@@ -82,8 +82,8 @@ _Reply = TypeVar("_Reply", bound=Command)
 def expect(reply: Command, kind: type[_Reply]) -> _Reply:
     """``reply`` if it is a ``kind``; the error it reports if it is an error reply; else ``ProtocolError``
     (the server answered a request with a reply that does not belong to it)."""
-    if type(reply) is kind:
-        return reply  # type: ignore[return-value]
+    if isinstance(reply, kind):
+        return reply
     error = error_of_reply(reply)
     if error is not None:
         raise error

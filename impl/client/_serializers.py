@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from millstream.errors import InvalidArgumentError
 
-__all__ = ["BytesSerializer", "JsonSerializer", "Serializer", "StringSerializer"]
+__all__ = ["BytesSerializer", "JsonSerializer", "Serializer", "StringSerializer", "is_identity"]
 
 T = TypeVar("T")
 
@@ -84,3 +84,9 @@ class JsonSerializer:
 
     def __repr__(self) -> str:
         return "JsonSerializer()"
+
+
+def is_identity(serializer: object) -> bool:
+    """Whether ``serializer`` passes bytes through unchanged (writers and readers then skip the per-event
+    call; a subclass may override a method, so only the class itself counts)."""
+    return type(serializer) is BytesSerializer

@@ -49,7 +49,7 @@ import logging
 import struct
 import threading
 from collections import deque
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar, cast
 from uuid import UUID
 
 from millstream import limits
@@ -59,7 +59,7 @@ from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._replies import error_of_reply
 from millstream.client._routing import Router
-from millstream.client._serializers import BytesSerializer, Serializer
+from millstream.client._serializers import Serializer, is_identity
 from millstream.errors import (
     ConnectionLostError,
     InvalidArgumentError,
@@ -620,7 +620,7 @@ class AsyncEventStreamWriter(Generic[T]):
         self._segment_for = router.segment_for
         self._serializer = serializer
         self._serialize = serializer.serialize
-        self._identity = type(serializer) is BytesSerializer
+        self._identity = is_identity(serializer)
         self._token = token
         self._config = config
         self._rng = rng
@@ -649,7 +649,7 @@ class AsyncEventStreamWriter(Generic[T]):
 
     def _add(self, event: T, routing_key: str | None, future: Completion | None) -> int:
         if self._identity and type(event) is bytes:
-            payload: bytes = event
+            payload = cast(bytes, event)
         else:
             payload = self._serialize(event)
             if type(payload) is not bytes:
