@@ -13,6 +13,7 @@ be rendered as Markdown without it.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, Final
 
@@ -59,7 +60,8 @@ def plot_workload(report: HarnessReport, workload_name: str, path: Path) -> Path
     for index, end_to_end in enumerate(panels):
         axes = figure.add_subplot(1, len(panels), index + 1)
         _panel(axes, runs, end_to_end=end_to_end, megabytes=megabytes)
-    figure.suptitle(f"{workload.name}: {workload.description}", fontsize=9)
+    figure.suptitle("\n".join(textwrap.wrap(f"{workload.name}: {workload.description}", 60 * len(panels))),
+                    fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png", metadata={"Software": None})
     return path
@@ -75,7 +77,10 @@ def _panel(axes: Any, runs: list[SystemRun], *, end_to_end: bool, megabytes: boo
                   color=_COLOURS.get(run.system), label=run.title)
     axes.set_yscale("log")
     if not megabytes:
+        from matplotlib.ticker import NullFormatter
+
         axes.set_xscale("log")
+        axes.xaxis.set_minor_formatter(NullFormatter())  # minor labels (3 x 10^3, 4 x 10^3 ...) overlap
     axes.set_xlabel("throughput (MB/s)" if megabytes else "throughput (events/s)")
     axes.set_ylabel(("end-to-end" if end_to_end else "write") + " latency p95 (ms)")
     axes.grid(True, which="both", linewidth=0.3, alpha=0.6)

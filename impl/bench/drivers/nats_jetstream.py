@@ -34,7 +34,10 @@ __all__ = ["NatsJetStreamDriver"]
 
 _VERSION: Final = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
 _VERSION_MIN: Final = (2, 10)
-_STREAM_BYTES_MAX: Final = 8 * 1024**3  # JetStream wants a bound per stream; larger than any step writes
+#: What all of a workload's streams may hold together (split evenly; the oldest messages go first).
+#: JetStream refuses streams whose bounds add up to more than the disk it sees free, so it is a
+#: budget, not "unbounded"; a step writes at most BENCH_STEP_BYTES_MAX, and only the tail is read.
+_STREAMS_BYTES_MAX: Final = 4 * 1024**3
 
 
 class NatsJetStreamDriver(Driver):
@@ -98,7 +101,7 @@ class NatsJetStreamDriver(Driver):
             stream = connection.jetstream(timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
             for partition in range(workload.segments):
                 await stream.add_stream(name=f"BENCH{partition}", subjects=[f"bench.{partition}.*"], storage="file",
-                                        num_replicas=1, max_bytes=_STREAM_BYTES_MAX)
+                                        num_replicas=1, max_bytes=_STREAMS_BYTES_MAX // workload.segments)
         except BaseException:
             await connection.close()
             raise

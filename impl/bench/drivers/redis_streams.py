@@ -3,16 +3,18 @@
 Configuration.  One server on 127.0.0.1 with its data in the step's directory, RDB snapshots off.
 The equal-durability configuration is ``appendonly yes`` + ``appendfsync always``: Redis writes and
 fsyncs the append-only file before it sends the replies of an event-loop iteration, so every
-acknowledged XADD is on disk (one fsync covers a whole pipeline).  The default-durability
+acknowledged XADD is on disk (one fsync covers everything read in that iteration).  The default-durability
 configuration (``appendfsync everysec``, fsync once a second) is labelled as weaker in the report.
 
 Mapping.  Partition ``p`` is stream key ``bench:<p>``; a keyed event is ``XADD bench:<p> * k <key>
 v <payload>`` with ``p = crc32(key) mod partitions``, an unkeyed one has no ``k`` field and goes
 round-robin.  Redis has no client-side batching of its own, so the driver does what a Redis user
-would: events wait in a queue and one flusher sends them as a pipeline (at most one tick's worth,
-``BENCH_TICK_EVENTS_MAX`` events / ``BENCH_TICK_BYTES_MAX`` bytes) as soon as the previous pipeline
-is answered -- batching that grows with the load, no knob.  Every event of a pipeline is acknowledged
-when its reply arrives.  A consumer is ``XREAD BLOCK`` over its streams from their last id at open.
+would: events wait in a queue per connection and that connection's flusher sends them as a
+pipeline (at most one tick's worth, ``BENCH_TICK_EVENTS_MAX`` events / ``BENCH_TICK_BYTES_MAX`` bytes)
+as soon as its previous pipeline is answered -- batching that grows with the load, no knob.
+Partitions are spread over up to ``CLIENT_CONNECTIONS_PER_ENDPOINT_MAX`` connections (see
+``_RedisSession``).  Every event of a pipeline is acknowledged when its reply arrives.  A consumer
+is ``XREAD BLOCK`` over its streams from their last id at open.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from millstream.limits import (
     BENCH_DRIVER_CALL_TIMEOUT_SECONDS,
     BENCH_TICK_BYTES_MAX,
     BENCH_TICK_EVENTS_MAX,
+    CLIENT_CONNECTIONS_PER_ENDPOINT_MAX,
 )
 
 __all__ = ["RedisStreamsDriver"]
@@ -93,63 +96,45 @@ class RedisStreamsDriver(Driver):
         return session
 
 
-class _RedisSession(Session):
-    def __init__(self, connect: Any, workload: Workload, keys: KeySpace, recorder: StepRecorder) -> None:
-        self._connect = connect
-        self._client = connect()
-        self._keys = keys
+class _Pipe:
+    """One connection and its flusher: queued events go out as one pipeline at a time."""
+
+    def __init__(self, client: Any, event_bytes: int, recorder: StepRecorder) -> None:
+        self.client = client
         self._recorder = recorder
-        self._event_bytes = workload.event_bytes
-        self._stream_names = [f"bench:{partition}".encode() for partition in range(workload.segments)]
-        # (sent_at, payload, partitions, keys, next index) per batch not yet fully sent
-        self._queue: collections.deque[list[Any]] = collections.deque()
-        self._queued = asyncio.Event()
-        self._closing = False
-        self._flusher: asyncio.Task[None] | None = None
-        self._consumers: list[_RedisConsumer] = []
-
-    async def start(self) -> None:
-        await asyncio.wait_for(self._client.ping(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
-        self._flusher = asyncio.get_running_loop().create_task(self._flush_forever(), name="redis-flusher")
-
-    async def write(self, batch: Batch) -> None:
-        self._queue.append([batch.sent_at, batch.payload,
-                            self._keys.partitions_of(batch.first_sequence, batch.count),
-                            self._keys.keys(batch.first_sequence, batch.count), 0])
-        self._queued.set()
+        self._events_max = max(1, min(BENCH_TICK_EVENTS_MAX, BENCH_TICK_BYTES_MAX // event_bytes))
+        # [sent_at, payload, [(stream name, key), ...], index of the next one to send] per batch
+        self.queue: collections.deque[list[Any]] = collections.deque()
+        self.queued = asyncio.Event()
+        self.closing = False
 
     def _next_pipeline(self) -> tuple[Any, list[tuple[float, int]]]:
         """Up to one tick's worth of queued events as a pipeline, and (sent_at, count) per batch in it."""
-        pipeline = self._client.pipeline(transaction=False)
-        events_max = max(1, min(BENCH_TICK_EVENTS_MAX, BENCH_TICK_BYTES_MAX // self._event_bytes))
+        pipeline = self.client.pipeline(transaction=False)
         taken: list[tuple[float, int]] = []
         events = 0
-        while self._queue and events < events_max:
-            entry = self._queue[0]
-            sent_at, payload, partitions, keys, start = entry
-            end = min(len(partitions), start + events_max - events)
-            names = self._stream_names
-            for index in range(start, end):
-                key = keys[index]
-                fields = {b"v": payload} if key is None else {b"k": key, b"v": payload}
-                pipeline.xadd(names[partitions[index]], fields)
+        while self.queue and events < self._events_max:
+            entry = self.queue[0]
+            sent_at, payload, items, start = entry
+            end = min(len(items), start + self._events_max - events)
+            for name, key in items[start:end]:
+                pipeline.xadd(name, {b"v": payload} if key is None else {b"k": key, b"v": payload})
             taken.append((sent_at, end - start))
             events += end - start
-            if end == len(partitions):
-                self._queue.popleft()
+            if end == len(items):
+                self.queue.popleft()
             else:
-                entry[4] = end
+                entry[3] = end
         return pipeline, taken
 
-    async def _flush_forever(self) -> None:
-        """One pipeline in flight at a time; runs until the session closes (its loop is bounded by the
-        step: the harness closes the session when the step ends)."""
+    async def flush_forever(self) -> None:
+        """Runs until the session closes (the harness closes it when the step ends)."""
         while True:
-            if not self._queue:
-                if self._closing:
+            if not self.queue:
+                if self.closing:
                     return
-                self._queued.clear()
-                await self._queued.wait()
+                self.queued.clear()
+                await self.queued.wait()
                 continue
             pipeline, taken = self._next_pipeline()
             try:
@@ -159,6 +144,42 @@ class _RedisSession(Session):
                 return
             for sent_at, count in taken:
                 self._recorder.acknowledged(sent_at, count)
+
+
+class _RedisSession(Session):
+    """Partition ``p`` is written on connection ``p mod n``, ``n = min(partitions,
+    CLIENT_CONNECTIONS_PER_ENDPOINT_MAX)`` -- as many connections as millstream's client may open to one
+    server.  Redis reads a client's pipeline 16 KiB at a time and fsyncs once per event-loop turn, so
+    more connections put more events behind each fsync; one would starve it with large events."""
+
+    def __init__(self, connect: Any, workload: Workload, keys: KeySpace, recorder: StepRecorder) -> None:
+        self._connect = connect
+        self._keys = keys
+        self._recorder = recorder
+        self._stream_names = [f"bench:{partition}".encode() for partition in range(workload.segments)]
+        count = min(workload.segments, CLIENT_CONNECTIONS_PER_ENDPOINT_MAX)
+        self._pipes = [_Pipe(connect(), workload.event_bytes, recorder) for _ in range(count)]
+        self._flushers: list[asyncio.Task[None]] = []
+        self._consumers: list[_RedisConsumer] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for index, pipe in enumerate(self._pipes):
+            await asyncio.wait_for(pipe.client.ping(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            self._flushers.append(loop.create_task(pipe.flush_forever(), name=f"redis-flusher-{index}"))
+
+    async def write(self, batch: Batch) -> None:
+        names = self._stream_names
+        pipes = len(self._pipes)
+        per_pipe: list[list[tuple[bytes, str | None]]] = [[] for _ in range(pipes)]
+        keys = self._keys.keys(batch.first_sequence, batch.count)
+        partitions = self._keys.partitions_of(batch.first_sequence, batch.count)
+        for key, partition in zip(keys, partitions, strict=True):
+            per_pipe[partition % pipes].append((names[partition], key))
+        for pipe, items in zip(self._pipes, per_pipe, strict=True):
+            if items:
+                pipe.queue.append([batch.sent_at, batch.payload, items, 0])
+                pipe.queued.set()
 
     async def open_consumer(self, partitions: Sequence[int]) -> Consumer:
         client = self._connect()
@@ -172,15 +193,17 @@ class _RedisSession(Session):
         return consumer
 
     async def close(self) -> None:
-        self._closing = True
-        self._queued.set()
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for pipe in self._pipes:
+            pipe.closing = True
+            pipe.queued.set()
+        for flusher in self._flushers:
+            flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+                await flusher
         for consumer in self._consumers:
             await consumer.close()
-        await self._client.aclose()
+        for pipe in self._pipes:
+            await pipe.client.aclose()
 
 
 class _RedisConsumer(Consumer):
