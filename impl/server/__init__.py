@@ -27,6 +27,15 @@ connections and stops the containers.
 from millstream.server._appends import WriterSession, scan_events
 from millstream.server._config import IngressBudget, ServerConfig
 from millstream.server._connection import Connection
-from millstream.server._server import SegmentStoreServer
+from millstream.server._server import SERVER_LIFECYCLE, SegmentStoreServer, ServerState
 
-__all__ = ["Connection", "IngressBudget", "SegmentStoreServer", "ServerConfig", "WriterSession", "scan_events"]
+__all__ = [
+    "SERVER_LIFECYCLE",
+    "Connection",
+    "IngressBudget",
+    "SegmentStoreServer",
+    "ServerConfig",
+    "ServerState",
+    "WriterSession",
+    "scan_events",
+]

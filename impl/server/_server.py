@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import ssl
 import time
@@ -25,9 +26,26 @@ from millstream.segmentstore.host import ContainerHost
 from millstream.server._config import IngressBudget, ServerConfig
 from millstream.server._connection import Connection
 
-__all__ = ["SegmentStoreServer"]
+__all__ = ["SERVER_LIFECYCLE", "SegmentStoreServer", "ServerState"]
 
 log = logging.getLogger("millstream.server")
+
+
+class ServerState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"  # containers started, listening
+    STOPPING = "stopping"  # not accepting; draining connections, then stopping containers
+    STOPPED = "stopped"
+
+
+#: (state, event) -> next state.  Anything not listed is a bug (InternalError).
+SERVER_LIFECYCLE: dict[tuple[ServerState, str], ServerState] = {
+    (ServerState.NEW, "start"): ServerState.RUNNING,
+    (ServerState.NEW, "stop"): ServerState.STOPPED,
+    (ServerState.RUNNING, "failed_to_start"): ServerState.STOPPED,
+    (ServerState.RUNNING, "stop"): ServerState.STOPPING,
+    (ServerState.STOPPING, "stopped"): ServerState.STOPPED,
+}
 
 
 class SegmentStoreServer:
@@ -73,7 +91,7 @@ class SegmentStoreServer:
         self._connections: set[Connection] = set()
         self._connection_tasks: set[asyncio.Task[None]] = set()
         self._paused: set[Connection] = set()
-        self._state = "new"  # new -> running -> stopping -> stopped (a table would be one line each way)
+        self._state = ServerState.NEW
         self._port = 0
 
     # --- lifecycle -------------------------------------------------------------------------------------
@@ -81,9 +99,9 @@ class SegmentStoreServer:
     async def start(self) -> None:
         """Start every owned container (recovering it from its log), then listen.  A container that
         fails to start stops the ones already started and the error propagates."""
-        if self._state != "new":
-            raise InternalError(f"a server starts once (it is {self._state})")
-        self._state = "running"
+        if self._state is not ServerState.NEW:
+            raise InternalError(f"a server starts once (it is {self._state.value})")
+        self._transition("start")
         try:
             for container_id in sorted(self.config.containers):
                 host = ContainerHost(container_id, self._opener(container_id), chunk_storage=self._chunk_storage,
@@ -98,7 +116,7 @@ class SegmentStoreServer:
                 reuse_address=True)
         except BaseException:
             await self._stop_hosts()
-            self._state = "stopped"
+            self._transition("failed_to_start")
             raise
         self._port = self._listener.sockets[0].getsockname()[1]
         log.info("segment store listening on %s (containers %s of %d)", self.uri,
@@ -111,12 +129,12 @@ class SegmentStoreServer:
         """Graceful shutdown: stop accepting; stop reading; let appends and administration already
         received finish and be answered (at most ``config.shutdown_drain_seconds``); close every
         connection; stop the containers (which drain their own in-flight writes, bounded)."""
-        if self._state in ("stopping", "stopped"):
+        if self._state in (ServerState.STOPPING, ServerState.STOPPED):
             return
-        if self._state == "new":
-            self._state = "stopped"
+        if self._state is ServerState.NEW:
+            self._transition("stop")
             return
-        self._state = "stopping"
+        self._transition("stop")
         if self._listener is not None:
             self._listener.close()
         connections = list(self._connections)
@@ -144,7 +162,7 @@ class SegmentStoreServer:
         if self._listener is not None:
             await self._listener.wait_closed()
         await self._stop_hosts()
-        self._state = "stopped"
+        self._transition("stopped")
         log.info("segment store on port %d stopped", self._port)
 
     async def _stop_hosts(self) -> None:
@@ -154,6 +172,16 @@ class SegmentStoreServer:
                 await host.stop()
             except Exception:
                 log.exception("stopping container %d failed", host.container_id)
+
+    @property
+    def state(self) -> ServerState:
+        return self._state
+
+    def _transition(self, event: str) -> None:
+        following = SERVER_LIFECYCLE.get((self._state, event))
+        if following is None:
+            raise InternalError(f"server: no transition from {self._state.value} on {event!r}")
+        self._state = following
 
     async def __aenter__(self) -> SegmentStoreServer:
         await self.start()
@@ -200,7 +228,7 @@ class SegmentStoreServer:
         container_id = container_of(segment, self.config.container_count)
         host = self._hosts.get(container_id)
         if host is None:
-            if self._state not in {"running", "stopping"}:
+            if self._state not in (ServerState.RUNNING, ServerState.STOPPING):
                 raise ObjectClosedError("the server is not running")
             raise WrongHostError(f"segment {segment!r} lives in container {container_id}, not hosted here")
         return host.container
@@ -212,9 +240,9 @@ class SegmentStoreServer:
         return frozenset(self._connections)
 
     def adopt(self, connection: Connection) -> None:
-        if self._state != "running" or len(self._connections) >= self.config.connections_max:
+        if self._state is not ServerState.RUNNING or len(self._connections) >= self.config.connections_max:
             log.warning("refusing connection %s: %s", connection.peer,
-                        "the server is shutting down" if self._state != "running"
+                        "the server is shutting down" if self._state is not ServerState.RUNNING
                         else f"{self.config.connections_max} connections are open")
             connection.close("refused")
             return

@@ -12,6 +12,7 @@ import threading
 import uuid
 from pathlib import Path
 
+import pytest
 from millstream.errors import ContainerUnavailableError
 from millstream.naming import container_of
 from millstream.segmentstore.file_log import FileLog
@@ -280,4 +281,27 @@ def test_shutdown_does_not_wait_for_connections_that_went_away(tmp_path: Path) -
         await stopping
         assert asyncio.get_running_loop().time() - started < 2.0, "it did not wait for the drain timeout"
         await chunk_storage.close()
+    run(scenario)
+
+
+def test_the_server_lifecycle_follows_its_table(tmp_path: Path) -> None:
+    from millstream.errors import InternalError
+    from millstream.server import SERVER_LIFECYCLE, ServerState
+
+    assert {state for state, _ in SERVER_LIFECYCLE} | set(SERVER_LIFECYCLE.values()) == set(ServerState)
+
+    async def scenario() -> None:
+        tiers = Tiers("simulated", tmp_path)
+        server = SegmentStoreServer(tiers.open_log)
+        assert server.state is ServerState.NEW and server.port == 0
+        await server.start()
+        assert server.state is ServerState.RUNNING and server.port > 0
+        with pytest.raises(InternalError):
+            await server.start()
+        await server.stop()
+        assert server.state is ServerState.STOPPED
+        await server.stop()  # idempotent
+        never_started = SegmentStoreServer(tiers.open_log)
+        await never_started.stop()
+        assert never_started.state is ServerState.STOPPED
     run(scenario)
