@@ -94,6 +94,11 @@ def _check_layout(data_dir: Path, container_count: int) -> None:
         with open(temporary, "rb") as file:
             os.fsync(file.fileno())
         os.replace(temporary, path)
+        directory = os.open(data_dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself is durable before anything is written under it
+        finally:
+            os.close(directory)
         return
     except (OSError, ValueError) as error:
         raise StorageError(f"{path} is unreadable: {error}") from error

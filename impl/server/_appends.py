@@ -9,8 +9,8 @@ the previous block's number even while that block is still in flight: the contai
 operation against the uncommitted effects of those queued before it, so a pipeline of blocks chains
 correctly as long as the blocks reach the container in order.
 
-They normally do (the connection submits them in arrival order, and a container takes an append in
-the loop turn it is called), but not always: an append that meets ingestion throttling (Tier 2
+They normally do (the connection starts their append tasks in arrival order, and each task queues
+its append in its first step), but not always: an append that meets ingestion throttling (Tier 2
 lagging) waits *before* it is queued, and a later block may overtake it.  The overtaking block's
 comparison then fails.  So a block whose comparison (or conditional offset) fails while an earlier
 block of the same writer was still unfinished when it was submitted is not answered: it waits for

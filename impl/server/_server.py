@@ -56,6 +56,7 @@ class SegmentStoreServer:
     ``ssl_context`` (a server-side ``ssl.SSLContext``) turns on TLS; ``auth_secret`` turns on token
     authentication (``millstream.auth``); ``clock`` drives keep-alives and timeouts, ``wall_clock``
     (seconds since the Unix epoch) token expiry.  ``container_options`` go to every
+    ``ContainerHost`` (e.g. ``restart_delay_seconds``), which passes the ones it does not know to its
     ``SegmentContainer`` (e.g. ``frame_length_max``).  The server does not close ``chunk_storage``:
     its creator does, after ``stop``.
 

@@ -17,7 +17,7 @@ from millstream.errors import ContainerUnavailableError
 from millstream.naming import container_of
 from millstream.segmentstore.file_log import FileLog
 from millstream.server import SegmentStoreServer, ServerConfig
-from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedFaults
+from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedFaults, SimulatedLogStorage
 from millstream.wire import (
     AppendSetup,
     CreateSegment,
@@ -201,8 +201,7 @@ def test_a_container_restart_under_a_connected_writer_loses_and_duplicates_nothi
         if cid != container_id:
             return original(cid)  # type: ignore[no-any-return]
         opened["count"] += 1
-        storage = tiers.log_storages.setdefault(cid, __import__("millstream.testing.simulated_log",
-                                                                fromlist=["x"]).SimulatedLogStorage())
+        storage = tiers.log_storages.setdefault(cid, SimulatedLogStorage())
         # The first owner's 12th write fails with its outcome unknown; its successors are healthy.
         faults = SimulatedFaults(script={12: "unknown_outcome"}) if opened["count"] == 1 else None
         return SimulatedDurableDataLog(storage, faults=faults)
@@ -210,8 +209,7 @@ def test_a_container_restart_under_a_connected_writer_loses_and_duplicates_nothi
     tiers.open_log = open_log  # type: ignore[method-assign]
 
     async def scenario() -> None:
-        async with serving(tiers, container_options={}) as server:
-            server.container_host(container_id)._restart_delay_seconds = 0.01
+        async with serving(tiers, container_options={"restart_delay_seconds": 0.01}) as server:
             writer = uuid.uuid4()
             client = await RawClient.connect(server.port)
             await client.request(CreateSegment(1, segment, ""))
