@@ -3,6 +3,8 @@ reading."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 from millstream import limits
 from millstream.errors import InvalidArgumentError
@@ -10,7 +12,7 @@ from millstream.errors import InvalidArgumentError
 __all__ = ["IngressBudget", "ServerConfig"]
 
 
-def _positive(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise InvalidArgumentError(f"{attribute.name} must be a positive number, not {value!r}")
 
