@@ -24,7 +24,9 @@ events (or ``BENCH_IN_FLIGHT_BYTES_MAX`` bytes) are sent and not acknowledged, t
 for acknowledgements (bounded: no acknowledgement for ``BENCH_DRAIN_TIMEOUT_SECONDS`` fails the step).
 
 Bounds: the loop stops at the window's end, after ``bytes_max`` bytes, or after ``ticks_max`` ticks,
-whichever comes first; then ``drain`` waits (bounded) for the acknowledgements and the consumers.
+whichever comes first, and a driver's ``write`` that has not returned ``write_timeout_seconds`` after
+the window fails the step; then ``drain`` waits (bounded) for the acknowledgements and the consumers.
+The window opens and closes on time (timer callbacks), so the CPU read at its ends covers it exactly.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ class StepRecorder:
         self._progress = asyncio.Event()
         self._window_hooks: list[Callable[[str], None]] = []
         self.window_opened = False
+        self.window_closed = False
 
     # -- the window ----------------------------------------------------------------------------------
 
@@ -149,7 +152,10 @@ class StepRecorder:
 
     def end_window(self, at: float) -> None:
         """The window closes at ``at`` (earlier than planned if the step ran out of bytes: nothing was
-        sent after ``at``)."""
+        sent after ``at``).  Only the first call counts."""
+        if self.window_closed:
+            return
+        self.window_closed = True
         self.window_end = min(self.window_end, at)
         for hook in self._window_hooks:
             hook("end")
@@ -268,7 +274,8 @@ class OfferPlan:
 
 
 async def offer(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
-                sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> int:
+                sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                write_timeout_seconds: float = BENCH_DRAIN_TIMEOUT_SECONDS) -> int:
     """Run the pacing loop of one step (see the module docstring); the number of events sent."""
     clock = recorder.clock
     started = clock()
@@ -277,8 +284,11 @@ async def offer(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
     ticks_max = math.ceil((plan.warmup_seconds + plan.duration_seconds) * _TICKS_PER_SECOND_MAX) + 1
     tick_events_max = min(plan.tick_events_max, recorder.in_flight_max)
     recorder.plan_window(window_start, window_end)
-    # The CPU meters start when the window opens, even if the loop is waiting for room just then.
-    opening = asyncio.get_running_loop().call_later(plan.warmup_seconds, recorder.begin_window)
+    # The window opens and closes on time (the CPU meters read then), even while the loop waits for
+    # room or for a driver's write.
+    loop = asyncio.get_running_loop()
+    opening = loop.call_later(plan.warmup_seconds, recorder.begin_window)
+    closing = loop.call_later(plan.warmup_seconds + plan.duration_seconds, lambda: recorder.end_window(clock()))
     try:
         sent = 0
         sent_bytes = 0
@@ -302,13 +312,18 @@ async def offer(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
             if now >= window_end:
                 break
             recorder.sent(now, count)  # before the write: a driver may report acknowledgements inside it
-            await producer.write(Batch(sent_at=now, payload=make_payload(now, plan.event_bytes), count=count,
-                                       first_sequence=sent))
+            batch = Batch(sent_at=now, payload=make_payload(now, plan.event_bytes), count=count, first_sequence=sent)
+            try:
+                await asyncio.wait_for(producer.write(batch), max(0.0, window_end - now) + write_timeout_seconds)
+            except TimeoutError:
+                raise StepStalledError(f"a write of {count:,} events did not return for "
+                                       f"{write_timeout_seconds:g} s after the window") from None
             sent += count
             sent_bytes += count * plan.event_bytes
             await sleep(0)  # let acknowledgements and consumers run between ticks
     finally:
         opening.cancel()
+        closing.cancel()
     if not recorder.window_opened:  # the step ended before its warm-up did
         recorder.begin_window()
     recorder.end_window(clock())

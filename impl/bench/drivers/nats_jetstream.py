@@ -9,7 +9,7 @@ default (a sync every two minutes) and is labelled as such in the report.
 Mapping.  Segment/partition ``p`` of a workload is stream ``BENCH<p>`` holding subjects
 ``bench.<p>.*``; a keyed event goes to subject ``bench.<p>.<key>`` with ``p = crc32(key) mod
 partitions`` (see ``_keys``), an unkeyed one to ``bench.<p>._`` round-robin.  The writer publishes
-with ``publish_async`` (up to nats-py's default 4,000 acknowledgements pending) and records each
+with ``publish_async`` (up to the harness's in-flight bound of acknowledgements pending) and records each
 event when its PubAck future completes.  A consumer is an ordered push consumer per stream that
 delivers only messages published after it was created.
 """
@@ -98,7 +98,10 @@ class NatsJetStreamDriver(Driver):
         connection = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS,
                                         max_reconnect_attempts=0, allow_reconnect=False)
         try:
-            stream = connection.jetstream(timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            # The harness's in-flight bound, not nats-py's default 4,000, is what holds the writer back:
+            # the same bound for every system, and one the pacing loop can leave on time.
+            stream = connection.jetstream(timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS,
+                                          publish_async_max_pending=recorder.in_flight_max)
             for partition in range(workload.segments):
                 await stream.add_stream(name=f"BENCH{partition}", subjects=[f"bench.{partition}.*"], storage="file",
                                         num_replicas=1, max_bytes=_STREAMS_BYTES_MAX // workload.segments)
