@@ -232,6 +232,12 @@ SERVER_APPEND_OVERHEAD_BYTES: Final = 2 * KIB
 #: tail read per segment it follows; 1,024 covers a reader following every segment of a big stream.
 SERVER_CONNECTION_REQUESTS_MAX: Final = 1024
 
+#: What the reads in flight on one connection may return together (each counts its requested length,
+#: at most ``READ_LENGTH_MAX_BYTES``).  Beyond it the connection stops reading until a read returns,
+#: so a peer cannot make one connection hold 1,024 x 2 MiB of replies at once.  256 MiB lets a
+#: reader follow 256 segments with 1 MiB tail reads (or 1,024 with 256 KiB ones) on one connection.
+SERVER_CONNECTION_READ_BYTES_MAX: Final = 256 * MIB
+
 #: Connections one server holds open; beyond it new ones are closed at once (and logged).  Each costs
 #: a receive buffer and a few tasks; 4,096 is far more clients than a 2-core node serves well.
 SERVER_CONNECTIONS_MAX: Final = 4096

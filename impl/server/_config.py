@@ -46,6 +46,7 @@ class ServerConfig:
         default=limits.SERVER_CONNECTION_IN_FLIGHT_BYTES_MIN, validator=_positive)
     append_overhead_bytes: int = attrs.field(default=limits.SERVER_APPEND_OVERHEAD_BYTES)
     connection_requests_max: int = attrs.field(default=limits.SERVER_CONNECTION_REQUESTS_MAX, validator=_positive)
+    connection_read_bytes_max: int = attrs.field(default=limits.SERVER_CONNECTION_READ_BYTES_MAX, validator=_positive)
     connections_max: int = attrs.field(default=limits.SERVER_CONNECTIONS_MAX, validator=_positive)
     send_buffer_bytes_max: int = attrs.field(default=limits.SERVER_SEND_BUFFER_BYTES_MAX, validator=_positive)
     keepalive_interval_seconds: float = attrs.field(default=limits.KEEPALIVE_INTERVAL_SECONDS, validator=_positive)

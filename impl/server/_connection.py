@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -152,9 +153,12 @@ class Connection(asyncio.BufferedProtocol):
         self._parts_bytes: dict[UUID, int] = {}
         self._in_flight_bytes = 0  # charged to the server's budget
         self._requests = 0  # non-append requests in flight
+        self._read_bytes = 0  # what the reads in flight may return at most, together
         self._tasks: set[asyncio.Task[Any]] = set()
         self._read_tasks: set[asyncio.Task[Any]] = set()
         self._task_group: asyncio.TaskGroup | None = None
+        self._backlog: deque[Command] = deque()  # decoded, not yet dispatched (while paused)
+        self._dispatching = False
         self._reading_paused = False
         self._writing_paused = False
         self._draining = False
@@ -236,11 +240,24 @@ class Connection(asyncio.BufferedProtocol):
         except WireProtocolError as error:
             self._abort(f"malformed input ({type(error).__name__}: {error})")
             return
+        if commands:
+            self._backlog.extend(commands)
+            self._run_backlog()
+
+    def _run_backlog(self) -> None:
+        """Dispatch decoded commands in order until something says pause: then the rest wait (at most
+        what one read decoded) until it says resume, so every limit holds per command, not per read."""
+        if self._dispatching:
+            return  # (a release inside a dispatch re-checks this connection: the outer loop goes on)
+        self._dispatching = True
+        backlog = self._backlog
         try:
-            for command in commands:
-                self._dispatch(command)
+            while backlog and not self._closing and not self._must_pause():
+                self._dispatch(backlog.popleft())
         except _Closed:
-            return
+            backlog.clear()
+        finally:
+            self._dispatching = False
 
     def eof_received(self) -> bool:
         pending = self._decoder.pending_bytes or self._large_frame_filled * (self._large_frame is not None)
@@ -380,12 +397,15 @@ class Connection(asyncio.BufferedProtocol):
     def _must_pause(self) -> bool:
         return (self._task_group is None or self._writing_paused or self._draining
                 or self._requests >= self._config.connection_requests_max
+                or self._read_bytes >= self._config.connection_read_bytes_max
                 or self._server.budget.must_pause(self._in_flight_bytes))
 
     def _update_reading(self) -> None:
         if self._closing:
             return
-        pause = self._must_pause()
+        if self._backlog:
+            self._run_backlog()
+        pause = bool(self._backlog) or self._must_pause()
         if pause != self._reading_paused:
             self._set_reading(not pause)
         if pause and not self._writing_paused and self._task_group is not None:
@@ -644,15 +664,17 @@ class Connection(asyncio.BufferedProtocol):
 
     # --- reads and administration ----------------------------------------------------------------------
 
-    def _request(self, coroutine: Coroutine[Any, Any, None], *, read: bool = False) -> None:
+    def _request(self, coroutine: Coroutine[Any, Any, None], *, read_bytes: int = 0) -> None:
         self._requests += 1
-        self._spawn(self._counted(coroutine), read=read)
+        self._read_bytes += read_bytes
+        self._spawn(self._counted(coroutine, read_bytes), read=read_bytes > 0)
 
-    async def _counted(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    async def _counted(self, coroutine: Coroutine[Any, Any, None], read_bytes: int) -> None:
         try:
             await coroutine
         finally:
             self._requests -= 1
+            self._read_bytes -= read_bytes
             if not self._closing:
                 self._update_reading()
                 self._check_quiet()
@@ -662,7 +684,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         container = self._container(command.request_id, command.segment)
         if container is not None:
-            self._request(self._read(container, command), read=True)
+            reserved = max(1, min(command.suggested_length, limits.READ_LENGTH_MAX_BYTES))
+            self._request(self._read(container, command), read_bytes=reserved)
 
     async def _read(self, container: SegmentContainer, command: ReadSegment) -> None:
         length = min(command.suggested_length, limits.READ_LENGTH_MAX_BYTES)
@@ -818,7 +841,7 @@ class Connection(asyncio.BufferedProtocol):
         charged = sum(b.charge for s in self._writers.values() for b in s.pending) + sum(self._parts_bytes.values())
         if not self._closing:
             assert charged == self._in_flight_bytes, (charged, self._in_flight_bytes)
-        assert self._requests >= 0
+        assert self._requests >= 0 and self._read_bytes >= 0
         for session in self._writers.values():
             session.check_invariants()
         self._decoder.check_invariants()

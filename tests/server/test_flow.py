@@ -86,10 +86,10 @@ def test_reading_pauses_while_in_flight_bytes_exceed_the_limit_and_resumes(tmp_p
             (connection,) = server.connections
             await until(lambda: connection.reading_paused, "the connection stopped reading")
             await asyncio.sleep(0.2)
-            # Bounded: the limit (it pauses once charged >= 2 x 64 KiB - charged) plus what one read
-            # of the receive buffer (256 KiB) decoded before pausing, plus a block of its own buffer.
+            # Bounded per block, not per read: it pauses once charged >= 2 x 64 KiB - charged, so at
+            # most one block (64 KiB of data + 2 KiB of overhead) beyond 64 KiB is charged.
             charged = server.in_flight_bytes
-            assert 64 * 1024 <= charged <= 64 * 1024 + 256 * 1024 + 2 * (64 * 1024 + 2048), charged
+            assert 64 * 1024 <= charged <= 64 * 1024 + 64 * 1024 + 2048 + 64, charged
             assert not sender.done(), "the sender should be blocked by TCP flow control"
             server.check_invariants()
             gate.gate.set()
@@ -302,4 +302,23 @@ def test_the_server_lifecycle_follows_its_table(tmp_path: Path) -> None:
         never_started = SegmentStoreServer(tiers.open_log)
         await never_started.stop()
         assert never_started.state is ServerState.STOPPED
+    run(scenario)
+
+
+@pytest.mark.parametrize("limit", [{"connection_requests_max": 3}, {"connection_read_bytes_max": 1200}])
+def test_reads_in_flight_are_bounded_per_connection(tmp_path: Path, limit: dict[str, int]) -> None:
+    async def scenario() -> None:
+        async with serving(Tiers("simulated", tmp_path), config=ServerConfig(**limit)) as server:
+            client = await RawClient.connect(server.port)
+            await client.request(CreateSegment(1, "sc/quiet", ""))
+            # Eight tail reads of 400 bytes that each wait 300 ms on an empty segment.
+            await client.send(*(ReadSegment(10 + n, "sc/quiet", 0, 400, "", 300) for n in range(8)))
+            (connection,) = server.connections
+            await until(lambda: connection.reading_paused, "the connection stopped reading")
+            assert connection._requests == 3, "three reads in flight, the rest still unread"
+            replies = await client.receive_many(8, seconds=5.0)
+            assert sorted(r.request_id for r in replies) == list(range(10, 18))  # type: ignore[attr-defined]
+            assert all(isinstance(r, SegmentRead) and r.data == b"" for r in replies)
+            await until(lambda: not connection.reading_paused, "it reads again")
+            await client.close()
     run(scenario)
