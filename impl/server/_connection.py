@@ -13,10 +13,16 @@ Replies are encoded into one outgoing buffer and written once per event-loop tur
 burst of acknowledgements becomes one ``send``.
 
 Backpressure.  Append bytes received and not yet answered are charged to the connection and to the
-server's ``IngressBudget``; while the budget says so -- or while too many other requests are in
-flight, or the peer does not read its replies (the transport paused our writing) -- the connection
-stops reading from its socket, which in turn fills the peer's TCP window.  Whatever makes it pause
-re-checks when it changes (an answer, a release elsewhere on the server, the transport resuming).
+server's ``IngressBudget``; while the budget says so -- or while too many other requests (or reads of
+too many bytes) are in flight, or the peer does not read its replies (the transport paused our
+writing) -- the connection stops reading from its socket, which in turn fills the peer's TCP window.
+Commands already decoded from the last read wait in a backlog meanwhile, so every limit holds per
+command rather than per read.  Whatever makes it pause re-checks when it changes (an answer, a
+release elsewhere on the server, the transport resuming).
+
+A frame too large for the receive buffer is received into a buffer of exactly its size and decoded
+whole, so the decoder does not gather (and copy) it piece by piece; a block's bytes are then copied
+once out of the frame by the codec and once into a DataFrame by the container.
 
 Bad input never takes the server down and never disturbs other connections: a frame the decoder
 rejects, a block whose events are malformed or do not match its accounting, an event number that
