@@ -113,13 +113,17 @@ class StepResult:
     achieved_events_per_second: float | None
     achieved_megabytes_per_second: float | None
     sent: int  # events sent inside the window
-    acknowledged: int
-    delivered: int
+    acknowledged: int  # acknowledgements that arrived inside the window
+    delivered: int  # events the tail readers read inside the window
     write_latency: Latency
     end_to_end_latency: Latency | None  # None: the workload has no consumers
     cpu: CpuWindow | None
     quiet: QuietWait
     error: str | None = None
+    #: The whole step, warm-up and drain included: after a clean drain all three are equal.
+    sent_total: int = 0
+    acknowledged_total: int = 0
+    delivered_total: int = 0
 
     @property
     def fell_behind(self) -> bool:
@@ -347,7 +351,8 @@ def _run_step(config: HarnessConfig, driver: Driver, server: ServerProcess, work
         sent=recorder.sent_measured, acknowledged=recorder.acknowledged_measured,
         delivered=recorder.delivered_measured, write_latency=recorder.write_latency.summary(),
         end_to_end_latency=recorder.end_to_end_latency.summary() if workload.consumers else None,
-        cpu=cpu.window(), quiet=quiet, error=error)
+        cpu=cpu.window(), quiet=quiet, error=error, sent_total=recorder.sent_total,
+        acknowledged_total=recorder.acknowledged_total, delivered_total=recorder.delivered_total)
 
 
 class _StepFailed(Exception):

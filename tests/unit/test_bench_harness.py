@@ -21,7 +21,16 @@ from hypothesis import strategies as st
 from millstream.bench import SUITE_NAMES
 from millstream.bench._histogram import LatencyHistogram
 from millstream.bench._keys import RING_LENGTH, KeySpace, splitmix64
-from millstream.bench._load import Batch, OfferPlan, StepRecorder, StepStalledError, make_payload, offer, send_time_of
+from millstream.bench._load import (
+    Batch,
+    BatchAcknowledgements,
+    OfferPlan,
+    StepRecorder,
+    StepStalledError,
+    make_payload,
+    offer,
+    send_time_of,
+)
 from millstream.bench._processes import ServerFailedError, ServerProcess, free_port, process_cpu_seconds
 from millstream.bench._stats import percentile
 from millstream.bench.benchmarks_md import render_markdown
@@ -456,6 +465,7 @@ def test_the_sweep_runs_every_available_system_at_every_rate(sweep: Any) -> None
         assert half.offered_events_per_second == pytest.approx(maximum.achieved_events_per_second / 2)
         for step in run.steps:
             assert step.acknowledged == step.write_latency.count > 0  # at "max" the slow fake may send none in it
+            assert step.sent_total == step.acknowledged_total >= step.acknowledged
             assert step.end_to_end_latency is None and step.cpu is not None and step.cpu.server_cpu_seconds == 0.0
             assert step.achieved_megabytes_per_second == pytest.approx(step.achieved_events_per_second * 100 / 1e6)
     # The fake ceilings show: millstream's max is above the fake NATS's.
@@ -657,3 +667,41 @@ def test_cli_refuses_bad_workloads_and_systems(tmp_path: Path) -> None:
     help_text = CliRunner().invoke(main, ["bench", "--help"]).output
     assert "--workload" in help_text and "quick" in help_text and "--markdown" in help_text
 
+
+
+def test_per_event_futures_of_one_turn_are_recorded_together() -> None:
+    async def run() -> tuple[StepRecorder, list[tuple[float, int]]]:
+        recorder = StepRecorder(event_bytes=100, clock=lambda: 10.5)
+        recorder.plan_window(10.0, 11.0)
+        recorder.sent(10.25, 5)
+        calls: list[tuple[float, int]] = []
+        original = recorder.acknowledged
+
+        def spy(sent_at: float, count: int = 1) -> None:
+            calls.append((sent_at, count))
+            original(sent_at, count)
+
+        recorder.acknowledged = spy  # type: ignore[method-assign]
+        acks = BatchAcknowledgements(recorder, 10.25, "a test write")
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(5)]
+        for future in futures:
+            future.add_done_callback(acks)
+        for future in futures[:3]:
+            future.set_result(None)  # one turn: three completions
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        for future in futures[3:]:
+            future.set_result(None)  # a later turn: two more
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        failing = loop.create_future()
+        failing.add_done_callback(acks)
+        failing.set_exception(ConnectionError("reset"))
+        await asyncio.sleep(0)
+        return recorder, calls
+
+    recorder, calls = asyncio.run(run())
+    assert calls == [(10.25, 3), (10.25, 2)]
+    assert recorder.write_latency.count == 5 and recorder.write_latency.percentile(1.0) == pytest.approx(0.25)
+    assert recorder.errors == ["a test write failed: ConnectionError('reset')"]

@@ -48,11 +48,15 @@ def test_a_tiny_workload_runs_end_to_end_against_a_real_server(system: str, tmp_
     assert [step.rate_label for step in run.steps] == ["max", "500/s"]
     for step in run.steps:
         assert step.error is None, step.error
-        assert step.acknowledged == step.write_latency.count > 0
-        assert step.delivered == step.end_to_end_latency.count > 0  # type: ignore[union-attr]
-        assert step.write_latency.p50_ms is not None and step.write_latency.p50_ms > 0
+        # Every event sent was acknowledged and read back by the tail reader (the drain saw to it) ...
+        assert step.sent_total == step.acknowledged_total == step.delivered_total > 0
+        # ... and what the window counted is consistent.  (How much fell inside the window is a matter
+        # of speed: a peer that acknowledges in bursts on a loaded machine may put none in it.)
+        assert step.acknowledged == step.write_latency.count <= step.acknowledged_total
+        assert step.delivered == step.end_to_end_latency.count <= step.delivered_total  # type: ignore[union-attr]
         assert step.cpu is not None and step.cpu.server_cpu_seconds is not None
         assert step.achieved_megabytes_per_second == pytest.approx(step.achieved_events_per_second * 200 / 1e6)
+    assert sum(step.acknowledged for step in run.steps) > 0, "nothing came back inside any window"
     # The paced step offered 500 events/s for 0.6 s: it cannot have acknowledged more than it sent.
     paced = run.steps[1]
     assert paced.acknowledged <= 500 * 0.8 + 1

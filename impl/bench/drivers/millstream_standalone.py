@@ -24,12 +24,11 @@ import contextlib
 import signal
 import sys
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from millstream.bench._keys import KeySpace
-from millstream.bench._load import Batch, StepRecorder, send_time_of
+from millstream.bench._load import Batch, BatchAcknowledgements, StepRecorder, send_time_of
 from millstream.bench._processes import ServerProcess
 from millstream.bench.drivers._base import Availability, Consumer, Driver, Session
 from millstream.bench.workload import Workload
@@ -113,7 +112,7 @@ class _MillstreamSession(Session):
 
     async def write(self, batch: Batch) -> None:
         write_event_future = self._writer.write_event_future
-        acknowledged = partial(_on_ack, self._recorder, batch.sent_at)
+        acknowledged = BatchAcknowledgements(self._recorder, batch.sent_at, "a millstream write")
         payload = batch.payload
         for key in self._keys.keys(batch.first_sequence, batch.count):
             future = await write_event_future(payload, routing_key=key)
@@ -136,15 +135,6 @@ class _MillstreamSession(Session):
             await asyncio.wait_for(self._writer.close(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)  # flushes first
         finally:
             await asyncio.wait_for(self._client.close(), BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
-
-
-def _on_ack(recorder: StepRecorder, sent_at: float, future: asyncio.Future[Any]) -> None:
-    if future.cancelled():
-        recorder.failed("a millstream write was cancelled")
-    elif future.exception() is not None:
-        recorder.failed(f"millstream write failed: {future.exception()!r}")
-    else:
-        recorder.acknowledged(sent_at)
 
 
 class _MillstreamConsumer(Consumer):
