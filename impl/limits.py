@@ -322,9 +322,7 @@ CLIENT_ROUTING_KEY_CACHE_SIZE_MAX: Final = 65_536
 #: A reader asks for this much per ``ReadSegment`` (the server caps it at ``READ_LENGTH_MAX_BYTES``).
 CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
 
-#: A blocking call waits this long beyond its own timeouts for the client's event-loop thread to
-#: answer before it raises ``RequestTimeoutError`` (the loop thread is stuck: a bug, not a slow server).
-CLIENT_BLOCKING_CALL_GRACE_SECONDS: Final = 30.0
-
-#: How long closing a client waits for its writers' flushes and its event-loop thread to finish.
+#: How long a blocking client waits for its event-loop thread to start, and for it to end once the
+#: client is closed.  (A blocking call itself is bounded by the request, acknowledgement and reconnect
+#: limits above; a thread that misses this is stuck -- a bug -- and is left behind as a daemon.)
 CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0

@@ -86,6 +86,9 @@ Completion = asyncio.Future[None] | concurrent.futures.Future[None]
 
 _EVENT_HEADER: Final = struct.Struct(">ii").pack
 _HEADER_LENGTH: Final = 8
+#: Event headers for payloads under this many bytes, made once (indexing a list beats packing a struct).
+_SMALL_EVENT_LENGTH: Final = 4096
+_SMALL_EVENT_HEADERS: Final = [_EVENT_HEADER(0, length) for length in range(_SMALL_EVENT_LENGTH)]
 _EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_MAX_BYTES
 
 #: ``SegmentWriter.append`` results (bit flags).
@@ -188,6 +191,7 @@ class SegmentWriter:
         self._tracker = BlockSizeTracker(now=self._clock.monotonic(), block_bytes_max=config.writer_block_bytes_max,
                                          window_max_seconds=limits.CLIENT_WRITER_BATCH_WINDOW_MAX_SECONDS)
         self._target_bytes = self._tracker.target()
+        self._close_at = 0  # close the open block at this many bytes: 0 while nothing is in flight, else the target
         self._outbox: deque[_Block] = deque()  # closed blocks on their way to _inflight (a FIFO)
         self._drain_scheduled = False
         self._closing = False
@@ -273,7 +277,7 @@ class SegmentWriter:
             if self._closing:
                 raise ObjectClosedError("the writer is closed")
             parts = self._parts
-            parts.append(_EVENT_HEADER(0, length))
+            parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
             parts.append(payload)
             length += _HEADER_LENGTH
             self._open_bytes += length
@@ -285,7 +289,7 @@ class SegmentWriter:
                 else:
                     self._open_futures.append(future)
             arm = -1
-            if self._blocks_unacked == 0 or self._open_bytes >= self._target_bytes:
+            if self._open_bytes >= self._close_at:
                 self._close_block_locked()
                 shipped = SHIPPED
             else:
@@ -310,7 +314,7 @@ class SegmentWriter:
         self._open_futures = None
         self._blocks_unacked += 1
         self._tracker.block_closed(self._clock.monotonic(), len(block.data))
-        self._target_bytes = self._tracker.target()
+        self._target_bytes = self._close_at = self._tracker.target()
         self._outbox.append(block)
 
     def _arm_batch_timer(self, generation: int) -> None:
@@ -504,8 +508,8 @@ class SegmentWriter:
             if sent_on_this_session:
                 self._tracker.acknowledged(self._clock.monotonic(), last.sent_at)
                 self._target_bytes = self._tracker.target()
-            shipped = self._open_count and self._failed is None and (
-                self._blocks_unacked == 0 or self._open_bytes >= self._target_bytes)
+            self._close_at = 0 if self._blocks_unacked == 0 else self._target_bytes
+            shipped = self._open_count and self._failed is None and self._open_bytes >= self._close_at
             if shipped:
                 self._close_block_locked()
             wake = shared.unacked_bytes <= shared.unacked_bytes_max // 2
@@ -600,6 +604,8 @@ class SegmentWriter:
             if self._failed is None and not self._closing:
                 assert len(blocks) == self._blocks_unacked, (len(blocks), self._blocks_unacked)
             assert 0 <= self._sent <= len(self._inflight)
+            assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
+                self._close_at, self._blocks_unacked, self._target_bytes)
             assert len(self._parts) == 2 * self._open_count
             assert self._open_bytes == sum(len(part) for part in self._parts)
 
@@ -685,7 +691,18 @@ class AsyncEventStreamWriter(Generic[T]):
         Waits only while too much is unacknowledged.  Raises the writer's error if it has failed,
         ``InvalidArgumentError`` for an event the serializer refuses, ``PayloadTooLargeError`` for one
         over ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing is written then)."""
-        flags = self._add(event, routing_key, None)
+        # ``_add``, inlined: this is the per-event path of the asyncio flavour.
+        if self._identity and type(event) is bytes:
+            payload = cast(bytes, event)
+        else:
+            payload = self._serialize(event)
+            if type(payload) is not bytes:
+                raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
+        segment = self._segment_for(routing_key)
+        writer = self._writers.get(segment)
+        if writer is None:
+            writer = self._open_segment(segment)
+        flags = writer.append(payload, None)
         if flags:
             if flags & OVER_BUDGET:
                 await self._shared.wait_for_capacity()
