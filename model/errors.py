@@ -30,16 +30,27 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "InvalidEventNumberError",
+    "InvalidScaleError",
+    "InvalidStreamCutError",
     "MillstreamError",
     "ObjectClosedError",
     "OperationUnsupportedError",
     "PayloadTooLargeError",
     "ProtocolError",
+    "ReaderGroupExistsError",
+    "ReaderGroupNotFoundError",
     "RequestTimeoutError",
     "RetryableError",
+    "ScopeExistsError",
+    "ScopeNotEmptyError",
+    "ScopeNotFoundError",
     "StorageError",
     "StorageFullError",
     "StorageUnavailableError",
+    "StreamExistsError",
+    "StreamNotFoundError",
+    "StreamNotSealedError",
+    "StreamSealedError",
     "StreamSegmentExistsError",
     "StreamSegmentMergedError",
     "StreamSegmentNotExistsError",
@@ -187,6 +198,59 @@ class InvalidEventNumberError(CallerError):
 class OperationUnsupportedError(CallerError, NotImplementedError):
     """The server does not implement the requested operation (an older server, or one that does not
     host what was asked for).  Nothing changed; the same request fails again on the same server."""
+
+
+# --- Streams, scopes and reader groups (the controller) ------------------------------------------
+
+
+class ScopeNotFoundError(CallerError, LookupError):
+    """The scope was never created, or was deleted.  Nothing changed."""
+
+
+class StreamNotFoundError(CallerError, LookupError):
+    """The stream was never created in its scope, or was deleted (reading a deleted stream raises
+    it too).  Nothing changed."""
+
+
+class ReaderGroupNotFoundError(CallerError, LookupError):
+    """The reader group was never created in its scope, or was deleted.  Nothing changed."""
+
+
+class ScopeExistsError(CallerError):
+    """A scope of that name exists already.  Nothing changed."""
+
+
+class StreamExistsError(CallerError):
+    """A stream of that name exists already in its scope (whatever its configuration).  Nothing changed."""
+
+
+class ReaderGroupExistsError(CallerError):
+    """A reader group of that name exists already in its scope.  Nothing changed."""
+
+
+class ScopeNotEmptyError(InvalidArgumentError):
+    """A scope that still holds streams or reader groups cannot be deleted.  Nothing changed."""
+
+
+class StreamNotSealedError(InvalidArgumentError):
+    """A stream must be sealed before it can be deleted.  Nothing changed."""
+
+
+class StreamSealedError(InvalidArgumentError):
+    """The stream is sealed: it cannot be scaled or reconfigured any more (sealing it again succeeds).
+    Nothing changed."""
+
+
+class InvalidScaleError(InvalidArgumentError):
+    """A scale request names segments that are not in the stream's current epoch, or new key ranges
+    whose union is not exactly the union of the sealed segments' ranges (or that overlap, or leave
+    [0, 1)).  Nothing changed: no segment was created or sealed."""
+
+
+class InvalidStreamCutError(InvalidArgumentError):
+    """A stream cut is not a position of this stream: it names another stream's (or an unknown)
+    segment, its segments do not cover the key space [0, 1) exactly once, an offset lies outside its
+    segment, or (for truncation) it lies before the stream's current head.  Nothing changed."""
 
 
 class ProtocolError(MillstreamError):

@@ -49,6 +49,7 @@ from millstream.wire.commands import (
     AppendSetup,
     Command,
     ConditionalCheckFailed,
+    ControllerReply,
     DataAppended,
     Hello,
     InvalidEventNumber,
@@ -72,6 +73,7 @@ _log = logging.getLogger(__name__)
 _FROM_SERVER: frozenset[type[Command]] = frozenset({
     Hello, KeepAlive, AppendSetup, DataAppended, ConditionalCheckFailed, SegmentRead, SegmentInfo, SegmentCreated,
     SegmentSealed, SegmentDeleted, SegmentAttribute, SegmentAttributeUpdated, SegmentTruncated, SegmentsMerged,
+    ControllerReply,
 }) | ERROR_REPLIES
 
 

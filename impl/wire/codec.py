@@ -81,6 +81,8 @@ The fields of each command, in order (the same order as the command class's attr
        59  SegmentsMerged            request_id:i64 | target:str | source:str | new_target_length:i64
        60  AuthTokenCheckFailed      request_id:i64 | reason:str
        61  ErrorMessage              request_id:i64 | segment:str | error_code:i32 | message:str
+      200  ControllerRequest         request_id:i64 | method:str | body:blob
+      201  ControllerReply           request_id:i64 | body:blob
 
 For example ``KeepAlive()`` is ``00000064 00000000`` and ``Hello(1, 1)`` is
 ``ffffff81 00000008 00000001 00000001``.  The table is executable: ``_LAYOUTS`` below holds the same
@@ -265,6 +267,8 @@ _LAYOUTS: Final[dict[type[Command], str]] = {
     _commands.SegmentsMerged: "request_id:i64 | target:str | source:str | new_target_length:i64",
     _commands.AuthTokenCheckFailed: "request_id:i64 | reason:str",
     _commands.ErrorMessage: "request_id:i64 | segment:str | error_code:i32 | message:str",
+    _commands.ControllerRequest: "request_id:i64 | method:str | body:blob",
+    _commands.ControllerReply: "request_id:i64 | body:blob",
 }
 
 #: Fixed-size wire types: their ``struct`` codes.  ``str`` and ``blob`` are the variable-size ones.

@@ -51,6 +51,8 @@ __all__ = [
     "Command",
     "ConditionalAppend",
     "ConditionalCheckFailed",
+    "ControllerReply",
+    "ControllerRequest",
     "CreateSegment",
     "DataAppended",
     "DeleteSegment",
@@ -507,6 +509,32 @@ class ErrorMessage(Command):
     message: str
 
 
+# --- The controller ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ControllerRequest(Command):
+    """A call to the controller that shares the connection (scopes, streams, scaling, stream cuts,
+    reader groups): ``method`` names it, ``body`` is its request as canonical JSON (UTF-8, sorted
+    keys, no spaces; see ``millstream.controller``).  Answered by ``ControllerReply``; a failure by
+    ``ErrorMessage`` with the error's code, an unknown method (or a server without a controller) by
+    ``OperationUnsupported``."""
+
+    TYPE: ClassVar[int] = 200
+    request_id: int
+    method: str
+    body: bytes
+
+
+@attrs.frozen
+class ControllerReply(Command):
+    """The controller's answer to a ``ControllerRequest``: its reply as canonical JSON."""
+
+    TYPE: ClassVar[int] = 201
+    request_id: int
+    body: bytes
+
+
 #: Every command class by its type code.  Type codes follow Pravega's where it has the command, and
 #: are never reused.
 COMMAND_TYPES: dict[int, type[Command]] = {
@@ -517,5 +545,6 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         SegmentAttribute, UpdateSegmentAttribute, SegmentAttributeUpdated, TruncateSegment, SegmentTruncated,
         WrongHost, SegmentIsSealed, SegmentAlreadyExists, NoSuchSegment, InvalidEventNumber, SegmentIsTruncated,
         OperationUnsupported, MergeSegments, SegmentsMerged, AuthTokenCheckFailed, ErrorMessage,
+        ControllerRequest, ControllerReply,
     )
 }

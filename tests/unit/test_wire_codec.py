@@ -120,6 +120,8 @@ STRATEGIES: dict[type[c.Command], st.SearchStrategy[c.Command]] = {
     c.AuthTokenCheckFailed: st.builds(c.AuthTokenCheckFailed, request_id=request_ids, reason=messages),
     c.ErrorMessage: st.builds(c.ErrorMessage, request_id=request_ids, segment=segment_names, error_code=i32s,
                               message=messages),
+    c.ControllerRequest: st.builds(c.ControllerRequest, request_id=request_ids, method=messages, body=blobs),
+    c.ControllerReply: st.builds(c.ControllerReply, request_id=request_ids, body=blobs),
 }
 
 #: Any command.
