@@ -124,7 +124,8 @@ def _settle(futures: list[Completion] | None, error: BaseException | None) -> No
 class WriterShared:
     """What the segment writers of one event writer share: the lock, the byte budget, the first error."""
 
-    __slots__ = ("_capacity_waiters", "error", "lock", "loop", "loop_thread", "unacked_bytes", "unacked_bytes_max")
+    __slots__ = ("_capacity_waiters", "closed", "error", "lock", "loop", "loop_thread", "unacked_bytes",
+                 "unacked_bytes_max")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, unacked_bytes_max: int) -> None:
         self.lock = threading.Lock()
@@ -133,6 +134,7 @@ class WriterShared:
         self.unacked_bytes = 0
         self.unacked_bytes_max = unacked_bytes_max
         self.error: BaseException | None = None
+        self.closed = False
         self._capacity_waiters: list[asyncio.Future[None]] = []
 
     def raise_error(self) -> None:
@@ -155,10 +157,13 @@ class WriterShared:
                 waiter.set_result(None)
 
     async def wait_for_capacity(self) -> None:
-        """(Loop thread.)  Wait until at most half the budget is unacknowledged; raise the writer's error."""
+        """(Loop thread.)  Wait until at most half the budget is unacknowledged; raise the writer's error
+        (``ObjectClosedError`` once the writer is closed)."""
         while True:
             with self.lock:
                 self.raise_error()
+                if self.closed:
+                    raise ObjectClosedError("the writer is closed")
                 if self.unacked_bytes <= self.unacked_bytes_max // 2:
                     return
             waiter = self.loop.create_future()
@@ -737,7 +742,8 @@ class AsyncEventStreamWriter(Generic[T]):
             await self.flush()
         finally:
             with self._shared.lock:
-                self._closed = True
+                self._closed = self._shared.closed = True
+            self._shared.wake_capacity_waiters()
             for writer in list(self._writers.values()):
                 await writer.stop()
 
