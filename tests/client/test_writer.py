@@ -10,11 +10,13 @@ history checker (``millstream.testing.history``).
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from millstream.client import AsyncEventStreamWriter, JsonSerializer, StringSerializer
+from millstream.client import AsyncClient, AsyncEventStreamWriter, JsonSerializer, StringSerializer
+from millstream.client._config import random_uuid
 from millstream.errors import (
     AuthenticationError,
     ConnectionLostError,
@@ -26,11 +28,12 @@ from millstream.errors import (
     StreamSegmentSealedError,
     WrongHostError,
 )
+from millstream.testing.clock import ManualClock
 from millstream.testing.history import EventTag, History, Outcome, check
 from millstream.wire.commands import AppendBlock, Command, DataAppended, SetupAppend, WrongHost
 
 from tests.client.fake_server import FakeSegment, FakeServer, Faults
-from tests.client.helpers import client, run, until
+from tests.client.helpers import client, fast_config, run, until
 
 
 def payload(i: int) -> bytes:
@@ -522,3 +525,41 @@ def test_exactly_once_per_writer_under_drawn_faults(plan: dict[str, object]) -> 
     run(scenario)
     report = check(history)
     assert report.ok, report.summary()
+
+
+def test_reconnect_waits_follow_the_seeded_backoff_on_the_injected_clock() -> None:
+    """A writer facing a dead server sleeps on the client's clock exactly as ``Backoff`` with the client's
+    seed says, and gives up after the configured attempts: a failing run replays from its seed."""
+    class RecordingClock(ManualClock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sleeps: list[float] = []
+
+        async def sleep(self, seconds: float) -> None:
+            self.sleeps.append(seconds)
+            await super().sleep(seconds)
+
+    async def scenario() -> None:
+        server = FakeServer()
+        await server.start()
+        uri = server.uri
+        await server.stop()
+        clock = RecordingClock()
+        config = fast_config(reconnect_attempts_max=5, reconnect_delay_initial_seconds=0.01,
+                             reconnect_delay_max_seconds=0.05)
+        async with AsyncClient(uri, config=config, clock=clock, rng=random.Random(42)) as c:
+            writer = c.event_writer(["s"])
+            await writer.write_event(b"x")
+            flushing = asyncio.ensure_future(writer.flush())
+            for _ in range(5):
+                await until(lambda: clock.sleeping == 1, "the writer sleeps before its next attempt")
+                clock.advance(clock.sleeps[-1])
+            with pytest.raises(ConnectionLostError):
+                await flushing
+            expected_rng = random.Random(42)
+            random_uuid(expected_rng)  # the writer id was drawn first
+            backoff = config.backoff(expected_rng)
+            assert clock.sleeps == [backoff.delay(n) for n in range(1, 6)]
+            with pytest.raises(ConnectionLostError):
+                await writer.close()
+    run(scenario)
