@@ -1,0 +1,146 @@
+"""The ExactlyOnceSink model beyond what the agreement proof shows: the scenarios the spec exists
+for, the store's fenced multi-commit on its own, and invariants that do fail on bad states."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import attrs
+import pytest
+from millstream.model import exactly_once_sink as eos
+from millstream.model.durable_log import NotEnabled
+
+SPEC = Path(__file__).resolve().parents[2] / "spec"
+
+
+def _run_batch(state: eos.ExactlyOnceSinkState) -> eos.ExactlyOnceSinkState:
+    """Every task of the running batch begins, writes and reports."""
+    for p in state.partition_ids:
+        state = eos.task_report(eos.task_write(eos.task_begin(state, p), p), p)
+    return state
+
+
+def _started(num_events: int = 4, partitions: int = 2) -> eos.ExactlyOnceSinkState:
+    return eos.driver_start(eos.initial_state(num_events, partitions))
+
+
+def test_every_spec_action_has_a_model_transition_of_the_same_name() -> None:
+    actions = json.loads((SPEC / "manifest.json").read_text())["specs"]["ExactlyOnceSink"]["actions"]
+    for action in actions:
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", action).lower()
+        assert callable(getattr(eos, name, None)), f"{action} has no model transition {name}"
+        assert name in eos.__all__
+
+
+def test_a_batch_commits_its_rows_once_and_the_commit_log_follows() -> None:
+    state = _run_batch(eos.plan_batch(_started(), 3))
+    assert [state.rows(1, p) for p in (1, 2)] == [(1, 3), (2,)]
+    state = eos.commit_batch(state)
+    assert state.output == (1, 3, 2) and state.fence == 1 and state.commits == 0
+    state = eos.write_commit_log(state)
+    assert (state.commits, state.driver) == (1, eos.DriverPhase.IDLE)
+    state.check_invariants()
+
+
+def test_a_replay_after_the_store_committed_aborts_the_new_transactions() -> None:
+    """The crash the fence exists for: after the sink commit, before commits/b."""
+    state = eos.commit_batch(_run_batch(eos.plan_batch(_started(), 2)))
+    state = eos.driver_crash(state)
+    state = eos.driver_start(state)
+    assert (state.driver, state.batch) == (eos.DriverPhase.RUNNING, 1), "the logged batch is re-run"
+    state = _run_batch(state)
+    replayed = state.listed
+    assert replayed == (3, 4), "new tasks, new transactions"
+    state = eos.commit_batch(state)
+    assert state.output == (1, 2), "no duplicate"
+    assert {state.transaction(t).status for t in replayed} == {eos.TransactionStatus.ABORTED}
+    state = eos.write_commit_log(state)
+    state.check_invariants()
+    assert state.commits == 1 and not state.open_transactions
+
+
+def test_without_the_fence_the_same_replay_duplicates() -> None:
+    """What the public Pravega Spark connector does: commit whatever the tasks reported."""
+    state = eos.commit_batch(_run_batch(eos.plan_batch(_started(), 2)))
+    state = _run_batch(eos.driver_start(eos.driver_crash(state)))
+    transactions, _, visible, outcome = eos.fenced_commit(state.transactions, 0, state.listed, state.batch)
+    assert outcome is eos.CommitOutcome.COMMITTED and visible == (1, 2)
+    duplicated = attrs.evolve(state, transactions=transactions, output=state.output + visible)
+    with pytest.raises(AssertionError, match="ExactlyOnce"):
+        duplicated.check_invariants()
+
+
+def test_a_crashed_task_orphans_its_transaction_and_the_retry_commits_a_new_one() -> None:
+    state = eos.plan_batch(_started(2, 1), 2)
+    state = eos.task_write(eos.task_begin(state, 1), 1)
+    state = eos.task_crash(state, 1)
+    assert state.faults == 1 and state.open_transactions == {1}
+    assert not state.held(1), "a dead attempt's transaction is an orphan: its expiry is no fault"
+    state = eos.task_retry(state, 1)
+    state = eos.commit_batch(_run_batch(state))
+    assert state.output == (1, 2) and state.transaction(1).status is eos.TransactionStatus.OPEN
+    state = eos.expire_transaction(state, 1)
+    assert state.faults == 1 and not state.open_transactions
+    state.check_invariants()
+
+
+def test_a_lease_that_expires_under_a_live_task_is_a_fault_and_the_commit_is_rejected() -> None:
+    state = _run_batch(eos.plan_batch(_started(2, 1), 2))
+    assert state.held(1)
+    state = eos.expire_transaction(state, 1)
+    assert state.faults == 1
+    state = eos.commit_batch(state)
+    assert state.driver is eos.DriverPhase.ABORTING and state.output == () and state.fence == 0
+    state = eos.abort_batch(state)
+    assert state.driver is eos.DriverPhase.DOWN
+    state = eos.driver_start(state)
+    assert state.batch == 1, "the batch is re-run from the offset log"
+    state = eos.write_commit_log(eos.commit_batch(_run_batch(state)))
+    assert state.output == (1, 2)
+    state.check_invariants()
+
+
+def test_abort_lists_only_the_reported_transactions() -> None:
+    state = eos.plan_batch(_started(2, 2), 2)
+    state = eos.task_report(eos.task_write(eos.task_begin(state, 1), 1), 1)
+    state = eos.task_crash(eos.task_begin(state, 2), 2)
+    state = eos.abort_batch(state)
+    assert state.transaction(1).status is eos.TransactionStatus.ABORTED
+    assert state.transaction(2).status is eos.TransactionStatus.OPEN, "a failed task's slot is None"
+
+
+def test_fenced_commit_outcomes() -> None:
+    open_tx = eos.StoreTransaction(eos.TransactionStatus.OPEN, 2, (5,))
+    gone = eos.StoreTransaction(eos.TransactionStatus.ABORTED, 2, (6,))
+    assert eos.fenced_commit((open_tx, gone), 1, (1, 2), 2)[3] is eos.CommitOutcome.REJECTED
+    assert eos.fenced_commit((open_tx, gone), 1, (1, 2), 2)[:3] == ((open_tx, gone), 1, ())
+    transactions, fence, visible, outcome = eos.fenced_commit((open_tx,), 2, (1,), 2)
+    assert outcome is eos.CommitOutcome.ALREADY_COMMITTED and fence == 2 and visible == ()
+    assert transactions[0].status is eos.TransactionStatus.ABORTED
+    transactions, fence, visible, outcome = eos.fenced_commit((open_tx,), 1, (1,), 2)
+    assert (outcome, fence, visible) == (eos.CommitOutcome.COMMITTED, 2, (5,))
+
+
+def test_disabled_actions_raise_not_enabled() -> None:
+    state = eos.initial_state(2, 1)
+    for action in (eos.commit_batch, eos.write_commit_log, eos.abort_batch, eos.driver_crash):
+        with pytest.raises(NotEnabled):
+            action(state)
+    with pytest.raises(NotEnabled):
+        eos.plan_batch(eos.driver_start(state), 3)
+    with pytest.raises(NotEnabled):
+        eos.task_begin(state, 1)
+    with pytest.raises(NotEnabled):
+        eos.expire_transaction(state, 1)
+
+
+def test_invariants_reject_output_from_an_uncommitted_transaction() -> None:
+    state = _run_batch(eos.plan_batch(_started(2, 1), 2))
+    leaked = attrs.evolve(state, output=(1, 2), fence=1)
+    with pytest.raises(AssertionError, match="NothingVisibleUncommitted"):
+        leaked.check_invariants()
+    ahead = attrs.evolve(eos.initial_state(2, 1), offsets=(2,), commits=1)   # commits/1 without a store commit
+    with pytest.raises(AssertionError, match="CheckpointAgreesWithStore"):
+        ahead.check_invariants()
