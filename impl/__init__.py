@@ -6,7 +6,9 @@ What exists so far is the segment store's container layer: ``SegmentContainer`` 
 server (``millstream.server``) that serves containers over TCP, and ``standalone(data_dir)``, which
 runs a whole node on loopback; and the client (``millstream.client``: ``connect(uri)`` returns a
 blocking ``Client``, ``AsyncClient`` is its asyncio core) with its idempotent ``EventStreamWriter``
-and segment readers.  Tokens for an authenticating server come from ``issue_token``
+and segment readers; streams are administered through the controller (``client.stream_manager()``:
+``StreamConfig``, ``ScalingPolicy``, ``RetentionPolicy``, ``StreamCut``), which runs in the node next
+to the segment store (``millstream.controller``).  Tokens for an authenticating server come from ``issue_token``
 (``millstream.auth``).  Streams, readers and the Spark pipeline build on it.  Errors live in
 ``millstream.errors``.
 """
@@ -15,10 +17,19 @@ from millstream import auth, client, errors
 from millstream.auth import Permission, issue_token
 from millstream.client import (
     AsyncClient,
+    AsyncStreamManager,
     BytesSerializer,
     Client,
+    ControllerClient,
     JsonSerializer,
+    ReaderGroupConfig,
+    RetentionPolicy,
+    ScalingPolicy,
+    SegmentWithRange,
     Serializer,
+    StreamConfig,
+    StreamCut,
+    StreamManager,
     StringSerializer,
     connect,
 )
@@ -35,21 +46,30 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AsyncStreamManager",
     "BytesSerializer",
     "ChunkStorage",
     "Client",
     "ContainerHost",
+    "ControllerClient",
     "DurableDataLog",
     "FileChunkStorage",
     "FileLog",
     "JsonSerializer",
     "Permission",
     "ReadResult",
+    "ReaderGroupConfig",
+    "RetentionPolicy",
+    "ScalingPolicy",
     "SegmentContainer",
     "SegmentInfo",
+    "SegmentWithRange",
     "Serializer",
     "StandaloneNode",
     "StorageSettings",
+    "StreamConfig",
+    "StreamCut",
+    "StreamManager",
     "StringSerializer",
     "auth",
     "client",

@@ -326,3 +326,76 @@ CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
 #: client is closed.  (A blocking call itself is bounded by the request, acknowledgement and reconnect
 #: limits above; a thread that misses this is stuck -- a bug -- and is left behind as a daemon.)
 CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0
+
+# --- Controller (scopes, streams, epochs, scaling, stream cuts, retention, reader groups) ----------
+
+#: Segments one epoch of a stream may have (a fixed policy's count, an auto-scaling policy's
+#: ``min_segments``, and what splits may grow a stream to).  Each segment costs a little in every
+#: writer, reader and epoch record; a 2-core node serves a few hundred busy segments at most.
+CONTROLLER_SEGMENTS_PER_EPOCH_MAX: Final = 1024
+
+#: Largest ``scale_factor`` (how many parts one hot segment may split into at once).
+CONTROLLER_SCALE_FACTOR_MAX: Final = 64
+
+#: Scopes, streams (over all scopes) and reader groups (over all scopes) one controller keeps.  Its
+#: whole metadata is in memory and in every snapshot; these keep a snapshot a few MiB at most.
+CONTROLLER_SCOPES_MAX: Final = 10_000
+CONTROLLER_STREAMS_MAX: Final = 10_000
+CONTROLLER_READER_GROUPS_MAX: Final = 10_000
+
+#: Epochs one stream keeps.  Truncation forgets epochs whose segments are all deleted, so only a
+#: stream scaled this often and never truncated reaches it; then it refuses to scale
+#: (``InvalidScaleError``) rather than grow its record without end.  (At one auto-scale per mute
+#: period that is two weeks of scaling without pause.)
+CONTROLLER_EPOCHS_PER_STREAM_MAX: Final = 10_000
+
+#: One record of the controller's metadata log (length-prefixed JSON in the system segment).  A scale
+#: of ``CONTROLLER_SEGMENTS_PER_EPOCH_MAX`` segments needs about 100 KiB; snapshots are cut into
+#: parts of at most this size.
+CONTROLLER_RECORD_BYTES_MAX: Final = 1 * MIB
+
+#: A snapshot of the whole metadata is appended (and the log truncated before it) after this many
+#: records, or this many bytes of records, since the last one, so replay on start stays short.
+CONTROLLER_SNAPSHOT_RECORDS: Final = 1000
+CONTROLLER_SNAPSHOT_BYTES: Final = 16 * MIB
+
+#: A conditional append to the metadata log that finds the log longer than expected (another
+#: controller instance wrote) is retried, after catching up, at most this many times.
+CONTROLLER_COMMIT_ATTEMPTS_MAX: Final = 5
+
+#: A segment-store call from the controller that meets a restarting container
+#: (``ContainerUnavailableError``) is retried this many times, the delay doubling from the first value
+#: up to the cap: about 30 s, longer than a container takes to recover.
+CONTROLLER_STORE_RETRY_ATTEMPTS_MAX: Final = 12
+CONTROLLER_STORE_RETRY_DELAY_SECONDS: Final = 0.02
+CONTROLLER_STORE_RETRY_DELAY_MAX_SECONDS: Final = 5.0
+
+#: A request waits at most this long for another scale, seal, truncation or update of the same stream
+#: to finish (one at a time per stream) before it fails with ``RequestTimeoutError``.
+CONTROLLER_STREAM_LOCK_WAIT_SECONDS: Final = 60.0
+
+#: A ``ControllerRequest`` body (JSON) larger than this is refused unparsed.
+CONTROLLER_REQUEST_BODY_BYTES_MAX: Final = 4 * MIB
+
+#: The controller's periodic work (auto-scaling decisions, resuming interrupted workflows) runs every
+#: this many seconds; the per-segment rates are sampled at the same tick.  (Pravega: 5 s ticks.)
+CONTROLLER_TICK_SECONDS: Final = 5.0
+
+#: The tail cut of every stream that changed is recorded (with its time and size) this often; stream
+#: cuts "at a time" and size/time retention choose among recorded cuts, so this is their resolution.
+#: Retention runs at the same period.  (Pravega records at its retention frequency, 30 min.)
+CONTROLLER_TAIL_CUT_INTERVAL_SECONDS: Final = 60.0
+
+#: Recorded tail cuts kept per stream.  Beyond it the cut whose removal leaves the smallest gap is
+#: dropped, so old history thins out instead of being forgotten (retention by time still finds a cut
+#: near any age).
+CONTROLLER_RETENTION_CUTS_PER_STREAM_MAX: Final = 1000
+
+#: Auto-scaling (Pravega's constants): rates are moving averages over these windows (minutes) ...
+AUTO_SCALE_WINDOWS_MINUTES: Final = (2, 5, 10, 20)
+#: ... no decision is taken for a segment during its first this many seconds of being measured (a new
+#: segment, or any segment after the controller restarted), so averages have time to settle ...
+AUTO_SCALE_COOLDOWN_SECONDS: Final = 600.0
+#: ... and a stream that was just auto-scaled (or whose auto-scale failed) is not auto-scaled again
+#: for this long, so one burst does not cause a cascade of scales.
+AUTO_SCALE_MUTE_SECONDS: Final = 120.0

@@ -14,7 +14,9 @@ the asyncio core on an event-loop thread of its own).  ``millstream.connect(uri)
 
 Where to read on: ``_connection`` (framing, request routing, keep-alives), ``_pool`` (connections per
 server, reconnect backoff), ``_writer`` (idempotent appends, batching, resends), ``_batching`` (the
-block-size rule), ``_readers`` (tail reads, event decoding), ``_blocking`` (the blocking flavour).
+block-size rule), ``_readers`` (tail reads, event decoding), ``_blocking`` (the blocking flavour),
+``_streams`` (stream configurations, stream cuts, the ``StreamManager``) and ``_controller`` (the
+controller's RPC, ``ControllerClient``).
 """
 
 from millstream.client._batching import BlockSizeTracker
@@ -35,11 +37,29 @@ from millstream.client._config import (
     SystemRandomSource,
     parse_uri,
 )
+from millstream.client._controller import CONTROLLER_METHODS, ControllerClient, ControllerSegmentLocator
 from millstream.client._pool import FixedLocator, SegmentLocator
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader, SegmentEvent
 from millstream.client._routing import KeySpaceRouter, Router, routing_key_fraction
 from millstream.client._segments import AsyncSegments, SegmentProperties
 from millstream.client._serializers import BytesSerializer, JsonSerializer, Serializer, StringSerializer
+from millstream.client._streams import (
+    AsyncStreamManager,
+    ReaderGroupConfig,
+    ReaderGroupInfo,
+    RetentionPolicy,
+    ScalingPolicy,
+    SegmentSlice,
+    SegmentWithRange,
+    StreamConfig,
+    StreamCut,
+    StreamDescription,
+    StreamManager,
+    StreamSegments,
+    SuccessorSegment,
+    canonical_json,
+    split_stream_name,
+)
 from millstream.client._writer import AsyncEventStreamWriter
 
 __all__ = [
@@ -48,28 +68,46 @@ __all__ = [
     "AsyncEventStreamWriter",
     "AsyncSegmentReader",
     "AsyncSegments",
+    "AsyncStreamManager",
     "Backoff",
     "BlockSizeTracker",
     "ByteStreamReader",
     "BytesSerializer",
+    "CONTROLLER_METHODS",
     "Client",
     "ClientConfig",
+    "ControllerClient",
+    "ControllerSegmentLocator",
     "Endpoint",
     "EventStreamWriter",
     "FixedLocator",
     "JsonSerializer",
     "KeySpaceRouter",
     "RandomSource",
+    "ReaderGroupConfig",
+    "ReaderGroupInfo",
+    "RetentionPolicy",
     "Router",
+    "ScalingPolicy",
     "SegmentEvent",
     "SegmentLocator",
     "SegmentProperties",
     "SegmentReader",
+    "SegmentSlice",
+    "SegmentWithRange",
     "Segments",
     "Serializer",
+    "StreamConfig",
+    "StreamCut",
+    "StreamDescription",
+    "StreamManager",
+    "StreamSegments",
     "StringSerializer",
+    "SuccessorSegment",
     "SystemRandomSource",
+    "canonical_json",
     "connect",
     "parse_uri",
     "routing_key_fraction",
+    "split_stream_name",
 ]

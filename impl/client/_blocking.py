@@ -32,6 +32,7 @@ from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import Router
 from millstream.client._segments import AsyncSegments, SegmentProperties
 from millstream.client._serializers import BytesSerializer, Serializer
+from millstream.client._streams import StreamManager
 from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter
 from millstream.clock import Clock
 from millstream.errors import InternalError, ObjectClosedError, RequestTimeoutError
@@ -329,6 +330,12 @@ class Client:
         if self._core.closed:
             raise ObjectClosedError("the client is closed")
         return self._segments
+
+    def stream_manager(self) -> StreamManager:
+        """Blocking administration of scopes and streams (see ``AsyncClient.stream_manager``)."""
+        if self._core.closed:
+            raise ObjectClosedError("the client is closed")
+        return StreamManager(self._core.stream_manager(), self._runner.run)
 
     @overload
     def event_writer(self, target: Sequence[str] | Router, /) -> EventStreamWriter[bytes]: ...

@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from typing import Any, TypeVar, overload
 
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
+from millstream.client._controller import ControllerClient
 from millstream.client._pool import ConnectionPool, FixedLocator, SegmentLocator
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import KeySpaceRouter, Router
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import BytesSerializer, Serializer
+from millstream.client._streams import AsyncStreamManager
 from millstream.client._writer import AsyncEventStreamWriter
 from millstream.clock import Clock, SystemClock
 from millstream.errors import InvalidArgumentError, ObjectClosedError
@@ -55,6 +57,9 @@ class AsyncClient:
         self._pool = ConnectionPool(clock=self._clock, config=self._config, rng=self._rng, ssl_context=ssl_context)
         self._locator = locator or FixedLocator(self._endpoint)
         self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token, rng=self._rng)
+        # The controller shares the segment store's connection (the server it is pointed at hosts both).
+        self._controller = ControllerClient(pool=self._pool, endpoint=self._endpoint, token=token)
+        self._stream_manager = AsyncStreamManager(self._controller)
         self._writers: weakref.WeakSet[AsyncEventStreamWriter[Any]] = weakref.WeakSet()
         self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()
         self._closed = False
@@ -82,6 +87,17 @@ class AsyncClient:
         reads and conditional appends."""
         self._check_open()
         return self._segments
+
+    def controller(self) -> ControllerClient:
+        """The controller's methods, one by one (streams, epochs, successors, stream cuts, reader-group
+        registry): what the stream-aware writer and reader groups build on."""
+        self._check_open()
+        return self._controller
+
+    def stream_manager(self) -> AsyncStreamManager:
+        """Administration of scopes and streams: create, describe, scale, seal, truncate, delete."""
+        self._check_open()
+        return self._stream_manager
 
     @overload
     def event_writer(self, target: Sequence[str] | Router, /) -> AsyncEventStreamWriter[bytes]: ...
