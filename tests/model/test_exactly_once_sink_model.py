@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -144,3 +145,33 @@ def test_invariants_reject_output_from_an_uncommitted_transaction() -> None:
     ahead = attrs.evolve(eos.initial_state(2, 1), offsets=(2,), commits=1)   # commits/1 without a store commit
     with pytest.raises(AssertionError, match="CheckpointAgreesWithStore"):
         ahead.check_invariants()
+
+
+def test_the_lifecycle_tables_are_exactly_what_the_state_graph_exercises() -> None:
+    """Every driver, task and transaction transition of the CI configurations' state graphs is in
+    the model's tables, and every table entry happens in some state graph."""
+    from proofs import exactly_once_sink_agreement as agreement
+    from proofs.explore import explore
+
+    driver: set[tuple[eos.DriverPhase, eos.DriverPhase]] = set()
+    task: set[tuple[eos.TaskPhase, eos.TaskPhase]] = set()
+    transaction: set[tuple[eos.TransactionStatus, eos.TransactionStatus]] = set()
+    for config in (agreement.Configuration(2, 2, 1), agreement.Configuration(2, 1, 2)):
+        graph = explore(agreement.initial_states(config), lambda s, c=config: agreement.successors(c, s),
+                        keep_edges=True)
+        for before, after, label in graph.edges:
+            assert isinstance(before, eos.ExactlyOnceSinkState) and isinstance(after, eos.ExactlyOnceSinkState)
+            if before.driver is not after.driver:
+                driver.add((before.driver, after.driver))
+            if label.startswith("Task"):
+                task.update((a.phase, b.phase) for a, b in zip(before.tasks, after.tasks, strict=True)
+                            if a.phase is not b.phase)
+            transaction.update((a.status, b.status) for a, b in zip(before.transactions, after.transactions,
+                                                                    strict=False) if a.status is not b.status)
+
+    def pairs(table: dict[Any, frozenset[Any]]) -> set[tuple[Any, Any]]:
+        return {(a, b) for a, targets in table.items() for b in targets}
+
+    assert driver == pairs(eos.DRIVER_TRANSITIONS)
+    assert task == pairs(eos.TASK_TRANSITIONS)
+    assert transaction == pairs(eos.TRANSACTION_TRANSITIONS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -169,3 +170,28 @@ def test_disabled_actions_raise_not_enabled() -> None:
         le.append_chunk(state, 1, 0)
     with pytest.raises(NotEnabled):
         le.disconnect(le.create_transient(state, 1), 1, kept=1)
+
+
+def test_the_lifecycle_tables_are_exactly_what_the_state_graph_exercises() -> None:
+    """Every EventWriter and transient-segment transition of the CI configurations' state graphs is
+    in the model's tables, and every table entry happens in some state graph."""
+    from proofs import large_events_agreement as agreement
+    from proofs.explore import explore
+
+    writer: set[tuple[le.WriterPhase, le.WriterPhase]] = set()
+    transient: set[tuple[le.TransientState, le.TransientState]] = set()
+    for config in (agreement.Configuration((2,), 1, 1, 1), agreement.Configuration((1, 2), 1, 1, 0)):
+        graph = explore(agreement.initial_states(config), lambda s, c=config: agreement.successors(c, s),
+                        keep_edges=True)
+        for before, after, _ in graph.edges:
+            assert isinstance(before, le.LargeEventsState) and isinstance(after, le.LargeEventsState)
+            writer.update((a.phase, b.phase) for a, b in zip(before.writers, after.writers, strict=True)
+                          if a.phase is not b.phase)
+            transient.update((a.state, b.state) for a, b in zip(before.transients, after.transients, strict=True)
+                             if a.state is not b.state)
+
+    def pairs(table: dict[Any, frozenset[Any]]) -> set[tuple[Any, Any]]:
+        return {(a, b) for a, targets in table.items() for b in targets}
+
+    assert writer == pairs(le.WRITER_TRANSITIONS)
+    assert transient == pairs(le.TRANSIENT_TRANSITIONS)
