@@ -10,8 +10,8 @@ Mapping.  Segment/partition ``p`` of a workload is stream ``BENCH<p>`` holding s
 ``bench.<p>.*``; a keyed event goes to subject ``bench.<p>.<key>`` with ``p = crc32(key) mod
 partitions`` (see ``_keys``), an unkeyed one to ``bench.<p>._`` round-robin.  The writer publishes
 with ``publish_async`` (nats-py's default window: 4,000 acknowledgements pending) and records each
-event when its PubAck future completes.  A consumer is an ordered push consumer per stream that
-delivers only messages published after it was created.
+event when its PubAck future completes.  A consumer has a connection of its own and an ordered push
+consumer per stream that delivers only messages published after it was created.
 """
 
 from __future__ import annotations
@@ -95,10 +95,7 @@ class NatsJetStreamDriver(Driver):
 
     async def open_session(self, port: int, workload: Workload, keys: KeySpace,
                            recorder: StepRecorder) -> Session:
-        import nats
-
-        connection = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS,
-                                        max_reconnect_attempts=0, allow_reconnect=False)
+        connection = await _connect(port)
         try:
             # nats-py's own publish window (4,000 by default), or the harness's bound if smaller.  A
             # larger window looked fairer (the harness's 20,000) but stalled: with 20,000 publishes
@@ -112,11 +109,19 @@ class NatsJetStreamDriver(Driver):
         except BaseException:
             await connection.close()
             raise
-        return _NatsSession(connection, stream, keys, recorder)
+        return _NatsSession(port, connection, stream, keys, recorder)
+
+
+async def _connect(port: int) -> Any:
+    import nats
+
+    return await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS,
+                              max_reconnect_attempts=0, allow_reconnect=False)
 
 
 class _NatsSession(Session):
-    def __init__(self, connection: Any, stream: Any, keys: KeySpace, recorder: StepRecorder) -> None:
+    def __init__(self, port: int, connection: Any, stream: Any, keys: KeySpace, recorder: StepRecorder) -> None:
+        self._port = port
         self._connection = connection
         self._stream = stream
         self._keys = keys
@@ -142,10 +147,14 @@ class _NatsSession(Session):
     async def open_consumer(self, partitions: Sequence[int]) -> Consumer:
         from nats.js.api import DeliverPolicy
 
-        consumer = _NatsConsumer(self._recorder)
+        # A connection of its own, as a reader in another process would have: on the writer's connection
+        # the consumer's flow control and deliveries queue behind (and ahead of) the publish acks.
+        connection = await _connect(self._port)
+        consumer = _NatsConsumer(self._recorder, connection)
         self._consumers.append(consumer)
+        stream = connection.jetstream(timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
         for partition in partitions:
-            consumer.subscriptions.append(await self._stream.subscribe(
+            consumer.subscriptions.append(await stream.subscribe(
                 f"bench.{partition}.*", stream=f"BENCH{partition}", ordered_consumer=True,
                 deliver_policy=DeliverPolicy.NEW, cb=consumer.on_message))
         return consumer
@@ -157,8 +166,9 @@ class _NatsSession(Session):
 
 
 class _NatsConsumer(Consumer):
-    def __init__(self, recorder: StepRecorder) -> None:
+    def __init__(self, recorder: StepRecorder, connection: Any) -> None:
         self._recorder = recorder
+        self._connection = connection
         self.subscriptions: list[Any] = []
 
     async def on_message(self, message: Any) -> None:
@@ -171,3 +181,4 @@ class _NatsConsumer(Consumer):
         subscriptions, self.subscriptions = self.subscriptions, []
         for subscription in subscriptions:
             await subscription.unsubscribe()
+        await self._connection.close()
