@@ -71,8 +71,10 @@ def _run(report: HarnessReport) -> list[str]:
         f"per system, all on 127.0.0.1.  The run took {report.wall_seconds / 60:.1f} min.  ",
         f"Quiet machine: before each measurement the harness waited for ≥ {config.quiet_idle_percent_min:g}% idle "
         f"(up to {config.quiet_timeout_seconds:g} s): {report.quiet_waits} waits, "
-        f"{report.quiet_waits_timed_out} timed out; {noise_text}.  Every ratio below is of two figures from this "
-        "run.",
+        f"{report.quiet_waits_timed_out} timed out; {noise_text}.  A 1 ms sleep woke up late by "
+        f"p50 {_number(report.wakeup_lateness.p50_ms, 2)} · p95 {_number(report.wakeup_lateness.p95_ms, 2)} · "
+        f"p99 {_number(report.wakeup_lateness.p99_ms, 2)} ms (scheduler noise, paid on every hop between "
+        "processes and threads).  Every ratio below is of two figures from this run.",
     ]
 
 

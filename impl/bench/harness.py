@@ -43,7 +43,7 @@ import millstream
 from millstream.bench._keys import KeySpace
 from millstream.bench._load import OfferPlan, StepRecorder, offer
 from millstream.bench._processes import ServerProcess, free_port
-from millstream.bench._stats import Latency
+from millstream.bench._stats import Latency, LatencySamples
 from millstream.bench._system import (
     CpuSample,
     CpuUsage,
@@ -65,6 +65,7 @@ __all__ = [
     "TargetResult",
     "consumer_partitions",
     "judge_targets",
+    "measure_wakeup_lateness",
     "run_harness",
     "write_json",
 ]
@@ -195,6 +196,9 @@ class HarnessReport:
     wall_seconds: float
     quiet_waits: int
     quiet_waits_timed_out: int
+    #: How late a 1 ms sleep wakes up on this machine, measured with the disk (scheduler noise: on a
+    #: busy machine every hop between writer, server and fsync thread pays it).
+    wakeup_lateness: Latency = attrs.field(factory=lambda: Latency.of([]))
 
     def runs_of(self, workload: str) -> list[SystemRun]:
         return [run for run in self.runs if run.workload == workload]
@@ -220,6 +224,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         quiet_waits.append(quiet)
         disk = measure_disk_limit(disk_dir, seconds=config.disk_probe_seconds, use_fio=config.use_fio, quiet=quiet)
         shutil.rmtree(disk_dir, ignore_errors=True)
+        wakeup = measure_wakeup_lateness(config.disk_probe_seconds)
         runs: list[SystemRun] = []
         for workload in config.workloads:
             for system in workload.systems:
@@ -232,7 +237,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         suite=config.suite, machine=machine, data_root_reason=data_root_reason, config=config, disk=disk,
         runs=tuple(runs), targets=tuple(judge_targets(config.workloads, runs, disk)),
         wall_seconds=clock() - started, quiet_waits=len(quiet_waits),
-        quiet_waits_timed_out=sum(1 for wait in quiet_waits if not wait.quiet))
+        quiet_waits_timed_out=sum(1 for wait in quiet_waits if not wait.quiet), wakeup_lateness=wakeup)
 
 
 class _Steps:
@@ -252,6 +257,24 @@ class _Steps:
     def finish(self) -> None:
         if self._progress is not None:
             self._progress(self.total, self.total, "done")
+
+
+#: The sleep whose lateness ``measure_wakeup_lateness`` times, and how many it takes at most.
+_WAKEUP_SLEEP_SECONDS: Final = 0.001
+_WAKEUP_SAMPLES_MAX: Final = 10_000
+
+
+def measure_wakeup_lateness(seconds: float) -> Latency:
+    """How much later than asked ``time.sleep(1 ms)`` returns, for about ``seconds``."""
+    samples = LatencySamples()
+    deadline = time.perf_counter() + seconds
+    for _ in range(_WAKEUP_SAMPLES_MAX):
+        started = time.perf_counter()
+        if started >= deadline:
+            break
+        time.sleep(_WAKEUP_SLEEP_SECONDS)
+        samples.add(max(0.0, time.perf_counter() - started - _WAKEUP_SLEEP_SECONDS))
+    return samples.summary()
 
 
 def _wait_quiet(config: HarnessConfig) -> QuietWait:

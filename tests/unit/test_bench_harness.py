@@ -526,6 +526,7 @@ def test_markdown_carries_tables_skips_configurations_and_figures(sweep: Any, tm
     assert "- nats-jetstream-default: server did not start" in markdown
     assert "fake --name redis-streams-everysec" in markdown and "**weaker durability**" in markdown
     assert "end-to-end p50 ms" in markdown  # only the tailing workload has those columns
+    assert report.wakeup_lateness.count > 0 and "A 1 ms sleep woke up late by p50" in markdown
     header_keyed = next(line for line in markdown.splitlines() if line.startswith("| system | rate"))
     assert "end-to-end" not in header_keyed
     assert "redis-streams-everysec" in markdown and "(weaker durability)" in markdown
