@@ -399,3 +399,8 @@ AUTO_SCALE_COOLDOWN_SECONDS: Final = 600.0
 #: ... and a stream that was just auto-scaled (or whose auto-scale failed) is not auto-scaled again
 #: for this long, so one burst does not cause a cascade of scales.
 AUTO_SCALE_MUTE_SECONDS: Final = 120.0
+
+#: Segments whose append counts the segment store keeps between two drains by the controller (every
+#: ``CONTROLLER_TICK_SECONDS``).  Beyond it appends to further segments go uncounted until the next
+#: drain (and are counted as dropped): a bound for a store whose controller never drains.
+STATISTICS_SEGMENTS_MAX: Final = 100_000

@@ -1,9 +1,12 @@
 """Standalone mode: a whole millstream node in one process, on local files, listening on loopback.
 
-Theory of operation.  A ``Node`` is the services of one node -- today the segment store
-(``SegmentStoreServer`` hosting every container, FileLog as Tier 1 and FileChunkStorage as Tier 2);
-the controller joins in a later issue -- started in order and stopped in reverse, all on one event
-loop.  Adding a service means adding it to ``Node._build_services``: each is an object with
+Theory of operation.  A ``Node`` is the services of one node -- the segment store
+(``SegmentStoreServer`` hosting every container, FileLog as Tier 1 and FileChunkStorage as Tier 2)
+and the controller (``millstream.controller``: scopes, streams, scaling, retention, reader groups;
+its metadata lives in a system segment of this store, so it recovers with it) -- started in order and
+stopped in reverse, all on one event loop.  The controller shares the segment store's port; a node
+that owns only some containers hosts no controller by default (it could not reach every segment).
+Adding a service means adding it to ``Node._build_services``: each is an object with
 ``async start()`` and ``async stop()``.
 
 ``standalone(data_dir)`` runs a ``Node`` on its own event loop in a background thread and returns a
@@ -39,6 +42,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar
 
 from millstream import limits
+from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
 from millstream.errors import InvalidArgumentError, ObjectClosedError, StorageError
 from millstream.segmentstore.container import StorageSettings
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
@@ -82,6 +86,26 @@ class _ChunkStorageService:
         await self.storage.close()
 
 
+class _ControllerService:
+    """The controller, over the node's own segment store; serves ``ControllerRequest``s on its port."""
+
+    def __init__(self, server: SegmentStoreServer, config: ControllerConfig | None) -> None:
+        self._server = server
+        self._config = config
+        self.controller: Controller | None = None
+
+    async def start(self) -> None:
+        controller = Controller(LocalSegmentStore(self._server), clock=self._server.clock, config=self._config)
+        await controller.start()
+        self.controller = controller
+        self._server.attach_controller(ControllerRpc(controller, self._server.authorizer))
+
+    async def stop(self) -> None:
+        self._server.attach_controller(None)
+        if self.controller is not None:
+            await self.controller.stop()
+
+
 def _check_layout(data_dir: Path, container_count: int) -> None:
     """Create ``node.json`` on first use; refuse a directory made for another container count."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +137,9 @@ def _check_layout(data_dir: Path, container_count: int) -> None:
 class Node:
     """The services of one node on local files under ``data_dir``, run on the calling event loop.
 
-    ``owned_containers`` (default: all) and the other options go to the ``SegmentStoreServer``."""
+    ``owned_containers`` (default: all) and the other options go to the ``SegmentStoreServer``.
+    ``controller``: host the controller (default: when the node owns every container);
+    ``controller_config`` tunes it (tests)."""
 
     def __init__(
         self,
@@ -127,6 +153,8 @@ class Node:
         ssl_context: ssl.SSLContext | None = None,
         storage_settings: StorageSettings | None = None,
         config: ServerConfig | None = None,
+        controller: bool | None = None,
+        controller_config: ControllerConfig | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         if config is None:
@@ -136,9 +164,15 @@ class Node:
         self._auth_secret = auth_secret
         self._ssl_context = ssl_context
         self._storage_settings = storage_settings
+        owns_all = config.owned_containers is None or set(range(config.container_count)) <= config.owned_containers
+        if controller and not owns_all:
+            raise InvalidArgumentError("a node hosts the controller only if it owns every container")
+        self._host_controller = owns_all if controller is None else controller
+        self._controller_config = controller_config
         self._services: list[Service] = []
         self._started: list[Service] = []
         self.server: SegmentStoreServer | None = None
+        self._controller_service: _ControllerService | None = None
 
     def _open_log(self, container_id: int) -> FileLog:
         return FileLog(self.data_dir / "tier1" / f"container-{container_id}")
@@ -149,8 +183,13 @@ class Node:
         self.server = SegmentStoreServer(self._open_log, config=self.config, chunk_storage=chunk_storage,
                                          storage_settings=self._storage_settings, ssl_context=self._ssl_context,
                                          auth_secret=self._auth_secret)
-        # Stopped in reverse: the server (and its containers) before the storage they write to.
-        return [_ChunkStorageService(chunk_storage), self.server]
+        # Stopped in reverse: the controller before the server it uses, the server (and its
+        # containers) before the storage they write to.
+        services: list[Service] = [_ChunkStorageService(chunk_storage), self.server]
+        if self._host_controller:
+            self._controller_service = _ControllerService(self.server, self._controller_config)
+            services.append(self._controller_service)
+        return services
 
     async def start(self) -> None:
         """Start every service; if one fails, stop those already started and re-raise."""
@@ -186,6 +225,11 @@ class Node:
     @property
     def uri(self) -> str:
         return "" if self.server is None else self.server.uri
+
+    @property
+    def controller(self) -> Controller | None:
+        """The controller this node hosts (None before ``start`` or if it hosts none)."""
+        return None if self._controller_service is None else self._controller_service.controller
 
 
 class StandaloneNode:
@@ -254,6 +298,14 @@ class StandaloneNode:
         """The segment store (touch it only on the node's loop: see ``run``)."""
         assert self.node.server is not None
         return self.node.server
+
+    @property
+    def controller(self) -> Controller:
+        """The controller (touch it only on the node's loop: see ``run``)."""
+        controller = self.node.controller
+        if controller is None:
+            raise ObjectClosedError("this node hosts no controller")
+        return controller
 
     def run(self, coroutine: Coroutine[Any, Any, _T], timeout_seconds: float = NODE_START_TIMEOUT_SECONDS) -> _T:
         """Run ``coroutine`` on the node's event loop and return its result."""

@@ -19,6 +19,11 @@ Backpressure: a connection stops reading from its socket while its own append by
 the server's, are over their limits (``_config.IngressBudget``, after Pravega's ConnectionTracker),
 while too many of its other requests are in flight, or while its peer does not read the replies.
 
+The node's controller, when it hosts one (``attach_controller``), shares the connections:
+``ControllerRequest`` is dispatched to it as another request task (a server without one answers
+``OperationUnsupported``).  Each append block accepted is also counted in ``statistics`` (bytes and
+events per segment), which the controller drains for auto-scaling.
+
 Shutdown (``stop``) stops accepting, stops reading, lets every append and administrative request
 already received finish and be answered (bounded), cancels waiting tail reads, closes the
 connections and stops the containers.
@@ -27,12 +32,15 @@ connections and stops the containers.
 from millstream.server._appends import WriterSession, scan_events
 from millstream.server._config import IngressBudget, ServerConfig
 from millstream.server._connection import Connection
-from millstream.server._server import SERVER_LIFECYCLE, SegmentStoreServer, ServerState
+from millstream.server._server import SERVER_LIFECYCLE, ControllerEndpoint, SegmentStoreServer, ServerState
+from millstream.server._stats import SegmentStatistics
 
 __all__ = [
     "SERVER_LIFECYCLE",
     "Connection",
+    "ControllerEndpoint",
     "IngressBudget",
+    "SegmentStatistics",
     "SegmentStoreServer",
     "ServerConfig",
     "ServerState",

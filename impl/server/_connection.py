@@ -75,6 +75,8 @@ from millstream.wire import (
     AuthTokenCheckFailed,
     Command,
     ConditionalAppend,
+    ControllerReply,
+    ControllerRequest,
     CreateSegment,
     Decoder,
     DeleteSegment,
@@ -113,7 +115,7 @@ from millstream.wire.error_codes import error_code_of
 
 if TYPE_CHECKING:
     from millstream.segmentstore.container import SegmentContainer
-    from millstream.server._server import SegmentStoreServer
+    from millstream.server._server import ControllerEndpoint, SegmentStoreServer
 
 __all__ = ["Connection"]
 
@@ -564,6 +566,7 @@ class Connection(asyncio.BufferedProtocol):
             message = f"an event of {longest} bytes exceeds {limits.EVENT_LENGTH_MAX_BYTES}"
             self._fail_protocol(f"writer {writer_id}: {message}",
                                 ErrorMessage(request_id, session.segment, error_code_of(_PAYLOAD_TOO_LARGE), message))
+        self._server.statistics.record(session.segment, len(data), count)  # (per block: auto-scaling's rates)
         charge = len(data) + self._config.append_overhead_bytes
         block = PendingBlock(request_id, last_event_number, data, expected_offset, charge)
         self._charge(charge)
@@ -806,6 +809,30 @@ class Connection(asyncio.BufferedProtocol):
             return SegmentAttributeUpdated(command.request_id, True)
         self._administer(command.request_id, command.segment, command.token, update())
 
+    # --- the controller ---------------------------------------------------------------------------------------
+
+    def _on_controller_request(self, command: ControllerRequest) -> None:
+        controller = self._server.controller
+        if controller is None or not controller.knows(command.method):
+            what = "ControllerRequest" if controller is None else f"ControllerRequest {command.method[:100]!r}"
+            log.info("connection %s: unsupported %s (request %d)", self.peer, what, command.request_id)
+            self._send(OperationUnsupported(command.request_id, what))
+            return
+        if len(command.body) > limits.CONTROLLER_REQUEST_BODY_BYTES_MAX:
+            self._send(ErrorMessage(command.request_id, "", error_code_of(_PAYLOAD_TOO_LARGE),
+                                    f"a controller request body of {len(command.body)} bytes exceeds "
+                                    f"{limits.CONTROLLER_REQUEST_BODY_BYTES_MAX}"))
+            return
+        self._request(self._call_controller(controller, command))
+
+    async def _call_controller(self, controller: ControllerEndpoint, command: ControllerRequest) -> None:
+        try:
+            body = await controller.handle(command.method, command.body)
+        except Exception as error:
+            self._send(self._error_reply(command.request_id, "", error))
+            return
+        self._send(ControllerReply(command.request_id, body))
+
     # --- errors ----------------------------------------------------------------------------------------------
 
     def _error_reply(self, request_id: int, segment: str, error: BaseException,
@@ -882,4 +909,5 @@ _HANDLERS: dict[type[Command], Any] = {
     DeleteSegment: Connection._on_delete_segment,
     MergeSegments: Connection._on_merge_segments,
     UpdateSegmentAttribute: Connection._on_update_segment_attribute,
+    ControllerRequest: Connection._on_controller_request,
 }

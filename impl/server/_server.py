@@ -8,7 +8,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from millstream.auth import Authorizer
 from millstream.clock import Clock, SystemClock
@@ -25,10 +25,23 @@ from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
 from millstream.server._config import IngressBudget, ServerConfig
 from millstream.server._connection import Connection
+from millstream.server._stats import SegmentStatistics
 
-__all__ = ["SERVER_LIFECYCLE", "SegmentStoreServer", "ServerState"]
+__all__ = ["SERVER_LIFECYCLE", "ControllerEndpoint", "SegmentStoreServer", "ServerState"]
 
 log = logging.getLogger("millstream.server")
+
+
+class ControllerEndpoint(Protocol):
+    """What the server needs of a controller it hosts: ``ControllerRequest``s are handed to it."""
+
+    def knows(self, method: str) -> bool:
+        """Whether ``method`` is a controller method (else the request is answered OperationUnsupported)."""
+        ...
+
+    async def handle(self, method: str, body: bytes) -> bytes:
+        """The reply body of ``method`` called with ``body``; raises the typed error to answer with."""
+        ...
 
 
 class ServerState(enum.Enum):
@@ -94,6 +107,11 @@ class SegmentStoreServer:
         self._paused: set[Connection] = set()
         self._state = ServerState.NEW
         self._port = 0
+        #: Bytes and events appended per segment, counted per block; drained by the controller.
+        self.statistics = SegmentStatistics()
+        #: The controller this node hosts (``attach_controller``); without one, ``ControllerRequest``s
+        #: are answered ``OperationUnsupported``.
+        self.controller: ControllerEndpoint | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -234,6 +252,10 @@ class SegmentStoreServer:
             raise WrongHostError(f"segment {segment!r} lives in container {container_id}, not hosted here")
         return host.container
 
+    def attach_controller(self, controller: ControllerEndpoint | None) -> None:
+        """Serve ``ControllerRequest``s with ``controller`` from now on (None: stop serving them)."""
+        self.controller = controller
+
     # --- connections (called by Connection) ---------------------------------------------------------------------
 
     @property
@@ -276,6 +298,7 @@ class SegmentStoreServer:
         assert self.budget.total >= 0
         for connection in self._connections:
             connection.check_invariants()
+        self.statistics.check_invariants()
 
 
 async def _all_quiet(connections: list[Connection]) -> None:

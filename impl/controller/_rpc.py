@@ -1,0 +1,255 @@
+"""The controller's wire face: ``ControllerRequest`` bodies in, ``ControllerReply`` bodies out.
+
+Theory of operation.  The server hands each ``ControllerRequest`` to ``ControllerRpc.handle(method,
+body)``.  The body must be a JSON object with exactly the method's fields (plus an optional
+``"token"``); each field is checked and converted here -- names, segment ids, key ranges, stream
+cuts (``{"<segment id>": offset}``), configurations -- so the controller's methods receive only
+well-formed arguments, and anything malformed is an ``InvalidArgumentError`` naming the field, before
+anything is looked at or changed.  The reply is the controller method's result as canonical JSON.
+With authentication on, the token must grant the method's permission (READ for queries, READ_UPDATE
+for changes) on its resource: the scope for scope methods, ``scope/stream`` for stream methods,
+``scope/group`` for reader groups, ``*`` for listing scopes, the segment's stream for
+``get_segment_uri``.  Unknown methods are not handed here: ``knows`` says no and the server answers
+``OperationUnsupported``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import attrs
+from millstream.auth import Authorizer, Permission
+from millstream.client._streams import ReaderGroupConfig, StreamConfig, canonical_json
+from millstream.controller._controller import Controller
+from millstream.errors import InvalidArgumentError
+from millstream.naming import validate_scope_or_stream_name
+
+__all__ = ["METHODS", "ControllerRpc"]
+
+_Args = dict[str, Any]
+_Parse = Callable[[Any, str], Any]
+
+
+def _name(what: str) -> _Parse:
+    def parse(value: Any, field: str) -> str:
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"{field} must be a string, not {value!r}")
+        return validate_scope_or_stream_name(value, what=what)
+    return parse
+
+
+def _qualified_stream(value: Any, field: str) -> str:
+    if not isinstance(value, str) or value.count("/") != 1:
+        raise InvalidArgumentError(f"{field} must be 'scope/stream', not {value!r}")
+    scope, stream = value.split("/")
+    validate_scope_or_stream_name(scope, what="scope")
+    validate_scope_or_stream_name(stream, what="stream")
+    return value
+
+
+def _segment_id(value: Any, field: str) -> int:
+    if type(value) is not int or not 0 <= value < 2**64:
+        raise InvalidArgumentError(f"{field} must be a segment id (a non-negative int), not {value!r}")
+    return value
+
+
+def _segment_ids(value: Any, field: str) -> list[int]:
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"{field} must be a list of segment ids, not {value!r}")
+    return [_segment_id(v, field) for v in value]
+
+
+def _key(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise InvalidArgumentError(f"{field}: key range bounds are numbers in [0, 1], not {value!r}")
+    return float(value)
+
+
+def _ranges(value: Any, field: str) -> list[tuple[float, float]]:
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"{field} must be a list of [key_start, key_end] pairs, not {value!r}")
+    ranges = []
+    for pair in value:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise InvalidArgumentError(f"{field}: a key range is [key_start, key_end], not {pair!r}")
+        ranges.append((_key(pair[0], field), _key(pair[1], field)))
+    return ranges
+
+
+def _cut(value: Any, field: str) -> dict[int, int]:
+    if not isinstance(value, dict) or not value:
+        raise InvalidArgumentError(f"{field} must be a stream cut ({{\"<segment id>\": offset}}), not {value!r}")
+    cut: dict[int, int] = {}
+    for key, offset in value.items():
+        if not (key.isascii() and key.isdigit()) or (len(key) > 1 and key[0] == "0"):
+            raise InvalidArgumentError(f"{field}: a stream cut's keys are segment ids in decimal, not {key!r}")
+        if type(offset) is not int or offset < 0:
+            raise InvalidArgumentError(f"{field}: the offset of segment {key} must be a non-negative int, "
+                                       f"not {offset!r}")
+        cut[_segment_id(int(key), field)] = offset
+    return cut
+
+
+def _optional_cut(value: Any, field: str) -> dict[int, int] | None:
+    return None if value is None else _cut(value, field)
+
+
+def _time(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgumentError(f"{field} must be a time in seconds, not {value!r}")
+    return float(value)
+
+
+def _optional_generation(value: Any, field: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise InvalidArgumentError(f"{field} must be a non-negative int, not {value!r}")
+    return value
+
+
+def _stream_config(value: Any, field: str) -> StreamConfig:
+    return StreamConfig.from_json_object(value)
+
+
+def _group_config(value: Any, field: str) -> ReaderGroupConfig:
+    return ReaderGroupConfig.from_json_object(value)
+
+
+def _segment_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value or len(value.encode("utf-8", "surrogatepass")) > 1024:
+        raise InvalidArgumentError(f"{field} must be a segment name, not {value!r}")
+    return value
+
+
+_SCOPE, _STREAM, _GROUP = _name("scope"), _name("stream"), _name("reader group")
+
+
+@attrs.frozen
+class _Method:
+    required: Mapping[str, _Parse]
+    optional: Mapping[str, _Parse]
+    permission: Permission
+    resource: Callable[[_Args], str]
+    call: Callable[[Controller, _Args], Awaitable[dict[str, Any]]]
+
+
+def _scope_resource(args: _Args) -> str:
+    return str(args["scope"])
+
+
+def _stream_resource(args: _Args) -> str:
+    return f"{args['scope']}/{args['stream']}"
+
+
+def _group_resource(args: _Args) -> str:
+    return f"{args['scope']}/{args['group']}"
+
+
+_READ, _UPDATE = Permission.READ, Permission.READ_UPDATE
+_STREAM_FIELDS: Final = {"scope": _SCOPE, "stream": _STREAM}
+_GROUP_FIELDS: Final = {"scope": _SCOPE, "group": _GROUP}
+
+#: Every controller method: its fields, permission, resource and the controller call.
+METHODS: Final[dict[str, _Method]] = {
+    "create_scope": _Method({"scope": _SCOPE}, {}, _UPDATE, _scope_resource,
+                            lambda c, a: c.create_scope(a["scope"])),
+    "delete_scope": _Method({"scope": _SCOPE}, {}, _UPDATE, _scope_resource,
+                            lambda c, a: c.delete_scope(a["scope"])),
+    "list_scopes": _Method({}, {}, _READ, lambda a: "*", lambda c, a: c.list_scopes()),
+    "create_stream": _Method({**_STREAM_FIELDS, "config": _stream_config}, {}, _UPDATE, _stream_resource,
+                             lambda c, a: c.create_stream(a["scope"], a["stream"], a["config"])),
+    "update_stream": _Method({**_STREAM_FIELDS, "config": _stream_config}, {}, _UPDATE, _stream_resource,
+                             lambda c, a: c.update_stream(a["scope"], a["stream"], a["config"])),
+    "get_stream": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
+                          lambda c, a: c.get_stream(a["scope"], a["stream"])),
+    "list_streams": _Method({"scope": _SCOPE}, {}, _READ, _scope_resource, lambda c, a: c.list_streams(a["scope"])),
+    "seal_stream": _Method(_STREAM_FIELDS, {}, _UPDATE, _stream_resource,
+                           lambda c, a: c.seal_stream(a["scope"], a["stream"])),
+    "delete_stream": _Method(_STREAM_FIELDS, {}, _UPDATE, _stream_resource,
+                             lambda c, a: c.delete_stream(a["scope"], a["stream"])),
+    "get_current_segments": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
+                                    lambda c, a: c.get_current_segments(a["scope"], a["stream"])),
+    "get_successors": _Method({**_STREAM_FIELDS, "segment_id": _segment_id}, {}, _READ, _stream_resource,
+                              lambda c, a: c.get_successors(a["scope"], a["stream"], a["segment_id"])),
+    "scale_stream": _Method({**_STREAM_FIELDS, "seal": _segment_ids, "new_ranges": _ranges}, {}, _UPDATE,
+                            _stream_resource,
+                            lambda c, a: c.scale_stream(a["scope"], a["stream"], a["seal"], a["new_ranges"])),
+    "get_head_cut": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
+                            lambda c, a: c.get_head_cut(a["scope"], a["stream"])),
+    "get_tail_cut": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
+                            lambda c, a: c.get_tail_cut(a["scope"], a["stream"])),
+    "get_cut_at": _Method({**_STREAM_FIELDS, "time": _time}, {}, _READ, _stream_resource,
+                          lambda c, a: c.get_cut_at(a["scope"], a["stream"], a["time"])),
+    "truncate_stream": _Method({**_STREAM_FIELDS, "cut": _cut}, {}, _UPDATE, _stream_resource,
+                               lambda c, a: c.truncate_stream(a["scope"], a["stream"], a["cut"])),
+    "check_stream_cut": _Method({**_STREAM_FIELDS, "cut": _cut}, {}, _READ, _stream_resource,
+                                lambda c, a: c.check_stream_cut(a["scope"], a["stream"], a["cut"])),
+    "get_segments_between": _Method(
+        {**_STREAM_FIELDS, "from_cut": _optional_cut, "to_cut": _optional_cut}, {}, _READ, _stream_resource,
+        lambda c, a: c.get_segments_between(a["scope"], a["stream"], a["from_cut"], a["to_cut"])),
+    "create_reader_group": _Method({**_GROUP_FIELDS, "config": _group_config}, {}, _UPDATE, _group_resource,
+                                   lambda c, a: c.create_reader_group(a["scope"], a["group"], a["config"])),
+    "get_reader_group": _Method(_GROUP_FIELDS, {}, _READ, _group_resource,
+                                lambda c, a: c.get_reader_group(a["scope"], a["group"])),
+    "update_reader_group": _Method(
+        {**_GROUP_FIELDS, "config": _group_config}, {"expected_generation": _optional_generation}, _UPDATE,
+        _group_resource,
+        lambda c, a: c.update_reader_group(a["scope"], a["group"], a["config"], a.get("expected_generation"))),
+    "delete_reader_group": _Method(_GROUP_FIELDS, {}, _UPDATE, _group_resource,
+                                   lambda c, a: c.delete_reader_group(a["scope"], a["group"])),
+    "list_reader_groups": _Method({"scope": _SCOPE}, {}, _READ, _scope_resource,
+                                  lambda c, a: c.list_reader_groups(a["scope"])),
+    "update_subscriber_cut": _Method(
+        {**_GROUP_FIELDS, "stream": _qualified_stream, "cut": _cut}, {}, _UPDATE, _group_resource,
+        lambda c, a: c.update_subscriber_cut(a["scope"], a["group"], a["stream"], a["cut"])),
+    "get_segment_uri": _Method({"segment": _segment_name}, {}, _READ, lambda a: str(a["segment"]),
+                               lambda c, a: c.get_segment_uri(a["segment"])),
+}
+
+
+def parse_request(method: str, body: bytes) -> tuple[_Args, str]:
+    """The checked arguments of a ``method`` request and its token.  Raises ``InvalidArgumentError``
+    for a body that is not a JSON object of exactly the method's fields."""
+    spec = METHODS[method]
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InvalidArgumentError(f"{method}: the request body is not JSON: {error}") from None
+    if not isinstance(request, dict):
+        raise InvalidArgumentError(f"{method}: the request body must be a JSON object, not {type(request).__name__}")
+    token = request.pop("token", "")
+    if not isinstance(token, str):
+        raise InvalidArgumentError(f"{method}: token must be a string")
+    unknown = set(request) - set(spec.required) - set(spec.optional)
+    if unknown:
+        raise InvalidArgumentError(f"{method}: unknown fields {sorted(unknown)}")
+    missing = set(spec.required) - set(request)
+    if missing:
+        raise InvalidArgumentError(f"{method}: missing fields {sorted(missing)}")
+    args = {field: parse(request[field], field) for field, parse in spec.required.items()}
+    args.update({field: parse(request[field], field) for field, parse in spec.optional.items() if field in request})
+    return args, token
+
+
+class ControllerRpc:
+    """Serves ``controller`` to the server's connections (``SegmentStoreServer.attach_controller``)."""
+
+    def __init__(self, controller: Controller, authorizer: Authorizer | None = None) -> None:
+        self.controller = controller
+        self._authorizer = authorizer
+
+    def knows(self, method: str) -> bool:
+        return method in METHODS
+
+    async def handle(self, method: str, body: bytes) -> bytes:
+        spec = METHODS.get(method)
+        if spec is None:
+            raise InvalidArgumentError(f"no controller method {method!r}")
+        args, token = parse_request(method, body)
+        if self._authorizer is not None:
+            self._authorizer.check(token, spec.resource(args), spec.permission)
+        return canonical_json(await spec.call(self.controller, args))

@@ -1,0 +1,208 @@
+"""The controller's view of the segment store: a small async protocol, and its in-process implementation.
+
+Theory of operation.  The controller needs only a few segment operations -- create, conditional
+append and read (its own metadata log), info, seal, truncate, delete -- plus the append statistics
+the store measures for auto-scaling and the URI where a segment is served.  ``SegmentStore`` names
+exactly those; every operation the controller's workflows repeat after a restart is idempotent here
+(creating a segment that exists, sealing a sealed one, truncating below the current start, deleting
+a missing one all succeed and say so), so a workflow step may simply be run again.
+
+``LocalSegmentStore`` implements it over the ``SegmentStoreServer`` of the same node (in process,
+same event loop): each call finds the segment's container through the server, so a container that
+is restarting (``ContainerUnavailableError``) is waited for with bounded, doubling delays on the
+injected clock.  A remote implementation over the client (for a controller on another node) is a
+later step; so is asking another node for a segment this node does not own (``WrongHostError``
+propagates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import attrs
+from millstream import limits
+from millstream.clock import Clock
+from millstream.errors import (
+    ContainerUnavailableError,
+    StreamSegmentExistsError,
+    StreamSegmentNotExistsError,
+    StreamSegmentSealedError,
+)
+from millstream.segmentstore.read_index import ReadResult
+
+__all__ = ["AppendCounts", "LocalSegmentStore", "SegmentState", "SegmentStore"]
+
+_T = TypeVar("_T")
+
+
+@attrs.frozen
+class SegmentState:
+    """A segment's length, start offset and whether it is sealed."""
+
+    length: int
+    start_offset: int
+    sealed: bool
+
+
+@attrs.frozen
+class AppendCounts:
+    """What was appended to one segment since the statistics were last drained."""
+
+    bytes: int
+    events: int
+
+
+class SegmentStore(Protocol):
+    """The segment operations the controller uses."""
+
+    async def create_segment(self, name: str) -> bool:
+        """Create an empty segment; False (and nothing changes) if it exists already."""
+        ...
+
+    async def append(self, name: str, data: bytes, *, expected_offset: int) -> int:
+        """Append ``data`` iff the segment is exactly ``expected_offset`` long (``BadOffsetError``
+        otherwise); return the new length."""
+        ...
+
+    async def read(self, name: str, offset: int, max_length: int) -> ReadResult:
+        """Up to ``max_length`` bytes from ``offset``, without waiting at the tail."""
+        ...
+
+    async def get_info(self, name: str) -> SegmentState | None:
+        """The segment's state, or None if it does not exist."""
+        ...
+
+    async def seal(self, name: str) -> int:
+        """Seal the segment (sealing a sealed one succeeds); return its final length.  Raises
+        ``StreamSegmentNotExistsError``."""
+        ...
+
+    async def truncate(self, name: str, offset: int) -> None:
+        """Drop the bytes below ``offset``; nothing happens if the segment already starts there or later."""
+        ...
+
+    async def delete(self, name: str) -> bool:
+        """Delete the segment; False if it did not exist."""
+        ...
+
+    def uri_of(self, name: str) -> str:
+        """Where clients reach the segment store that serves ``name``."""
+        ...
+
+    def drain_append_counts(self) -> dict[str, AppendCounts]:
+        """Per segment, what was appended since the last call (and reset the counts)."""
+        ...
+
+
+class _StatisticsSource(Protocol):
+    def drain(self) -> dict[str, tuple[int, int]]: ...
+
+
+class _Container(Protocol):
+    async def create_segment(self, name: str) -> None: ...
+
+    async def append(self, name: str, data: bytes, *, expected_offset: int | None = None) -> int: ...
+
+    async def read(self, name: str, offset: int, max_length: int, *, wait_seconds: float = 0.0) -> ReadResult: ...
+
+    def get_info(self, name: str) -> object: ...
+
+    async def seal(self, name: str) -> int: ...
+
+    async def truncate(self, name: str, offset: int) -> None: ...
+
+    async def delete(self, name: str) -> None: ...
+
+
+class _Server(Protocol):
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def statistics(self) -> _StatisticsSource: ...
+
+    def container_for(self, segment: str) -> _Container: ...
+
+
+class LocalSegmentStore:
+    """``SegmentStore`` over the ``SegmentStoreServer`` of this node (in process)."""
+
+    def __init__(self, server: _Server, *, clock: Clock | None = None,
+                 retry_attempts_max: int = limits.CONTROLLER_STORE_RETRY_ATTEMPTS_MAX) -> None:
+        self._server = server
+        self._clock = clock or server.clock
+        self._retry_attempts_max = retry_attempts_max
+
+    async def _with_container(self, name: str, operation: Callable[[_Container], Awaitable[_T]]) -> _T:
+        """Run ``operation`` on ``name``'s container, waiting (bounded) while it restarts."""
+        delay = limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS
+        attempt = 0
+        while True:
+            try:
+                return await operation(self._server.container_for(name))
+            except ContainerUnavailableError:
+                attempt += 1
+                if attempt > self._retry_attempts_max:
+                    raise
+                await self._clock.sleep(delay)
+                delay = min(delay * 2, limits.CONTROLLER_STORE_RETRY_DELAY_MAX_SECONDS)
+
+    async def create_segment(self, name: str) -> bool:
+        async def create(container: _Container) -> bool:
+            try:
+                await container.create_segment(name)
+            except StreamSegmentExistsError:
+                return False
+            return True
+        return await self._with_container(name, create)
+
+    async def append(self, name: str, data: bytes, *, expected_offset: int) -> int:
+        async def append(container: _Container) -> int:
+            offset = await container.append(name, data, expected_offset=expected_offset)
+            return offset + len(data)
+        return await self._with_container(name, append)
+
+    async def read(self, name: str, offset: int, max_length: int) -> ReadResult:
+        return await self._with_container(name, lambda c: c.read(name, offset, max_length))
+
+    async def get_info(self, name: str) -> SegmentState | None:
+        async def info(container: _Container) -> SegmentState | None:
+            try:
+                found = container.get_info(name)
+            except StreamSegmentNotExistsError:
+                return None
+            return SegmentState(found.length, found.start_offset, found.sealed)  # type: ignore[attr-defined]
+        return await self._with_container(name, info)
+
+    async def seal(self, name: str) -> int:
+        async def seal(container: _Container) -> int:
+            with contextlib.suppress(StreamSegmentSealedError):
+                return await container.seal(name)
+            return int(container.get_info(name).length)  # type: ignore[attr-defined]
+        return await self._with_container(name, seal)
+
+    async def truncate(self, name: str, offset: int) -> None:
+        async def truncate(container: _Container) -> None:
+            if container.get_info(name).start_offset < offset:  # type: ignore[attr-defined]
+                await container.truncate(name, offset)
+        await self._with_container(name, truncate)
+
+    async def delete(self, name: str) -> bool:
+        async def delete(container: _Container) -> bool:
+            try:
+                await container.delete(name)
+            except StreamSegmentNotExistsError:
+                return False
+            return True
+        return await self._with_container(name, delete)
+
+    def uri_of(self, name: str) -> str:
+        return self._server.uri
+
+    def drain_append_counts(self) -> dict[str, AppendCounts]:
+        return {name: AppendCounts(size, events) for name, (size, events) in self._server.statistics.drain().items()}
