@@ -332,7 +332,7 @@ class StreamCut:
         value = _object(value, "a stream cut")
         positions: dict[int, int] = {}
         for key, offset in value.items():
-            if not isinstance(key, str) or not key.isdigit() or (len(key) > 1 and key[0] == "0"):
+            if not isinstance(key, str) or not (key.isascii() and key.isdigit()) or (len(key) > 1 and key[0] == "0"):
                 raise InvalidArgumentError(f"a stream cut's keys are segment ids in decimal, not {key!r}")
             positions[int(key)] = offset
         return cls(stream, positions)
@@ -489,6 +489,7 @@ class ReaderGroupConfig:
     streams: Mapping[str, tuple[StreamCut | None, StreamCut | None]]
     automatic_checkpoint_seconds: float
     retention: str
+    _hash: int
 
     def __init__(self, streams: Mapping[str, tuple[StreamCut | None, StreamCut | None]] | Iterable[str], *,
                  automatic_checkpoint_seconds: float = 30.0, retention: str = "none") -> None:

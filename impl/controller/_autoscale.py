@@ -160,10 +160,11 @@ def plan_auto_scale(segments: Sequence[SegmentRecord], signals: Mapping[int, Sig
         count += parts - 1
         splits += 1
     run: list[SegmentRecord] = []
-    for segment in [*segments, None]:
-        signal = _NONE if segment is None else signals.get(segment.segment_id, _NONE)
-        if segment is not None and signal.kind is ScaleSignal.COLD and segment.segment_id not in seal:
-            run.append(segment)
+    for candidate_segment in [*segments, None]:
+        signal = _NONE if candidate_segment is None else signals.get(candidate_segment.segment_id, _NONE)
+        if candidate_segment is not None and signal.kind is ScaleSignal.COLD \
+                and candidate_segment.segment_id not in seal:
+            run.append(candidate_segment)
             continue
         # A run of adjacent cold segments ends here: merge from its start while allowed.
         while len(run) >= 2 and count > policy.min_segments:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import attrs
 from millstream import limits
@@ -99,11 +99,9 @@ class EpochRecord:
         return {"epoch": self.epoch, "time": self.creation_time, "segments": [s.to_json() for s in self.segments]}
 
     @classmethod
-    def from_json(cls, value: Mapping[str, object]) -> EpochRecord:
-        segments = value["segments"]
-        assert isinstance(segments, list)
-        return cls(int(value["epoch"]), float(value["time"]),  # type: ignore[arg-type]
-                   tuple(SegmentRecord.from_json(s) for s in segments))
+    def from_json(cls, value: Mapping[str, Any]) -> EpochRecord:
+        return cls(int(value["epoch"]), float(value["time"]),
+                   tuple(SegmentRecord.from_json(s) for s in value["segments"]))
 
 
 def overlaps(a: SegmentRecord | tuple[float, float], b: SegmentRecord | tuple[float, float]) -> bool:
@@ -299,7 +297,7 @@ class StreamHistory:
         return [e.to_json() for e in self.epochs]
 
     @classmethod
-    def from_json(cls, value: Sequence[Mapping[str, object]]) -> StreamHistory:
+    def from_json(cls, value: Sequence[Mapping[str, Any]]) -> StreamHistory:
         return cls([EpochRecord.from_json(e) for e in value])
 
     def __repr__(self) -> str:

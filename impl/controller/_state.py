@@ -143,7 +143,7 @@ class StreamRecord:
     def describe_state(self) -> str:
         if self.state is StreamState.IDLE:
             return "sealed" if self.sealed else "active"
-        return self.state.value
+        return str(self.state.value)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,413 @@
+"""The controller as a service, on the simulated tiers: scopes, streams, scaling, stream cuts,
+truncation, the reader-group registry, bad input, restarts (including in the middle of a scale),
+snapshots and two controllers on one log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from millstream.client import ReaderGroupConfig, RetentionPolicy, ScalingPolicy, StreamConfig, StreamCut
+from millstream.controller import METADATA_SEGMENT, Controller, StreamState, reader_group_state_segment
+from millstream.errors import (
+    InvalidArgumentError,
+    InvalidScaleError,
+    InvalidStreamCutError,
+    ObjectClosedError,
+    ReaderGroupExistsError,
+    ReaderGroupNotFoundError,
+    ScopeExistsError,
+    ScopeNotEmptyError,
+    ScopeNotFoundError,
+    StreamExistsError,
+    StreamNotFoundError,
+    StreamNotSealedError,
+    StreamSealedError,
+    StreamSegmentNotExistsError,
+)
+from millstream.naming import segment_id, stream_segment_name
+
+from tests.controller.helpers import Crash, FlakyStore, Harness, append_events, harness, run
+
+FIXED2 = StreamConfig(scaling=ScalingPolicy.fixed(2))
+
+
+class Unchanged:
+    """Asserts that a failed call left the metadata (state and log) as it was."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    async def fails(self, error: type[Exception], call: Any, match: str | None = None) -> None:
+        before = self.controller.state.to_snapshot()
+        length = self.controller._log.length
+        with pytest.raises(error, match=match):
+            await call
+        assert self.controller.state.to_snapshot() == before
+        assert self.controller._log.length == length
+
+
+def test_scopes_and_streams_with_typed_errors_that_change_nothing() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            controller = await test.controller()
+            check = Unchanged(controller)
+            assert await controller.create_scope("iot") == {}
+            await check.fails(ScopeExistsError, controller.create_scope("iot"))
+            await check.fails(InvalidArgumentError, controller.create_scope("_system"))
+            await check.fails(ScopeNotFoundError, controller.create_stream("nope", "s", FIXED2))
+            await controller.create_stream("iot", "s", FIXED2)
+            await check.fails(StreamExistsError, controller.create_stream("iot", "s", StreamConfig()))
+            await check.fails(StreamNotFoundError, controller.get_stream("iot", "t"))
+            await check.fails(ScopeNotFoundError, controller.list_streams("nope"))
+            assert (await controller.list_scopes())["scopes"] == ["iot"]
+            assert (await controller.list_streams("iot"))["streams"] == ["s"]
+            described = await controller.get_stream("iot", "s")
+            assert described["epoch"] == 0 and described["sealed"] is False and described["state"] == "active"
+            assert [s["id"] for s in described["segments"]] == [0, 1]
+            for segment in described["segments"]:
+                assert test.segment(segment["name"]).length == 0, "epoch 0's segments exist in the store"
+            await controller.update_stream("iot", "s", StreamConfig(scaling=ScalingPolicy.fixed(2),
+                                                                    retention=RetentionPolicy.by_size(10)))
+            assert (await controller.get_stream("iot", "s"))["config"]["retention"] == {"type": "size",
+                                                                                     "limit": 10.0}
+            await check.fails(ScopeNotEmptyError, controller.delete_scope("iot"))
+            await check.fails(StreamNotSealedError, controller.delete_stream("iot", "s"))
+            await controller.seal_stream("iot", "s")
+            length = controller._log.length
+            await controller.seal_stream("iot", "s")  # sealing twice: fine, and nothing recorded
+            assert controller._log.length == length
+            assert all(test.segment(stream_segment_name("iot", "s", i)).sealed for i in (0, 1))
+            await check.fails(StreamSealedError, controller.scale_stream("iot", "s", [0], [(0.0, 0.5)]))
+            await check.fails(StreamSealedError, controller.update_stream("iot", "s", StreamConfig()))
+            await controller.delete_stream("iot", "s")
+            await check.fails(StreamNotFoundError, controller.get_current_segments("iot", "s"))
+            with pytest.raises(StreamSegmentNotExistsError):  # reading a deleted stream's segment
+                test.segment(stream_segment_name("iot", "s", 0))
+            await controller.delete_scope("iot")
+            await check.fails(ScopeNotFoundError, controller.delete_scope("iot"))
+            await controller.stop()
+            with pytest.raises(ObjectClosedError):
+                await controller.list_scopes()
+    run(scenario)
+
+
+def test_manual_split_and_merge_with_successors_predecessors_and_validation() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            controller = await test.controller()
+            check = Unchanged(controller)
+            await controller.create_scope("sc")
+            await controller.create_stream("sc", "st", FIXED2)
+            await append_events(test, stream_segment_name("sc", "st", 0), 3)
+            await check.fails(InvalidScaleError, controller.scale_stream("sc", "st", [0], [(0.0, 0.25)]),
+                              match="exactly the same keys")
+            await check.fails(InvalidScaleError, controller.scale_stream("sc", "st", [5], [(0.0, 0.5)]),
+                              match="not in the stream's current epoch")
+            assert await controller.scale_stream("sc", "st", [0], [(0.0, 0.25), (0.25, 0.5)]) == {"epoch": 1}
+            a, b = segment_id(1, 2), segment_id(1, 3)
+            current = await controller.get_current_segments("sc", "st")
+            assert current["epoch"] == 1 and [s["id"] for s in current["segments"]] == [a, b, 1]
+            assert all(s["uri"] == test.server.uri for s in current["segments"])
+            assert test.segment(stream_segment_name("sc", "st", 0)).sealed
+            assert test.segment(stream_segment_name("sc", "st", 0)).length == 3 * 18
+            await check.fails(InvalidScaleError, controller.scale_stream("sc", "st", [0], [(0.0, 0.5)]),
+                              match="not in the stream's current epoch")  # sealed already
+            assert await controller.scale_stream("sc", "st", [b, 1], [(0.25, 1.0)]) == {"epoch": 2}
+            c = segment_id(2, 4)
+            successors = (await controller.get_successors("sc", "st", 0))["successors"]
+            assert [(s["id"], s["predecessors"]) for s in successors] == [(a, [0]), (b, [0])]
+            successors = (await controller.get_successors("sc", "st", 1))["successors"]
+            assert [(s["id"], s["predecessors"]) for s in successors] == [(c, [1, b])]
+            assert (await controller.get_successors("sc", "st", c))["successors"] == []  # active
+            await check.fails(InvalidArgumentError, controller.get_successors("sc", "st", 77))
+            stream = controller.state.streams[("sc", "st")]
+            assert stream.sealed_lengths == {0: 54, b: 0, 1: 0} and stream.state is StreamState.IDLE
+            await controller.seal_stream("sc", "st")
+            assert (await controller.get_successors("sc", "st", c))["successors"] == [], "sealed with the stream"
+    run(scenario)
+
+
+def test_stream_cuts_truncation_and_segments_between() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            controller = await test.controller()
+            check = Unchanged(controller)
+            await controller.create_scope("sc")
+            await controller.create_stream("sc", "st", FIXED2)
+            s0, s1 = (stream_segment_name("sc", "st", i) for i in (0, 1))
+            await append_events(test, s0, 2)
+            await append_events(test, s1, 4)
+            assert (await controller.get_head_cut("sc", "st"))["cut"] == {"0": 0, "1": 0}
+            assert (await controller.get_tail_cut("sc", "st"))["cut"] == {"0": 36, "1": 72}
+            await controller.scale_stream("sc", "st", [0, 1], [(0.0, 1.0)])
+            merged = segment_id(1, 2)
+            await append_events(test, stream_segment_name("sc", "st", merged), 1)
+            assert (await controller.get_tail_cut("sc", "st"))["cut"] == {str(merged): 18}
+            between = (await controller.get_segments_between("sc", "st", None, None))["segments"]
+            assert [(s["id"], s["start_offset"], s["end_offset"], s["predecessors"]) for s in between] == [
+                (0, 0, 36, []), (1, 0, 72, []), (merged, 0, -1, [0, 1])]
+            await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {0: 18}),
+                              match="exactly once")
+            await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {0: 99, 1: 0}),
+                              match="beyond the end")
+            await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {merged: 19}),
+                              match="beyond the end")
+            await controller.truncate_stream("sc", "st", {0: 18, 1: 72})
+            assert test.segment(s0).start_offset == 18 and test.segment(s1).start_offset == 72
+            await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {0: 0, 1: 72}),
+                              match="before the head")
+            await check.fails(InvalidStreamCutError, controller.check_stream_cut("sc", "st", {0: 0, 1: 0}))
+            await controller.check_stream_cut("sc", "st", {merged: 5})
+            await controller.truncate_stream("sc", "st", {merged: 18})
+            with pytest.raises(StreamSegmentNotExistsError):
+                test.segment(s0)  # wholly before the cut: deleted
+            stream = controller.state.streams[("sc", "st")]
+            assert stream.head == {merged: 18} and stream.history.first_epoch == 1, "epoch 0 forgotten"
+            await check.fails(InvalidStreamCutError, controller.check_stream_cut("sc", "st", {0: 18, 1: 72}),
+                              match="truncated away")
+    run(scenario)
+
+
+def test_tail_cuts_are_recorded_on_the_clock_and_found_by_time() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            controller = await test.controller(tail_cut_interval_seconds=60.0)
+            await controller.create_scope("sc")
+            await controller.create_stream("sc", "st", StreamConfig())
+            segment = stream_segment_name("sc", "st", 0)
+            start = test.clock.monotonic()
+            await controller.tick()  # the first tick only schedules the recording
+            for minute in range(1, 4):
+                await append_events(test, segment, 1)
+                test.clock.advance(60.0)
+                await controller.tick()
+                assert len(controller.state.streams[("sc", "st")].recorded_cuts) == minute
+            test.clock.advance(60.0)
+            await controller.tick()  # nothing was written: nothing new recorded
+            assert len(controller.state.streams[("sc", "st")].recorded_cuts) == 3
+            at = await controller.get_cut_at("sc", "st", start + 150.0)
+            assert at["cut"] == {"0": 36}
+            assert (await controller.get_cut_at("sc", "st", start))["cut"] == {"0": 0}, "before any: the head"
+    run(scenario)
+
+
+def test_retention_by_size_time_and_consumption() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            controller = await test.controller(tail_cut_interval_seconds=60.0)
+            await controller.create_scope("sc")
+            configs = {"size": RetentionPolicy.by_size(40), "time": RetentionPolicy.by_time(150),
+                       "used": RetentionPolicy.consumption()}
+            for name, retention in configs.items():
+                await controller.create_stream("sc", name, StreamConfig(retention=retention))
+            group = ReaderGroupConfig(["sc/used"], retention="consumption")
+            await controller.create_reader_group("sc", "g", group)
+            await controller.tick()
+            for _ in range(5):
+                for name in configs:
+                    await append_events(test, stream_segment_name("sc", name, 0), 1)  # 18 bytes a minute
+                test.clock.advance(60.0)
+                await controller.tick()
+            streams = controller.state.streams
+            # Size: the newest recorded cut leaving >= 40 of the 90 bytes is at 36 (54 left).
+            assert streams[("sc", "size")].head == {0: 36}
+            # Time: the newest cut recorded at least 150 s ago (at minute 2 of 5) is at 36.
+            assert streams[("sc", "time")].head == {0: 36}
+            assert test.segment(stream_segment_name("sc", "size", 0)).start_offset == 36
+            # Consumption: nothing until the subscriber reports; then its cut.
+            assert streams[("sc", "used")].head == {0: 0}
+            await controller.update_subscriber_cut("sc", "g", "sc/used", {0: 54})
+            test.clock.advance(60.0)
+            await controller.tick()
+            assert streams[("sc", "used")].head == {0: 54}
+            assert controller.retention_truncations >= 3
+    run(scenario)
+
+
+def test_reader_group_registry() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            controller = await test.controller()
+            check = Unchanged(controller)
+            await controller.create_scope("sc")
+            await controller.create_stream("sc", "a", FIXED2)
+            config = ReaderGroupConfig(["sc/a"])
+            await check.fails(StreamNotFoundError, controller.create_reader_group("sc", "g", ReaderGroupConfig(
+                ["sc/missing"])))
+            other = StreamCut("sc/a", {0: 5, 1: 0})  # beyond segment 0's end
+            await check.fails(InvalidStreamCutError, controller.create_reader_group("sc", "g", ReaderGroupConfig(
+                {"sc/a": (other, None)})))
+            reply = await controller.create_reader_group("sc", "g", config)
+            assert reply == {"state_segment": reader_group_state_segment("sc", "g")} \
+                == {"state_segment": "_system/_readergroups/sc.g"}
+            assert test.segment(reply["state_segment"]).length == 0
+            await check.fails(ReaderGroupExistsError, controller.create_reader_group("sc", "g", config))
+            described = await controller.get_reader_group("sc", "g")
+            assert described["generation"] == 0 and ReaderGroupConfig.from_json_object(described["config"]) == config
+            assert (await controller.list_reader_groups("sc"))["groups"] == ["g"]
+            start = StreamCut("sc/a", {0: 0, 1: 0})
+            assert (await controller.update_reader_group("sc", "g", ReaderGroupConfig(
+                {"sc/a": (start, None)}), expected_generation=0))["generation"] == 1
+            await check.fails(InvalidArgumentError, controller.update_reader_group("sc", "g", config,
+                                                                                expected_generation=0))
+            await check.fails(InvalidStreamCutError, controller.update_subscriber_cut("sc", "g", "sc/b", {0: 0}))
+            await check.fails(InvalidStreamCutError, controller.update_subscriber_cut("sc", "g", "sc/a", {0: 0}))
+            await controller.update_subscriber_cut("sc", "g", "sc/a", {0: 0, 1: 0})
+            await check.fails(ScopeNotEmptyError, controller.delete_scope("sc"))
+            await controller.delete_reader_group("sc", "g")
+            with pytest.raises(StreamSegmentNotExistsError):
+                test.segment(reply["state_segment"])
+            await check.fails(ReaderGroupNotFoundError, controller.get_reader_group("sc", "g"))
+            await check.fails(ReaderGroupNotFoundError, controller.delete_reader_group("sc", "g"))
+    run(scenario)
+
+
+async def busy_history(controller: Controller, test: Harness) -> None:
+    """Scopes, streams, scales, a truncation, a seal, a reader group: something to replay."""
+    await controller.create_scope("one")
+    await controller.create_scope("two")
+    await controller.create_stream("one", "a", FIXED2)
+    await controller.create_stream("one", "b", StreamConfig(scaling=ScalingPolicy.by_event_rate(10, 2, 2)))
+    await controller.create_stream("two", "c", StreamConfig())
+    await append_events(test, stream_segment_name("one", "a", 0), 2)
+    await controller.scale_stream("one", "a", [0], [(0.0, 0.25), (0.25, 0.5)])
+    await controller.scale_stream("one", "a", [1], [(0.5, 0.75), (0.75, 1.0)])
+    await controller.truncate_stream("one", "a", {0: 18, 1: 0})
+    await controller.seal_stream("two", "c")
+    await controller.create_reader_group("one", "readers", ReaderGroupConfig(["one/a", "one/b"]))
+
+
+def test_a_restarted_controller_replays_everything() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            first = await test.controller()
+            await busy_history(first, test)
+            before = first.state.to_snapshot()
+            await first.stop()
+            second = await test.controller()
+            assert second.state.to_snapshot() == before
+            assert (await second.get_stream("one", "a"))["epoch"] == 2
+    run(scenario)
+
+
+def test_snapshots_keep_replay_short_and_restore_the_same_state() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            first = await test.controller(snapshot_records=4)
+            await busy_history(first, test)
+            for index in range(12):
+                await first.create_scope(f"extra-{index}")
+            before = first.state.to_snapshot()
+            info = test.segment(METADATA_SEGMENT)
+            assert info.start_offset > 0, "the log was truncated before a snapshot"
+            await first.stop()
+            second = await test.controller(snapshot_records=4)
+            assert second.state.to_snapshot() == before
+            assert second.state.records_since_snapshot < 4
+    run(scenario)
+
+
+@pytest.mark.parametrize(("operation", "fail_on", "epoch_created"), [
+    ("create_segment", 2, False),  # the successors are being created
+    ("append", 2, False),  # recording epoch_created (after scale_started)
+    ("seal", 1, True),  # sealing the predecessor
+    ("append", 3, True),  # recording the sealed lengths
+])
+def test_a_scale_interrupted_anywhere_resumes_when_the_controller_restarts(
+        operation: str, fail_on: int, epoch_created: bool) -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            flaky = FlakyStore(test.store())
+            first = await test.controller(store=flaky)
+            await first.create_scope("sc")
+            await first.create_stream("sc", "st", FIXED2)
+            await append_events(test, stream_segment_name("sc", "st", 0), 2)
+            flaky.arm(operation, fail_on)
+            with pytest.raises(Crash):
+                await first.scale_stream("sc", "st", [0], [(0.0, 0.25), (0.25, 0.5)])
+            stream = first.state.streams[("sc", "st")]
+            assert stream.state is StreamState.SCALING and stream.pending is not None
+            assert stream.pending["epoch_created"] is epoch_created
+            await first.stop()
+            second = await test.controller()  # resumes on start
+            stream = second.state.streams[("sc", "st")]
+            assert stream.state is StreamState.IDLE and stream.current.epoch == 1
+            assert test.segment(stream_segment_name("sc", "st", 0)).sealed
+            assert stream.sealed_lengths[0] == 36
+            for new in (segment_id(1, 2), segment_id(1, 3)):
+                assert test.segment(stream_segment_name("sc", "st", new)).length == 0
+            assert await second.scale_stream("sc", "st", [segment_id(1, 2)], [(0.0, 0.25)]) == {"epoch": 2}
+    run(scenario)
+
+
+def test_a_workflow_left_pending_is_finished_before_the_next_change_of_its_stream() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            flaky = FlakyStore(test.store())
+            controller = await test.controller(store=flaky)
+            await controller.create_scope("sc")
+            await controller.create_stream("sc", "st", FIXED2)
+            flaky.arm("seal", 1)
+            with pytest.raises(Crash):
+                await controller.seal_stream("sc", "st")
+            assert controller.state.streams[("sc", "st")].state is StreamState.SEALING
+            await controller.seal_stream("sc", "st")  # finishes the pending seal, then nothing to do
+            assert controller.state.streams[("sc", "st")].sealed
+            await controller.delete_stream("sc", "st")
+    run(scenario)
+
+
+def test_two_controllers_on_one_log_catch_up_instead_of_overwriting() -> None:
+    async def scenario() -> None:
+        async with harness() as test:
+            first = await test.controller()
+            second = await test.controller()
+            await first.create_scope("a")
+            await second.create_scope("b")  # its append finds the log longer: catch up, plan again
+            assert set(second.state.scopes) == {"a", "b"}
+            with pytest.raises(ScopeExistsError):
+                await second.create_scope("a")
+            await first.create_stream("a", "s", StreamConfig())  # first catches up with "b" too
+            assert set(first.state.scopes) == {"a", "b"}
+            third = await test.controller()
+            assert third.state.to_snapshot() == first.state.to_snapshot()
+    run(scenario)
+
+
+def test_a_record_whose_append_landed_but_looked_failed_is_recognised() -> None:
+    from millstream.errors import BadOffsetError, ContainerUnavailableError
+
+    async def scenario() -> None:
+        async with harness() as test:
+            flaky = FlakyStore(test.store())
+            controller = await test.controller(store=flaky)
+            # As after a container restart: the store re-sent the append and found the log longer --
+            # by the record itself.  The controller reads it back and knows it succeeded.
+            flaky.arm("append", 1, landed_then=BadOffsetError)
+            assert await controller.create_scope("a") == {}
+            assert list(controller.state.scopes) == ["a"]
+            # An error with an unknown outcome reaches the caller; the next change catches up.
+            flaky.arm("append", 1, landed_then=ContainerUnavailableError)
+            with pytest.raises(ContainerUnavailableError):
+                await controller.create_scope("b")
+            await controller.create_scope("c")
+            assert sorted(controller.state.scopes) == ["a", "b", "c"]
+            replayed = await test.controller()
+            assert replayed.state.to_snapshot() == controller.state.to_snapshot()
+    run(scenario)
+
+
+def test_the_controller_state_survives_a_server_restart_on_files(tmp_path: Any) -> None:
+    from tests.server.raw import Tiers
+
+    async def scenario() -> None:
+        tiers = Tiers("files", tmp_path)
+        async with harness(tiers=tiers) as test:
+            controller = await test.controller()
+            await busy_history(controller, test)
+            before = controller.state.to_snapshot()
+        async with harness(tiers=tiers) as test:
+            controller = await test.controller()
+            assert controller.state.to_snapshot() == before
+    run(scenario)
