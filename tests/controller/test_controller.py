@@ -314,10 +314,14 @@ def test_snapshots_keep_replay_short_and_restore_the_same_state() -> None:
     ("seal", 1, True),  # sealing the predecessor
     ("append", 3, True),  # recording the sealed lengths
 ])
-def test_a_scale_interrupted_anywhere_resumes_when_the_controller_restarts(
-        operation: str, fail_on: int, epoch_created: bool) -> None:
+@pytest.mark.parametrize("kind", ["simulated", "files"])
+def test_a_scale_interrupted_anywhere_resumes_when_the_node_restarts(
+        operation: str, fail_on: int, epoch_created: bool, kind: str, tmp_path: Any) -> None:
+    from tests.server.raw import Tiers
+
     async def scenario() -> None:
-        async with harness() as test:
+        tiers = Tiers(kind, tmp_path)
+        async with harness(tiers=tiers) as test:
             flaky = FlakyStore(test.store())
             first = await test.controller(store=flaky)
             await first.create_scope("sc")
@@ -329,8 +333,8 @@ def test_a_scale_interrupted_anywhere_resumes_when_the_controller_restarts(
             stream = first.state.streams[("sc", "st")]
             assert stream.state is StreamState.SCALING and stream.pending is not None
             assert stream.pending["epoch_created"] is epoch_created
-            await first.stop()
-            second = await test.controller()  # resumes on start
+        async with harness(tiers=tiers) as test:  # the whole node restarts: containers replay their logs
+            second = await test.controller()  # and the controller resumes the scale on start
             stream = second.state.streams[("sc", "st")]
             assert stream.state is StreamState.IDLE and stream.current.epoch == 1
             assert test.segment(stream_segment_name("sc", "st", 0)).sealed
