@@ -245,6 +245,11 @@ class Controller:
             for item in await self._log.catch_up():
                 self._apply_logged(item)
             return
+        except Exception:
+            # A snapshot only shortens replay: the change it follows is durable and applied, so its
+            # caller succeeded.  A partly written snapshot is skipped on replay; the next change retries.
+            log.exception("controller: writing a metadata snapshot failed; will retry")
+            return
         self._state.records_since_snapshot = 0
 
     # --- Helpers -----------------------------------------------------------------------------------

@@ -226,3 +226,34 @@ def test_controller_requests_need_a_token_when_the_node_checks_them(tmp_path: Pa
             assert client.stream_manager().tail_cut("iot/s").positions == {0: 0}
             with pytest.raises(AuthenticationError):
                 client.stream_manager().seal_stream("iot/s")
+
+
+def test_the_periodic_work_runs_on_the_real_clock_in_a_node(tmp_path: Path) -> None:
+    """Tail cuts recorded and time retention applied by the node's own periodic loop (short periods)."""
+    from millstream.controller import ControllerConfig
+    from millstream.standalone import Node
+
+    async def scenario() -> None:
+        node = Node(tmp_path, controller_config=ControllerConfig(tick_seconds=0.02, tail_cut_interval_seconds=0.05))
+        await node.start()
+        try:
+            async with millstream.AsyncClient(node.uri) as client:
+                manager = client.stream_manager()
+                await manager.create_scope("sc")
+                await manager.create_stream("sc/st", StreamConfig(retention=RetentionPolicy.by_time(0.1)))
+                writer = client.event_writer(["sc/st/0.#epoch.0"])
+                controller = node.controller
+                assert controller is not None
+                async with asyncio.timeout(10):
+                    while controller.retention_truncations == 0:
+                        await writer.write_event(b"z" * 50)
+                        await writer.flush()
+                        await asyncio.sleep(0.02)
+                await writer.close()
+                head = await manager.head_cut("sc/st")
+                assert head.positions[0] > 0, "retention truncated the oldest data"
+                assert (await client.segments().info("sc/st/0.#epoch.0")).start_offset == head.positions[0]
+                assert controller.failed_ticks == 0
+        finally:
+            await node.stop()
+    asyncio.run(scenario())

@@ -94,3 +94,16 @@ def test_stream_segments_find_the_segment_owning_a_key() -> None:
     assert segments.segments[2].owns(0.5) and not segments.segments[2].owns(0.75)
     segment = SegmentWithRange(2**32 + 3, 0.0, 1.0, "n")
     assert (segment.epoch, segment.number) == (1, 3)
+
+
+def test_the_client_and_the_server_know_the_same_controller_methods() -> None:
+    from millstream.client import CONTROLLER_METHODS
+    from millstream.controller import METHODS
+
+    assert set(CONTROLLER_METHODS) == set(METHODS)
+    # Methods the client re-sends after a broken connection are the ones whose repetition is harmless.
+    for name, repeatable in CONTROLLER_METHODS.items():
+        if name.startswith(("get_", "list_", "check_")):
+            assert repeatable, name
+        if name.startswith(("create_", "delete_", "scale_")):
+            assert not repeatable, name
