@@ -33,7 +33,7 @@ from millstream.client._routing import Router
 from millstream.client._segments import AsyncSegments, SegmentProperties
 from millstream.client._serializers import BytesSerializer, Serializer
 from millstream.client._streams import StreamManager
-from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter
+from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking
 from millstream.clock import Clock
 from millstream.errors import InternalError, ObjectClosedError, RequestTimeoutError
 from millstream.segmentstore.read_index import ReadResult
@@ -155,11 +155,12 @@ class EventStreamWriter(Generic[T]):
             self._runner.run(self._shared.wait_for_capacity())
 
     def write_event_future(self, event: T, *, routing_key: str | None = None) -> concurrent.futures.Future[None]:
-        """``write_event``, and a future that completes when the event is durable."""
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        if self._add(event, routing_key, future) & OVER_BUDGET:
+        """``write_event``, and a future that completes when the event is durable (shared by the events of
+        one block, as in ``AsyncEventStreamWriter.write_event_future``)."""
+        tracking = Tracking(concurrent.futures.Future)
+        if self._add(event, routing_key, tracking) & OVER_BUDGET:
             self._runner.run(self._shared.wait_for_capacity())
-        return future
+        return tracking.future  # type: ignore[return-value]
 
     def flush(self) -> None:
         """Wait until every event written so far is durable.  Raises the writer's error, if any."""

@@ -32,8 +32,7 @@ handled like a broken connection: the next ``AppendSetup`` tells the truth.
 
 Errors.  A failure that retrying cannot fix (the segment is sealed or missing, the token is refused,
 reconnecting gave up) fails the segment writer and becomes the writer's error: it fails the
-per-event futures of every unacknowledged event and is raised by the next ``write_event`` and by
-``flush``.  The events stay in the segment writer, in order (``unacknowledged_events``), so that the
+futures of every unacknowledged event and is raised by the next ``write_event`` and by ``flush``.  The events stay in the segment writer, in order (``unacknowledged_events``), so that the
 stream layer can re-route a sealed segment's events to its successors.
 
 Memory.  Bytes written and not yet acknowledged (all segments of a writer) are bounded by the
@@ -49,6 +48,7 @@ import logging
 import struct
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Final, Generic, TypeVar, cast
 from uuid import UUID
 
@@ -75,7 +75,7 @@ from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire import codec
 from millstream.wire.commands import AppendBlock, AppendSetup, Command, DataAppended, SetupAppend
 
-__all__ = ["AsyncEventStreamWriter", "SegmentWriter", "WriterShared"]
+__all__ = ["AsyncEventStreamWriter", "SegmentWriter", "Tracking", "WriterShared"]
 
 _log = logging.getLogger(__name__)
 
@@ -97,28 +97,36 @@ OVER_BUDGET: Final = 2  # too much is unacknowledged: the caller waits (``Writer
 
 
 class _Block:
-    """A closed block: framed events numbered up to ``last_event_number``, and their futures."""
+    """A closed block: framed events numbered up to ``last_event_number``, and the future its tracked
+    events share (a block is stored all together or not at all, so one future answers for all of them)."""
 
-    __slots__ = ("data", "event_count", "futures", "last_event_number", "sent_at")
+    __slots__ = ("data", "event_count", "future", "last_event_number", "sent_at")
 
-    def __init__(self, data: bytes, event_count: int, last_event_number: int,
-                 futures: list[Completion] | None) -> None:
+    def __init__(self, data: bytes, event_count: int, last_event_number: int, future: Completion | None) -> None:
         self.data = data
         self.event_count = event_count
         self.last_event_number = last_event_number
-        self.futures = futures
+        self.future = future
         self.sent_at = 0.0
 
 
-def _settle(futures: list[Completion] | None, error: BaseException | None) -> None:
-    if not futures:
-        return
-    for future in futures:
-        if not future.done():
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+class Tracking:
+    """Asks ``SegmentWriter.append`` for the future of the event's block: ``factory`` makes one if the
+    open block has none yet; ``future`` is what the event got."""
+
+    __slots__ = ("factory", "future")
+
+    def __init__(self, factory: Callable[[], Completion]) -> None:
+        self.factory = factory
+        self.future: Completion | None = None
+
+
+def _settle(future: Completion | None, error: BaseException | None) -> None:
+    if future is not None and not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 class WriterShared:
@@ -190,7 +198,7 @@ class SegmentWriter:
         self._parts: list[bytes] = []
         self._open_bytes = 0
         self._open_count = 0
-        self._open_futures: list[Completion] | None = None
+        self._open_future: Completion | None = None  # shared by the open block's tracked events
         self._last_assigned = 0  # the last event number given to a closed block
         self._blocks_unacked = 0  # closed and not acknowledged
         self._tracker = BlockSizeTracker(now=self._clock.monotonic(), block_bytes_max=config.writer_block_bytes_max,
@@ -269,9 +277,10 @@ class SegmentWriter:
 
     # --- Producer side (any thread) ----------------------------------------------------------------
 
-    def append(self, payload: bytes, future: Completion | None) -> int:
-        """Add one event; return ``SHIPPED``/``OVER_BUDGET`` flags.  Raises the writer's error, or
-        ``PayloadTooLargeError`` (nothing added)."""
+    def append(self, payload: bytes, tracking: Tracking | None) -> int:
+        """Add one event; return ``SHIPPED``/``OVER_BUDGET`` flags.  With ``tracking``, also hand out the
+        future of the event's block.  Raises the writer's error, or ``PayloadTooLargeError`` (nothing
+        added)."""
         length = len(payload)
         if length > _EVENT_LENGTH_MAX:
             raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {_EVENT_LENGTH_MAX} bytes")
@@ -288,11 +297,11 @@ class SegmentWriter:
             self._open_bytes += length
             self._open_count += 1
             shared.unacked_bytes += length
-            if future is not None:
-                if self._open_futures is None:
-                    self._open_futures = [future]
-                else:
-                    self._open_futures.append(future)
+            if tracking is not None:
+                future = self._open_future
+                if future is None:
+                    future = self._open_future = tracking.factory()
+                tracking.future = future
             arm = -1
             if self._open_bytes >= self._close_at:
                 self._close_block_locked()
@@ -312,11 +321,11 @@ class SegmentWriter:
         """Number the open block's events and queue it for sending.  Caller holds the lock."""
         count = self._open_count
         self._last_assigned += count
-        block = _Block(b"".join(self._parts), count, self._last_assigned, self._open_futures)
+        block = _Block(b"".join(self._parts), count, self._last_assigned, self._open_future)
         self._parts = []
         self._open_bytes = 0
         self._open_count = 0
-        self._open_futures = None
+        self._open_future = None
         self._blocks_unacked += 1
         self._tracker.block_closed(self._clock.monotonic(), len(block.data))
         self._target_bytes = self._close_at = self._tracker.target()
@@ -502,8 +511,8 @@ class SegmentWriter:
         for _ in range(count):
             last = inflight.popleft()
             freed += len(last.data)
-            if last.futures:
-                _settle(last.futures, None)
+            if last.future is not None:
+                _settle(last.future, None)
         self._sent = max(self._sent - count, 0)
         self._acked = number
         shared = self._shared
@@ -542,12 +551,12 @@ class SegmentWriter:
         _log.info("writer %s on %s failed: %s", self._writer_id, self.segment, error)
         shared = self._shared
         with shared.lock:
-            open_futures, self._open_futures = self._open_futures, None
+            open_future, self._open_future = self._open_future, None
         self._drain_outbox()
         for block in self._inflight:
-            _settle(block.futures, error)
-            block.futures = None
-        _settle(open_futures, error)
+            _settle(block.future, error)
+            block.future = None
+        _settle(open_future, error)
         waiters, self._flush_waiters = self._flush_waiters, []
         for _, waiter in waiters:
             if not waiter.done():
@@ -658,7 +667,7 @@ class AsyncEventStreamWriter(Generic[T]):
 
     # --- The per-event path, shared with the blocking flavour -------------------------------------
 
-    def _add(self, event: T, routing_key: str | None, future: Completion | None) -> int:
+    def _add(self, event: T, routing_key: str | None, tracking: Tracking | None) -> int:
         if self._identity and type(event) is bytes:
             payload = cast(bytes, event)
         else:
@@ -669,7 +678,7 @@ class AsyncEventStreamWriter(Generic[T]):
         writer = self._writers.get(segment)
         if writer is None:
             writer = self._open_segment(segment)
-        return writer.append(payload, future)
+        return writer.append(payload, tracking)
 
     def _open_segment(self, segment: str) -> SegmentWriter:
         shared = self._shared
@@ -716,14 +725,15 @@ class AsyncEventStreamWriter(Generic[T]):
 
     async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
         """``write_event``, and a future that completes when the event is durable (or fails with the
-        writer's error).  A future per event costs time; use it when you need to know per event."""
-        future: asyncio.Future[None] = self._shared.loop.create_future()
-        flags = self._add(event, routing_key, future)
+        writer's error).  Events that travel in the same block share one future (they are stored all
+        together), so a future costs a little per block, not per event; do not cancel it."""
+        tracking = Tracking(self._shared.loop.create_future)
+        flags = self._add(event, routing_key, tracking)
         if flags & OVER_BUDGET:
             await self._shared.wait_for_capacity()
         elif flags:
             await asyncio.sleep(0)
-        return future
+        return tracking.future  # type: ignore[return-value]
 
     async def flush(self) -> None:
         """Wait until every event written so far is durable.  Raises the writer's error, if any."""

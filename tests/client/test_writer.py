@@ -152,6 +152,8 @@ def test_per_event_futures_complete_when_durable() -> None:
             futures = [await writer.write_event_future(f"e{i}") for i in range(10)]
             await until(lambda: len(server.payloads("s")) == 10, "stored")
             assert not any(f.done() for f in futures)
+            blocks = server.blocks_of(AppendBlock)
+            assert len({id(f) for f in futures}) == len(blocks) < 10, "the events of a block share one future"
             server.release_acks()
             await asyncio.gather(*futures)
             await writer.close()
