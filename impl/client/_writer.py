@@ -32,8 +32,9 @@ handled like a broken connection: the next ``AppendSetup`` tells the truth.
 
 Errors.  A failure that retrying cannot fix (the segment is sealed or missing, the token is refused,
 reconnecting gave up) fails the segment writer and becomes the writer's error: it fails the
-futures of every unacknowledged event and is raised by the next ``write_event`` and by ``flush``.  The events stay in the segment writer, in order (``unacknowledged_events``), so that the
-stream layer can re-route a sealed segment's events to its successors.
+futures of every unacknowledged event and is raised by the next ``write_event`` and by ``flush``.
+The events stay in the segment writer, in order (``unacknowledged_events``), so that the stream
+layer can re-route a sealed segment's events to its successors.
 
 Memory.  Bytes written and not yet acknowledged (all segments of a writer) are bounded by the
 config's ``writer_unacked_bytes_max``: beyond it ``write_event`` waits until acknowledgements bring
@@ -645,6 +646,7 @@ class AsyncEventStreamWriter(Generic[T]):
         self._config = config
         self._rng = rng
         self._writers: dict[str, SegmentWriter] = {}
+        self._shipped = 0  # blocks shipped since the last yield to the loop
         self._closed = False
 
     @property
@@ -721,7 +723,7 @@ class AsyncEventStreamWriter(Generic[T]):
             if flags & OVER_BUDGET:
                 await self._shared.wait_for_capacity()
             else:
-                await asyncio.sleep(0)  # a block went out: let the loop read acknowledgements
+                await self._after_shipping()
 
     async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
         """``write_event``, and a future that completes when the event is durable (or fails with the
@@ -732,8 +734,16 @@ class AsyncEventStreamWriter(Generic[T]):
         if flags & OVER_BUDGET:
             await self._shared.wait_for_capacity()
         elif flags:
-            await asyncio.sleep(0)
+            await self._after_shipping()
         return tracking.future  # type: ignore[return-value]
+
+    async def _after_shipping(self) -> None:
+        """A block went out: let the loop read acknowledgements -- once per round over the segments (an
+        event-loop turn costs a selector call; with many segments, blocks are small and many)."""
+        self._shipped += 1
+        if self._shipped >= len(self._writers):
+            self._shipped = 0
+            await asyncio.sleep(0)
 
     async def flush(self) -> None:
         """Wait until every event written so far is durable.  Raises the writer's error, if any."""
