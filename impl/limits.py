@@ -404,3 +404,62 @@ AUTO_SCALE_MUTE_SECONDS: Final = 120.0
 #: ``CONTROLLER_TICK_SECONDS``).  Beyond it appends to further segments go uncounted until the next
 #: drain (and are counted as dropped): a bound for a store whose controller never drains.
 STATISTICS_SEGMENTS_MAX: Final = 100_000
+
+# --- Reader groups (state synchronizer, readers, checkpoints) --------------------------------------
+
+#: A reader group's shared state is one segment of records (a full state, then updates); once this
+#: many bytes of updates follow the last full state, the next writer appends a full state and
+#: truncates the segment before it, so a joining reader replays at most about this much.  (Pravega:
+#: 512 KiB, compacted with probability 5% per update.)
+READER_GROUP_STATE_COMPACTION_BYTES: Final = 512 * KIB
+
+#: A state update that finds the segment longer than it expected (another reader wrote first) reads
+#: what it missed, plans again and retries, at most this many times.  Every failed attempt means
+#: another client's update succeeded, so only a group with this many writers racing one reader for
+#: every single update could exhaust it.
+READER_GROUP_STATE_UPDATE_ATTEMPTS_MAX: Final = 200
+
+#: Checkpoints of one group in progress at once (Pravega's maxOutstandingCheckpointRequest): each
+#: stops its readers from rebalancing until they have recorded it, so more would only pile up.
+READER_GROUP_CHECKPOINTS_OUTSTANDING_MAX: Final = 3
+
+#: Completed checkpoints a group's state keeps (by name, for a reset to one of them); older ones
+#: are dropped as newer ones complete.  Their cuts are also returned to whoever initiated them.
+READER_GROUP_CHECKPOINTS_KEPT: Final = 10
+
+#: Readers online in one group at once, and segments one group holds at once (assigned, unassigned,
+#: waiting for predecessors, or read to their end): bounds on the state every reader keeps and on
+#: the full-state record (which must fit one event, ``EVENT_LENGTH_MAX_BYTES``).
+READER_GROUP_READERS_MAX: Final = 1024
+READER_GROUP_SEGMENTS_MAX: Final = 16_384
+
+#: Reader ids and checkpoint names: printable, at most this many characters.
+READER_GROUP_NAME_LENGTH_MAX: Final = 255
+
+#: Rebalancing timers count in units of this many seconds (Pravega's TIME_UNIT, 1 s): after acquiring,
+#: a reader waits (readers - ranking) units before acquiring again, after releasing (1 + ranking)
+#: units, so the least loaded readers take segments first.  A reader's configuration may shorten it.
+READER_TIME_UNIT_SECONDS: Final = 1.0
+
+#: Lags below this count as this much when comparing readers' loads (Pravega's ASSUMED_LAG_MILLIS):
+#: readers that keep up are compared by segment count alone.
+READER_ASSUMED_LAG_SECONDS: Final = 30.0
+
+#: A reader writes a heartbeat (its lag) to the group this often, from a task of its own so that an
+#: application busy with one event is not taken for dead ...
+READER_HEARTBEAT_SECONDS: Final = 2.0
+#: ... and the other readers declare it offline (its segments go back to the pool at their last
+#: checkpointed offsets) once they have seen no heartbeat of it for this long.
+READER_OFFLINE_TIMEOUT_SECONDS: Final = 30.0
+
+#: A reader's long poll at the tail of its segments, and on the group's state segment (a change there
+#: -- a checkpoint, a reset, a segment freed -- wakes it at once).  Below ``TAIL_READ_WAIT_MAX_SECONDS``.
+READER_TAIL_WAIT_SECONDS: Final = 30.0
+
+#: A blocking reader takes at most this many events from its event loop per hand-off (a hand-off costs
+#: tens of microseconds, far too much per event); they are returned one by one from a local queue.
+READER_BLOCKING_BATCH_EVENTS_MAX: Final = 1024
+
+#: How long ``initiate_checkpoint`` waits, by default, for every online reader to record its position.
+#: A reader that never calls ``read_next_event`` again holds a checkpoint until it is declared offline.
+READER_GROUP_CHECKPOINT_WAIT_SECONDS: Final = 300.0

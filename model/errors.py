@@ -19,6 +19,8 @@ __all__ = [
     "BadAttributeUpdateError",
     "BadOffsetError",
     "CallerError",
+    "CheckpointFailedError",
+    "CheckpointLimitError",
     "ChunkExistsError",
     "ChunkNotFoundError",
     "ChunkStorageError",
@@ -37,8 +39,10 @@ __all__ = [
     "OperationUnsupportedError",
     "PayloadTooLargeError",
     "ProtocolError",
+    "ReaderExistsError",
     "ReaderGroupExistsError",
     "ReaderGroupNotFoundError",
+    "ReaderNotInGroupError",
     "RequestTimeoutError",
     "RetryableError",
     "ScopeExistsError",
@@ -57,6 +61,7 @@ __all__ = [
     "StreamSegmentNotSealedError",
     "StreamSegmentSealedError",
     "StreamSegmentTruncatedError",
+    "TruncatedDataError",
     "WriteFailedError",
     "WrongHostError",
 ]
@@ -251,6 +256,38 @@ class InvalidStreamCutError(InvalidArgumentError):
     """A stream cut is not a position of this stream: it names another stream's (or an unknown)
     segment, its segments do not cover the key space [0, 1) exactly once, an offset lies outside its
     segment, or (for truncation) it lies before the stream's current head.  Nothing changed."""
+
+
+# --- Readers in reader groups ----------------------------------------------------------------------
+
+
+class ReaderExistsError(CallerError):
+    """A reader with that id is online in the reader group already (two processes must not share a
+    reader id).  Nothing changed: the group's state is as it was."""
+
+
+class ReaderNotInGroupError(CallerError, LookupError):
+    """The reader is not online in its reader group: it was declared offline (by the application, or
+    by the other readers after it stopped heartbeating) or the group forgot it.  Its segments went
+    back to the group; the reader is closed and a new one must join to read on."""
+
+
+class CheckpointLimitError(CallerError):
+    """A reader group already has ``limits.READER_GROUP_CHECKPOINTS_OUTSTANDING_MAX`` checkpoints in
+    progress (or one of the same name).  Nothing changed; initiate it again once one completes."""
+
+
+class CheckpointFailedError(RetryableError):
+    """A checkpoint in progress was abandoned before every reader recorded its position: the group
+    was reset (or deleted) meanwhile, or the wait for it timed out.  The group's readers are unaffected;
+    a new checkpoint may be initiated."""
+
+
+class TruncatedDataError(StreamSegmentTruncatedError):
+    """A reader's next event lies in data that truncation or retention removed (the segment was
+    truncated past the reader's offset, or deleted).  Nothing was skipped: the reader stays before the
+    missing data and raises this again; reset the group to a stream cut at or after the stream's head
+    to go on."""
 
 
 class ProtocolError(MillstreamError):

@@ -15,6 +15,8 @@ from typing import Final
 from millstream.errors import (
     BadAttributeUpdateError,
     BadOffsetError,
+    CheckpointFailedError,
+    CheckpointLimitError,
     ContainerUnavailableError,
     DataCorruptionError,
     InternalError,
@@ -25,8 +27,10 @@ from millstream.errors import (
     ObjectClosedError,
     PayloadTooLargeError,
     ProtocolError,
+    ReaderExistsError,
     ReaderGroupExistsError,
     ReaderGroupNotFoundError,
+    ReaderNotInGroupError,
     RetryableError,
     ScopeExistsError,
     ScopeNotEmptyError,
@@ -44,6 +48,7 @@ from millstream.errors import (
     StreamSegmentNotSealedError,
     StreamSegmentSealedError,
     StreamSegmentTruncatedError,
+    TruncatedDataError,
 )
 
 __all__ = ["ERROR_CODES", "UNKNOWN_ERROR_CODE", "error_code_of", "error_from_code"]
@@ -84,6 +89,12 @@ ERROR_CODES: Final[dict[int, type[MillstreamError]]] = {
     28: StreamSealedError,
     29: InvalidScaleError,
     30: InvalidStreamCutError,
+    # Readers in reader groups (raised by the client; coded so they keep their class if relayed).
+    31: ReaderExistsError,
+    32: ReaderNotInGroupError,
+    33: CheckpointLimitError,
+    34: CheckpointFailedError,
+    35: TruncatedDataError,
 }
 
 _CODE_OF: Final = {cls: code for code, cls in ERROR_CODES.items()}
