@@ -25,6 +25,7 @@ from proofs import (
     durable_log_agreement,
     exactly_once_sink_agreement,
     large_events_agreement,
+    stream_ordering_agreement,
 )
 from proofs.explore import explore
 from proofs.tla_values import parse_dot, parse_value
@@ -33,7 +34,8 @@ from proofs.tlc import SPEC_DIR, load_manifest, run_tlc
 PROFILE = os.environ.get("MILLSTREAM_PROFILE", "ci")
 #: Each spec's agreement module: Configuration, CONSTANTS, initial_states, successors, project, check.
 AGREEMENTS = {"DurableLog": durable_log_agreement, "ContainerFailover": container_failover_agreement,
-              "ExactlyOnceSink": exactly_once_sink_agreement, "LargeEvents": large_events_agreement}
+              "ExactlyOnceSink": exactly_once_sink_agreement, "LargeEvents": large_events_agreement,
+              "StreamOrdering": stream_ordering_agreement}
 MANIFEST = load_manifest()["specs"]
 CASES = [(name, config) for name, spec in MANIFEST.items() for config in spec["configs"]
          if config["profile"] == "ci" or PROFILE == "nightly"]
