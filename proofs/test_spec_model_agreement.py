@@ -26,6 +26,7 @@ from proofs import (
     exactly_once_sink_agreement,
     large_events_agreement,
     stream_ordering_agreement,
+    transactions_agreement,
 )
 from proofs.explore import explore
 from proofs.tla_values import parse_dot, parse_value
@@ -35,7 +36,7 @@ PROFILE = os.environ.get("MILLSTREAM_PROFILE", "ci")
 #: Each spec's agreement module: Configuration, CONSTANTS, initial_states, successors, project, check.
 AGREEMENTS = {"DurableLog": durable_log_agreement, "ContainerFailover": container_failover_agreement,
               "ExactlyOnceSink": exactly_once_sink_agreement, "LargeEvents": large_events_agreement,
-              "StreamOrdering": stream_ordering_agreement}
+              "StreamOrdering": stream_ordering_agreement, "Transactions": transactions_agreement}
 MANIFEST = load_manifest()["specs"]
 CASES = [(name, config) for name, spec in MANIFEST.items() for config in spec["configs"]
          if config["profile"] == "ci" or PROFILE == "nightly"]
