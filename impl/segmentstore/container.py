@@ -272,12 +272,8 @@ class SegmentContainer:
         unless the segment's length is exactly that.  Raises ``StreamSegmentSealedError`` on a sealed
         segment and ``BadAttributeUpdateError`` if an attribute condition fails; nothing is appended then.
         """
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(f"data must be bytes-like, not {type(data).__name__}")
-        if isinstance(data, memoryview) and (data.format != "B" or data.ndim != 1 or not data.c_contiguous):
-            # len() of such a view counts items, not bytes, while frames copy its bytes: appended as
-            # is, it would write a record whose length field lies (and the log could not be replayed).
-            data = data.tobytes()
+        if type(data) is not bytes:  # (what nearly every caller passes, and needs no more checks)
+            data = _byte_view(data)
         if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
             raise PayloadTooLargeError(f"append of {len(data)} bytes exceeds {limits.APPEND_LENGTH_MAX_BYTES}")
         if expected_offset is not None and not _is_offset(expected_offset):
@@ -286,7 +282,9 @@ class SegmentContainer:
         operation = StreamSegmentAppendOperation(
             -1, payload, () if attribute_updates == () else _check_attributes(attribute_updates),
             expected_offset=NO_OFFSET if expected_offset is None else expected_offset)
-        operation.segment_name = _check_name(name)
+        # A name the committed metadata knows was checked when its segment was created.
+        known = type(name) is str and name in self._metadata.ids_by_name
+        operation.segment_name = name if known else _check_name(name)
         writer = self._storage_writer
         if writer is not None and writer.unflushed_bytes > writer.unflushed_bytes_max:
             await self._throttle(writer)
@@ -453,6 +451,18 @@ class SegmentContainer:
                     assert is_covered(segment.spans, start, end), (segment, start, end)
             else:
                 assert not self._read_index.contains(segment.id), segment
+
+
+def _byte_view(data: object) -> bytes | bytearray | memoryview:
+    """``data`` if it is bytes-like, as something whose ``len`` counts bytes.  Raises
+    ``InvalidArgumentError`` otherwise."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"data must be bytes-like, not {type(data).__name__}")
+    if isinstance(data, memoryview) and (data.format != "B" or data.ndim != 1 or not data.c_contiguous):
+        # len() of such a view counts items, not bytes, while frames copy its bytes: appended as
+        # is, it would write a record whose length field lies (and the log could not be replayed).
+        return data.tobytes()
+    return data
 
 
 def _check_name(name: str) -> str:

@@ -114,7 +114,7 @@ def _unavailable_error(segment: SegmentMetadataUpdateTransaction) -> Exception:
 class ContainerMetadataUpdateTransaction:
     """The effects of the operations ending in one DataFrame, chained onto those before it."""
 
-    __slots__ = ("metadata", "names", "next_segment_id", "previous", "segments")
+    __slots__ = ("_by_name", "metadata", "names", "next_segment_id", "previous", "segments")
 
     def __init__(self, metadata: ContainerMetadata, previous: ContainerMetadataUpdateTransaction | None) -> None:
         self.metadata = metadata
@@ -122,6 +122,11 @@ class ContainerMetadataUpdateTransaction:
         self.segments: dict[int, SegmentMetadataUpdateTransaction] = {}
         #: Names this transaction (re)binds to a new segment id.
         self.names: dict[str, int] = {}
+        #: What ``segment(name)`` found, so that the next operation on the name skips the walk down
+        #: the chain.  Only this transaction's own copies are kept, and only a name (re)bound by this
+        #: transaction can change what a name resolves to here (older transactions no longer change),
+        #: so an entry goes stale only through ``accept`` of a map operation, which drops it.
+        self._by_name: dict[str, SegmentMetadataUpdateTransaction] = {}
         self.next_segment_id = previous.next_segment_id if previous else metadata.next_segment_id
 
     # --- reading through the chain -------------------------------------------------------------------
@@ -146,10 +151,13 @@ class ContainerMetadataUpdateTransaction:
     def segment(self, name: str) -> SegmentMetadataUpdateTransaction:
         """The segment ``name`` maps to, as this transaction sees it (copied in on first touch).
         Raises ``StreamSegmentNotExistsError`` if the name was never created."""
-        segment_id = self.segment_id(name)
-        if segment_id is None:
-            raise StreamSegmentNotExistsError(f"segment {name!r} does not exist")
-        return self._segment_by_id(segment_id)
+        segment = self._by_name.get(name)
+        if segment is None:
+            segment_id = self.segment_id(name)
+            if segment_id is None:
+                raise StreamSegmentNotExistsError(f"segment {name!r} does not exist")
+            segment = self._by_name[name] = self._segment_by_id(segment_id)
+        return segment
 
     def _existing_by_id(self, segment_id: int) -> SegmentMetadataUpdateTransaction | None:
         """The segment with id ``segment_id`` if it exists (not deleted or merged), else None."""
@@ -174,16 +182,19 @@ class ContainerMetadataUpdateTransaction:
         """Check ``operation`` against this view and fill in what the container assigns.  Changes
         nothing.  Raises the ``CallerError`` the operation is rejected with."""
         if isinstance(operation, StreamSegmentAppendOperation):
-            segment = self.segment(operation.segment_name)
-            segment.require_writable()
+            # (The hot path of every append: written with as few calls as possible.)
+            segment = self._by_name.get(operation.segment_name) or self.segment(operation.segment_name)
+            if segment.status is not _ACTIVE:
+                segment.require_writable()
             if operation.attribute_updates:
                 attribute_update_values(segment.get_attribute, operation.attribute_updates)
             expected = operation.expected_offset
-            if expected not in (NO_OFFSET, segment.length):
-                raise BadOffsetError(f"segment {segment.name!r} has length {segment.length}, "
+            length = segment.length
+            if expected not in (NO_OFFSET, length):
+                raise BadOffsetError(f"segment {segment.name!r} has length {length}, "
                                      f"the append expected {expected}")
             operation.segment_id = segment.id
-            operation.offset = segment.length
+            operation.offset = length
         elif isinstance(operation, StreamSegmentSealOperation):
             segment = self.segment(operation.segment_name)
             segment.require_writable()
@@ -247,7 +258,7 @@ class ContainerMetadataUpdateTransaction:
     def accept(self, operation: Operation) -> None:
         """Apply a pre-processed operation.  Must not fail for an operation ``pre_process`` passed."""
         if isinstance(operation, StreamSegmentAppendOperation):
-            segment = self._segment_by_id(operation.segment_id)
+            segment = self.segments.get(operation.segment_id) or self._segment_by_id(operation.segment_id)
             segment.length += len(operation.data)
             if operation.attribute_updates:
                 segment.attribute_changes.update(
@@ -279,6 +290,7 @@ class ContainerMetadataUpdateTransaction:
                 segment.attribute_changes.update(values)
             self.segments[operation.segment_id] = segment
             self.names[operation.name] = operation.segment_id
+            self._by_name.pop(operation.name, None)
             self.next_segment_id = max(self.next_segment_id, operation.segment_id + 1)
         elif isinstance(operation, UpdateAttributesOperation):
             segment = self._segment_by_id(operation.segment_id)

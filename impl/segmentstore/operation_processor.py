@@ -51,6 +51,8 @@ from millstream.segmentstore.tracing import Tracer
 
 __all__ = ["OperationProcessor"]
 
+_Future = asyncio.Future  # (one per operation: the hot path skips the module attribute lookup)
+
 
 class _Frame:
     """A sealed frame whose metadata update transaction is not committed yet."""
@@ -89,6 +91,7 @@ class OperationProcessor:
         frame_length_max = min(frame_length_max, data_log.write_settings.max_write_length_bytes)
         self._metadata = metadata
         self._log = data_log
+        self._loop = asyncio.get_running_loop()
         self._clock = clock
         self._on_committed = on_committed
         self._tracer = tracer
@@ -97,7 +100,9 @@ class OperationProcessor:
         self._queue_length_max = queue_length_max
         self._queue_bytes_max = queue_bytes_max
         self._space_waiters: deque[asyncio.Future[None]] = deque()
-        self._work = asyncio.Event()
+        #: The idle processor task waits on this future (None while it runs): a bare future costs
+        #: less per wake-up than an asyncio.Event, and a lone appender wakes the processor every time.
+        self._idle: asyncio.Future[None] | None = None
         self._log_capacity = asyncio.Event()
         self._active = ContainerMetadataUpdateTransaction(metadata, None)
         self._in_flight: deque[_Frame] = deque()
@@ -107,6 +112,7 @@ class OperationProcessor:
         self._committing: list[Operation] = []
         self._processing: Operation | None = None
         self._builder = DataFrameBuilder(frame_length_max, self._on_frame_sealed)
+        self._frame_capacity = self._builder.capacity
         self._next_sequence_number = next_sequence_number
         self._next_frame_number = next_frame_number
         self._highest_committed_frame = next_frame_number - 1
@@ -125,7 +131,7 @@ class OperationProcessor:
         self._failure: BaseException | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self.stopped: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        self.stopped: asyncio.Future[BaseException | None] = self._loop.create_future()
 
     # --- public --------------------------------------------------------------------------------------
 
@@ -157,7 +163,7 @@ class OperationProcessor:
     @property
     def queue_full(self) -> bool:
         """True while the queue holds ``queue_length_max`` operations or ``queue_bytes_max`` bytes."""
-        return self._queue_full()
+        return len(self._queue) >= self._queue_length_max or self._queue_bytes >= self._queue_bytes_max
 
     async def wait_for_space(self) -> None:
         """Wait until the queue has room (backpressure).  Raises ``ContainerUnavailableError`` if the
@@ -179,20 +185,30 @@ class OperationProcessor:
         """
         if self._failure is not None or self._closing or self._task is None:
             self._check_running()
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[int] = _Future(loop=self._loop)
         operation.future = future
         self._queue.append(operation)
-        self._queue_bytes += operation.payload_length
+        if type(operation) is StreamSegmentAppendOperation:  # the hot path: skip the property lookup
+            self._queue_bytes += len(operation.data)
+        else:
+            self._queue_bytes += operation.payload_length
         if self._tracer is not None:
             self._trace_submit(operation)
-        if not self._work.is_set():
-            self._work.set()
+        idle = self._idle  # (``_wake``, inlined: this runs once per operation)
+        if idle is not None and not idle.done():
+            idle.set_result(None)
         return future
+
+    def _wake(self) -> None:
+        """Wake the processor task if it waits for work."""
+        idle = self._idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
 
     async def close(self) -> None:
         """Stop taking operations; wait (bounded) for frames in flight; fail whatever is left."""
         self._closing = True
-        self._work.set()
+        self._wake()
         self._log_capacity.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -231,14 +247,18 @@ class OperationProcessor:
                 if not self._queue:
                     if self._closing:
                         return
-                    self._work.clear()
-                    await self._work.wait()
+                    self._idle = self._loop.create_future()
+                    try:
+                        await self._idle
+                    finally:
+                        self._idle = None
                     continue
-                delay = batching_delay_seconds(
-                    len(self._in_flight), self._statistics.latency_seconds, self._statistics.fill_ratio,
-                    limits.BATCHING_DELAY_MAX_SECONDS)
-                if delay > 0.0:
-                    await self._clock.sleep(delay)
+                if self._in_flight:  # (else the delay is zero: see batching_delay_seconds)
+                    delay = batching_delay_seconds(
+                        len(self._in_flight), self._statistics.latency_seconds, self._statistics.fill_ratio,
+                        limits.BATCHING_DELAY_MAX_SECONDS)
+                    if delay > 0.0:
+                        await self._clock.sleep(delay)
                 while self._in_flight_bytes >= self._in_flight_bytes_max and self._failure is None:
                     self._log_capacity.clear()
                     await self._log_capacity.wait()
@@ -263,11 +283,11 @@ class OperationProcessor:
 
     def _process_queued(self) -> None:
         queue = self._queue
+        process = self._process
         for _ in range(min(len(queue), limits.PROCESSOR_TAKE_COUNT_MAX)):
             operation = queue.popleft()
-            self._queue_bytes -= operation.payload_length
             self._processing = operation  # so that a failure inside _process still answers it
-            self._process(operation)
+            process(operation)
             self._processing = None
             if self._failure is not None:
                 return
@@ -278,6 +298,9 @@ class OperationProcessor:
                 waiter.set_result(None)
 
     def _process(self, operation: Operation) -> None:
+        # Appends are nearly every operation: they skip the ``payload_length`` and ``header`` dispatch.
+        append = operation if type(operation) is StreamSegmentAppendOperation else None
+        self._queue_bytes -= operation.payload_length if append is None else len(append.data)
         try:
             self._active.pre_process(operation)
         except CallerError as error:
@@ -290,12 +313,12 @@ class OperationProcessor:
         sequence_number = self._next_sequence_number
         self._next_sequence_number = sequence_number + 1
         operation.sequence_number = sequence_number
-        if isinstance(operation, MetadataCheckpointOperation):
-            operation.payload = serialize_checkpoint(self._active.next_segment_id, self._active.snapshot())
-            self._unsealed_checkpoint = operation
-        if type(operation) is StreamSegmentAppendOperation:
-            head, tail = operation.header(), operation.data
+        if append is not None:
+            head, tail = append.header(), append.data
         else:
+            if isinstance(operation, MetadataCheckpointOperation):
+                operation.payload = serialize_checkpoint(self._active.next_segment_id, self._active.snapshot())
+                self._unsealed_checkpoint = operation
             head, tail = operation.serialize(), b""
         if self._tracer is not None:
             self._tracer("Process", error=None, sequence_number=sequence_number,
@@ -364,8 +387,7 @@ class OperationProcessor:
             checkpoint = self._awaiting_address.pop(frame.number, None)
             if checkpoint is not None:
                 checkpoint.truncation_address = address
-        self._statistics.record(self._clock.monotonic() - frame.issued_at,
-                                frame.length / self._builder.capacity)
+        self._statistics.record(self._clock.monotonic() - frame.issued_at, frame.length / self._frame_capacity)
         tracer = self._tracer
         if tracer is not None:
             while self._highest_persisted_frame < frame.number:
@@ -399,7 +421,8 @@ class OperationProcessor:
         for operation in committed:
             future = operation.future
             if future is not None and not future.done():
-                future.set_result(operation.result_offset)
+                future.set_result(operation.offset if type(operation) is StreamSegmentAppendOperation
+                                  else operation.result_offset)
         self._committing = []
         self._log_capacity.set()
         return committed
@@ -415,7 +438,7 @@ class OperationProcessor:
         self._queue.append(checkpoint)
         if self._tracer is not None:
             self._trace_submit(checkpoint)
-        self._work.set()
+        self._wake()
 
     def _checkpoint_done(self, future: asyncio.Future[int]) -> None:
         self._checkpoint_queued = False
@@ -451,7 +474,7 @@ class OperationProcessor:
             if not waiter.done():
                 waiter.set_result(None)  # the caller re-checks and sees the failure
         self._space_waiters.clear()
-        self._work.set()
+        self._wake()
         self._log_capacity.set()
         if not self.stopped.done():
             self.stopped.set_result(None if isinstance(error, ObjectClosedError) else error)

@@ -96,7 +96,18 @@ class SegmentReadIndex:
     def append(self, offset: int, data: bytes | memoryview) -> None:
         if offset != self.length:
             raise AssertionError(f"append at {offset} to a segment of length {self.length}")
-        position, size = 0, len(data)
+        size = len(data)
+        blocks = self._blocks
+        if blocks:  # the common case first: the data fits into the last block
+            block = blocks[-1]
+            if block is not None and len(block) + size <= BLOCK_LENGTH_BYTES:
+                block += data
+                self.length += size
+                self._count(size)
+                if self._waiters:
+                    self._wake()
+                return
+        position = 0
         while position < size:
             block = self._blocks[-1] if self._blocks else None
             if block is None or len(block) >= BLOCK_LENGTH_BYTES:

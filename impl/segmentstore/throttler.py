@@ -37,29 +37,26 @@ def batching_delay_seconds(
 
 
 class WriteStatistics:
-    """Latency and fill ratio of the last ``window`` Tier-1 writes (a moving average)."""
+    """Latency and fill ratio of the last ``window`` Tier-1 writes (a moving average).
 
-    __slots__ = ("_fill_sum", "_fills", "_latencies", "_latency_sum")
+    Recording is one append per figure (it happens for every Tier-1 write); the averages are summed
+    when asked for, which the processor does only while writes are in flight.  (Summing at most
+    ``window`` floats in C is also exact where running sums would drift.)"""
+
+    __slots__ = ("_fills", "_latencies")
 
     def __init__(self, window: int) -> None:
         self._latencies: deque[float] = deque(maxlen=window)
         self._fills: deque[float] = deque(maxlen=window)
-        self._latency_sum = 0.0
-        self._fill_sum = 0.0
 
     def record(self, latency_seconds: float, fill_ratio: float) -> None:
-        if len(self._latencies) == self._latencies.maxlen:
-            self._latency_sum -= self._latencies[0]
-            self._fill_sum -= self._fills[0]
         self._latencies.append(latency_seconds)
         self._fills.append(fill_ratio)
-        self._latency_sum += latency_seconds
-        self._fill_sum += fill_ratio
 
     @property
     def latency_seconds(self) -> float:
-        return self._latency_sum / len(self._latencies) if self._latencies else 0.0
+        return sum(self._latencies) / len(self._latencies) if self._latencies else 0.0
 
     @property
     def fill_ratio(self) -> float:
-        return self._fill_sum / len(self._fills) if self._fills else 0.0
+        return sum(self._fills) / len(self._fills) if self._fills else 0.0
