@@ -8,7 +8,9 @@ runs a whole node on loopback; and the client (``millstream.client``: ``connect(
 blocking ``Client``, ``AsyncClient`` is its asyncio core) with its idempotent ``EventStreamWriter``
 and segment readers; streams are administered through the controller (``client.stream_manager()``:
 ``StreamConfig``, ``ScalingPolicy``, ``RetentionPolicy``, ``StreamCut``), which runs in the node next
-to the segment store (``millstream.controller``).  Tokens for an authenticating server come from ``issue_token``
+to the segment store (``millstream.controller``).  Reader groups (``client.reader_group(name, streams)``:
+``ReaderGroup``, its ``EventStreamReader``s, checkpoints and resets) share their state through a
+segment of the store.  Tokens for an authenticating server come from ``issue_token``
 (``millstream.auth``).  Streams, readers and the Spark pipeline build on it.  Errors live in
 ``millstream.errors``.
 """
@@ -17,11 +19,19 @@ from millstream import auth, client, errors
 from millstream.auth import Permission, issue_token
 from millstream.client import (
     AsyncClient,
+    AsyncEventStreamReader,
+    AsyncReaderGroup,
     AsyncStreamManager,
     BytesSerializer,
+    Checkpoint,
     Client,
     ControllerClient,
+    EventRead,
+    EventStreamReader,
     JsonSerializer,
+    Position,
+    ReaderConfig,
+    ReaderGroup,
     ReaderGroupConfig,
     RetentionPolicy,
     ScalingPolicy,
@@ -46,18 +56,26 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AsyncEventStreamReader",
+    "AsyncReaderGroup",
     "AsyncStreamManager",
     "BytesSerializer",
+    "Checkpoint",
     "ChunkStorage",
     "Client",
     "ContainerHost",
     "ControllerClient",
     "DurableDataLog",
+    "EventRead",
+    "EventStreamReader",
     "FileChunkStorage",
     "FileLog",
     "JsonSerializer",
     "Permission",
+    "Position",
     "ReadResult",
+    "ReaderConfig",
+    "ReaderGroup",
     "ReaderGroupConfig",
     "RetentionPolicy",
     "ScalingPolicy",

@@ -274,7 +274,7 @@ class ReaderNotInGroupError(CallerError, LookupError):
 
 class CheckpointLimitError(CallerError):
     """A reader group already has ``limits.READER_GROUP_CHECKPOINTS_OUTSTANDING_MAX`` checkpoints in
-    progress (or one of the same name).  Nothing changed; initiate it again once one completes."""
+    progress.  Nothing changed; initiate it again once one completes."""
 
 
 class CheckpointFailedError(RetryableError):

@@ -15,8 +15,9 @@ the asyncio core on an event-loop thread of its own).  ``millstream.connect(uri)
 Where to read on: ``_connection`` (framing, request routing, keep-alives), ``_pool`` (connections per
 server, reconnect backoff), ``_writer`` (idempotent appends, batching, resends), ``_batching`` (the
 block-size rule), ``_readers`` (tail reads, event decoding), ``_blocking`` (the blocking flavour),
-``_streams`` (stream configurations, stream cuts, the ``StreamManager``) and ``_controller`` (the
-controller's RPC, ``ControllerClient``).
+``_streams`` (stream configurations, stream cuts, the ``StreamManager``), ``_controller`` (the
+controller's RPC, ``ControllerClient``), ``_state_synchronizer`` (state shared through a segment),
+``_reader_group`` (reader groups' state and handle) and ``_event_reader`` (readers in groups).
 """
 
 from millstream.client._batching import BlockSizeTracker
@@ -38,11 +39,20 @@ from millstream.client._config import (
     parse_uri,
 )
 from millstream.client._controller import CONTROLLER_METHODS, ControllerClient, ControllerSegmentLocator
+from millstream.client._event_reader import (
+    AsyncEventStreamReader,
+    EventRead,
+    EventStreamReader,
+    Position,
+    ReaderConfig,
+)
 from millstream.client._pool import FixedLocator, SegmentLocator
+from millstream.client._reader_group import AsyncReaderGroup, Checkpoint, ReaderGroup, ReaderGroupState
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader, SegmentEvent
 from millstream.client._routing import KeySpaceRouter, Router, routing_key_fraction
 from millstream.client._segments import AsyncSegments, SegmentProperties
 from millstream.client._serializers import BytesSerializer, JsonSerializer, Serializer, StringSerializer
+from millstream.client._state_synchronizer import StateSynchronizer
 from millstream.client._streams import (
     AsyncStreamManager,
     ReaderGroupConfig,
@@ -65,7 +75,9 @@ from millstream.client._writer import AsyncEventStreamWriter
 __all__ = [
     "AsyncByteStreamReader",
     "AsyncClient",
+    "AsyncEventStreamReader",
     "AsyncEventStreamWriter",
+    "AsyncReaderGroup",
     "AsyncSegmentReader",
     "AsyncSegments",
     "AsyncStreamManager",
@@ -74,18 +86,25 @@ __all__ = [
     "ByteStreamReader",
     "BytesSerializer",
     "CONTROLLER_METHODS",
+    "Checkpoint",
     "Client",
     "ClientConfig",
     "ControllerClient",
     "ControllerSegmentLocator",
     "Endpoint",
+    "EventRead",
+    "EventStreamReader",
     "EventStreamWriter",
     "FixedLocator",
     "JsonSerializer",
     "KeySpaceRouter",
+    "Position",
     "RandomSource",
+    "ReaderConfig",
+    "ReaderGroup",
     "ReaderGroupConfig",
     "ReaderGroupInfo",
+    "ReaderGroupState",
     "RetentionPolicy",
     "Router",
     "ScalingPolicy",
@@ -97,6 +116,7 @@ __all__ = [
     "SegmentWithRange",
     "Segments",
     "Serializer",
+    "StateSynchronizer",
     "StreamConfig",
     "StreamCut",
     "StreamDescription",

@@ -21,18 +21,19 @@ import concurrent.futures
 import ssl as _ssl
 import threading
 from collections import deque
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from millstream import limits
 from millstream.client._client import AsyncClient
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, parse_uri
 from millstream.client._pool import SegmentLocator
+from millstream.client._reader_group import ReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader, SegmentEvent
 from millstream.client._routing import Router
 from millstream.client._segments import AsyncSegments, SegmentProperties
 from millstream.client._serializers import BytesSerializer, Serializer
-from millstream.client._streams import StreamManager
+from millstream.client._streams import ReaderGroupConfig, StreamManager
 from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking
 from millstream.clock import Clock
 from millstream.errors import InternalError, ObjectClosedError, RequestTimeoutError
@@ -337,6 +338,15 @@ class Client:
         if self._core.closed:
             raise ObjectClosedError("the client is closed")
         return StreamManager(self._core.stream_manager(), self._runner.run)
+
+    def reader_group(self, group: str, streams: Iterable[str] | Mapping[str, Any] | None = None, *,
+                     config: ReaderGroupConfig | None = None) -> ReaderGroup:
+        """A blocking reader group, created if ``streams`` or ``config`` is given (see
+        ``AsyncClient.reader_group``); ``group.reader(id)`` makes blocking readers."""
+        if self._core.closed:
+            raise ObjectClosedError("the client is closed")
+        core = self._runner.run(self._core.reader_group(group, streams, config=config))
+        return ReaderGroup(core, self._runner.run, self._runner.loop)
 
     @overload
     def event_writer(self, target: Sequence[str] | Router, /) -> EventStreamWriter[bytes]: ...

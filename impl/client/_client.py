@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import ssl as _ssl
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
 from millstream.client._controller import ControllerClient
 from millstream.client._pool import ConnectionPool, FixedLocator, SegmentLocator
+from millstream.client._reader_group import AsyncReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import KeySpaceRouter, Router
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import BytesSerializer, Serializer
-from millstream.client._streams import AsyncStreamManager
+from millstream.client._streams import AsyncStreamManager, ReaderGroupConfig
 from millstream.client._writer import AsyncEventStreamWriter
 from millstream.clock import Clock, SystemClock
 from millstream.errors import InvalidArgumentError, ObjectClosedError
@@ -62,6 +63,7 @@ class AsyncClient:
         self._stream_manager = AsyncStreamManager(self._controller)
         self._writers: weakref.WeakSet[AsyncEventStreamWriter[Any]] = weakref.WeakSet()
         self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()
+        self._reader_groups: weakref.WeakSet[AsyncReaderGroup] = weakref.WeakSet()
         self._closed = False
 
     @property
@@ -142,6 +144,19 @@ class AsyncClient:
         self._readers.add(reader)
         return reader
 
+    async def reader_group(self, group: str, streams: Iterable[str] | Mapping[str, Any] | None = None, *,
+                           config: ReaderGroupConfig | None = None) -> AsyncReaderGroup:
+        """Reader group ``group`` (``"scope/group"``, or a bare name in the first stream's scope): created
+        first if ``streams`` (``"scope/stream"`` names) or a ``ReaderGroupConfig`` is given and it does
+        not exist yet, else opened (``ReaderGroupNotFoundError`` if missing).  Its ``reader(...)``
+        makes readers (``_reader_group``, ``_event_reader``)."""
+        self._check_open()
+        opened = await AsyncReaderGroup.open(
+            segments=self._segments, controller=self._controller, clock=self._clock, rng=self._rng,
+            read_length_bytes=self._config.read_length_bytes, group=group, streams=streams, config=config)
+        self._reader_groups.add(opened)
+        return opened
+
     async def close(self) -> None:
         """Close every writer (flushing it), every reader and every connection.  Raises the first
         writer's error (after everything is closed), if a flush failed."""
@@ -154,6 +169,8 @@ class AsyncClient:
                 await writer.close()
             except Exception as error:  # collected: every writer must be closed before anything is raised
                 errors.append(error)
+        for group in list(self._reader_groups):
+            await group.close()  # its readers leave the group
         for reader in list(self._readers):
             await reader.close()
         await self._pool.close()
