@@ -327,6 +327,20 @@ CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
 #: limits above; a thread that misses this is stuck -- a bug -- and is left behind as a daemon.)
 CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0
 
+# --- Stream writer (routing over a stream's epochs, hand-over to successors) -----------------------
+
+#: An event routed to a segment whose keys moved on between routing and buffering (it was sealed and
+#: handed over to its successors in that instant, by the loop thread) is routed again.  Each repeat
+#: needs another hand-over to complete in the same instant, so two are already rare; a run this long
+#: means the writer's view is broken, and it says so (``InternalError``) instead of spinning.
+CLIENT_WRITER_REROUTES_MAX: Final = 64
+
+#: ``flush`` waits for every segment writer; a segment sealed meanwhile hands its events over and flush
+#: waits again, for the successors.  Each further round needs another scale to complete while flush
+#: waits for acknowledgements; a stream that keeps scaling faster than a round trip for this many
+#: rounds is broken, and flush says so (``InternalError``) instead of following it forever.
+CLIENT_WRITER_FLUSH_ROUNDS_MAX: Final = 1000
+
 # --- Controller (scopes, streams, epochs, scaling, stream cuts, retention, reader groups) ----------
 
 #: Segments one epoch of a stream may have (a fixed policy's count, an auto-scaling policy's

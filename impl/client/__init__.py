@@ -17,7 +17,9 @@ server, reconnect backoff), ``_writer`` (idempotent appends, batching, resends),
 block-size rule), ``_readers`` (tail reads, event decoding), ``_blocking`` (the blocking flavour),
 ``_streams`` (stream configurations, stream cuts, the ``StreamManager``), ``_controller`` (the
 controller's RPC, ``ControllerClient``), ``_state_synchronizer`` (state shared through a segment),
-``_reader_group`` (reader groups' state and handle) and ``_event_reader`` (readers in groups).
+``_reader_group`` (reader groups' state and handle), ``_event_reader`` (readers in groups) and
+``_stream_writer`` (``event_writer("scope/stream")``: a writer that follows the stream's epochs; the
+routing is ``_routing.StreamRouter``, the hand-over to successors ``_writer``).
 """
 
 from millstream.client._batching import BlockSizeTracker
@@ -49,7 +51,7 @@ from millstream.client._event_reader import (
 from millstream.client._pool import FixedLocator, SegmentLocator
 from millstream.client._reader_group import AsyncReaderGroup, Checkpoint, ReaderGroup, ReaderGroupState
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader, SegmentEvent
-from millstream.client._routing import KeySpaceRouter, Router, routing_key_fraction
+from millstream.client._routing import KeySpaceRouter, RoutedRange, Router, StreamRouter, routing_key_fraction
 from millstream.client._segments import AsyncSegments, SegmentProperties
 from millstream.client._serializers import BytesSerializer, JsonSerializer, Serializer, StringSerializer
 from millstream.client._state_synchronizer import StateSynchronizer
@@ -106,6 +108,7 @@ __all__ = [
     "ReaderGroupInfo",
     "ReaderGroupState",
     "RetentionPolicy",
+    "RoutedRange",
     "Router",
     "ScalingPolicy",
     "SegmentEvent",
@@ -121,6 +124,7 @@ __all__ = [
     "StreamCut",
     "StreamDescription",
     "StreamManager",
+    "StreamRouter",
     "StreamSegments",
     "StringSerializer",
     "SuccessorSegment",

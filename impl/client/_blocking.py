@@ -356,9 +356,12 @@ class Client:
 
     def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[Any] | None = None, /,
                      ) -> EventStreamWriter[Any]:
-        """A blocking idempotent writer (see ``AsyncClient.event_writer``)."""
+        """A blocking idempotent writer (see ``AsyncClient.event_writer``).  A stream writer learns the
+        stream's segments here (``StreamNotFoundError``, ``StreamSealedError``)."""
         async def build() -> AsyncEventStreamWriter[Any]:
-            return self._core.event_writer(target, serializer or BytesSerializer())
+            writer = self._core.event_writer(target, serializer or BytesSerializer())
+            await writer.ready()  # the blocking per-event path cannot wait for it
+            return writer
         return EventStreamWriter(self._runner.run(build()), self._runner)
 
     def byte_stream_reader(self, segment: str, *, offset: int = 0) -> ByteStreamReader:

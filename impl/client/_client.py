@@ -23,6 +23,7 @@ from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import KeySpaceRouter, Router
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import BytesSerializer, Serializer
+from millstream.client._stream_writer import stream_event_writer
 from millstream.client._streams import AsyncStreamManager, ReaderGroupConfig
 from millstream.client._writer import AsyncEventStreamWriter
 from millstream.clock import Clock, SystemClock
@@ -110,10 +111,19 @@ class AsyncClient:
 
     def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[Any] | None = None, /,
                      ) -> AsyncEventStreamWriter[Any]:
-        """An idempotent writer.  ``target``: a list of segment names (routing keys split the key space
-        evenly among them) or a ``Router`` that picks each event's segment.  ``serializer`` turns events
-        into bytes (default: events are bytes).  Call it on the client's event loop."""
+        """An idempotent writer.  ``target``: a stream, ``"scope/stream"`` (routing keys pick segments of
+        its current epoch by their position in [0, 1), and the writer follows the stream as it scales;
+        it asks the controller for the segments on its first call, see ``_stream_writer``), a list of
+        segment names (routing keys split the key space evenly among them) or a ``Router`` that picks
+        each event's segment.  ``serializer`` turns events into bytes (default: events are bytes).
+        Call it on the client's event loop."""
         self._check_open()
+        if isinstance(target, str):
+            stream_writer: AsyncEventStreamWriter[Any] = stream_event_writer(
+                target, serializer or BytesSerializer(), pool=self._pool, controller=self._controller,
+                token=self._token, config=self._config, rng=self._rng)
+            self._writers.add(stream_writer)
+            return stream_writer
         router = _router_of(target)
         writer: AsyncEventStreamWriter[Any] = AsyncEventStreamWriter(
             pool=self._pool, locator=self._locator, router=router, serializer=serializer or BytesSerializer(),
@@ -192,10 +202,6 @@ class AsyncClient:
 
 
 def _router_of(target: Sequence[str] | Router) -> Router:
-    if isinstance(target, str):
-        raise InvalidArgumentError(
-            f"event_writer({target!r}): writing to a stream by name arrives with the stream layer; for now "
-            "pass a list of segment names (or a Router)")
     if isinstance(target, Sequence):
         return KeySpaceRouter(target)
     if not callable(getattr(target, "segment_for", None)):

@@ -33,24 +33,37 @@ handled like a broken connection: the next ``AppendSetup`` tells the truth.
 Errors.  A failure that retrying cannot fix (the segment is sealed or missing, the token is refused,
 reconnecting gave up) fails the segment writer and becomes the writer's error: it fails the
 futures of every unacknowledged event and is raised by the next ``write_event`` and by ``flush``.
-The events stay in the segment writer, in order (``unacknowledged_events``), so that the stream
-layer can re-route a sealed segment's events to its successors.
+The events stay in the segment writer, in order (``unacknowledged_events``).
 
-Memory.  Bytes written and not yet acknowledged (all segments of a writer) are bounded by the
-config's ``writer_unacked_bytes_max``: beyond it ``write_event`` waits until acknowledgements bring
-them under half of it.
+Streams and scaling.  A writer made for a stream (``event_writer("scope/stream")``) routes by the
+stream's key ranges (``StreamRouter``) and does not fail when a segment is sealed: the server
+answers ``SegmentIsSealed`` only after acknowledging every block it stored before the seal, and the
+writer reads the writer-id attribute besides (what the segment stores for it), so whatever is still
+unacknowledged was not stored.  ``_on_segment_sealed`` then asks the controller for the successors
+and, in one step under the lock, patches the router and moves those events -- in order, each to the
+successor owning its key -- into the successors' writers (fresh writer ids, fresh numbers), ahead of
+any newer event for their keys.  The sealed segment's writer is *retired*: an event that another
+thread routed to it a moment before the step is sent back to be routed again (``REROUTE``), and
+``flush`` follows moved events to where they went.  A stream sealed as a whole has no successors:
+``StreamSealedError`` becomes the writer's error.  Each event keeps its routing key until it is
+acknowledged, for this re-routing.
+
+Memory.  Bytes written and not yet acknowledged (all segments of a writer; an event counts its framed
+bytes and its routing key's characters) are bounded by the config's ``writer_unacked_bytes_max``:
+beyond it ``write_event`` waits until acknowledgements bring them under half of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
-from typing import Final, Generic, TypeVar, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, Generic, Protocol, TypeVar, cast
 from uuid import UUID
 
 from millstream import limits
@@ -59,10 +72,12 @@ from millstream.client._config import ClientConfig, RandomSource, random_uuid
 from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._replies import error_of_reply
-from millstream.client._routing import Router
+from millstream.client._routing import Router, StreamRouter
 from millstream.client._serializers import Serializer, is_identity
+from millstream.client._streams import SegmentWithRange
 from millstream.errors import (
     ConnectionLostError,
+    InternalError,
     InvalidArgumentError,
     InvalidEventNumberError,
     MillstreamError,
@@ -70,13 +85,15 @@ from millstream.errors import (
     PayloadTooLargeError,
     ProtocolError,
     RetryableError,
+    StreamSegmentSealedError,
     WrongHostError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire import codec
 from millstream.wire.commands import AppendBlock, AppendSetup, Command, DataAppended, SetupAppend
 
-__all__ = ["AsyncEventStreamWriter", "SegmentWriter", "Tracking", "WriterShared"]
+__all__ = ["AsyncEventStreamWriter", "RouterNotReadyError", "SegmentWriter", "StreamBinding", "Tracking",
+           "WriterShared"]
 
 _log = logging.getLogger(__name__)
 
@@ -95,16 +112,36 @@ _EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_MAX_BYTES
 #: ``SegmentWriter.append`` results (bit flags).
 SHIPPED: Final = 1  # a block was closed: an async caller yields once so the loop can read acknowledgements
 OVER_BUDGET: Final = 2  # too much is unacknowledged: the caller waits (``WriterShared.wait_for_capacity``)
+REROUTE: Final = 4  # nothing added: the segment was sealed and its keys moved on; route the event again
+
+#: What a segment writer calls when its segment turns out sealed (instead of failing the writer).
+SealedHandler = Callable[["SegmentWriter"], Awaitable[None]]
+
+
+class RouterNotReadyError(Exception):
+    """Raised by a stream writer's router before the writer has learned the stream's segments: the
+    async per-event path catches it (free in Python 3.11 until raised), awaits ``ready()`` and routes
+    again.  Never reaches a caller."""
+
+
+def _router_not_ready(routing_key: str | None) -> str:
+    raise RouterNotReadyError()
 
 
 class _Block:
-    """A closed block: framed events numbered up to ``last_event_number``, and the future its tracked
-    events share (a block is stored all together or not at all, so one future answers for all of them)."""
+    """A closed block: framed events numbered up to ``last_event_number``, their routing keys (what
+    re-routes them if the segment is sealed under them), the bytes they are charged against the
+    writer's budget (``charge``: the framed bytes plus the keys' characters), and the future its
+    tracked events share (a block is stored all together or not at all, so one future answers for all
+    of them)."""
 
-    __slots__ = ("data", "event_count", "future", "last_event_number", "sent_at")
+    __slots__ = ("charge", "data", "event_count", "future", "keys", "last_event_number", "sent_at")
 
-    def __init__(self, data: bytes, event_count: int, last_event_number: int, future: Completion | None) -> None:
+    def __init__(self, data: bytes, keys: list[str | None], charge: int, event_count: int, last_event_number: int,
+                 future: Completion | None) -> None:
         self.data = data
+        self.keys = keys
+        self.charge = charge
         self.event_count = event_count
         self.last_event_number = last_event_number
         self.future = future
@@ -183,11 +220,15 @@ class WriterShared:
 class SegmentWriter:
     """The writer's session with one segment: numbering, blocks, acknowledgements, reconnects.
 
-    ``append`` may be called from any thread; every other method runs on the event loop."""
+    ``append`` may be called from any thread; every other method runs on the event loop (the
+    ``..._locked`` ones with the writer's lock held).  With ``on_sealed``, a sealed segment does not
+    fail the writer: ``on_sealed(self)`` runs instead (the stream layer's hand-over, which ends with
+    ``retire_locked``)."""
 
     def __init__(self, segment: str, *, shared: WriterShared, pool: ConnectionPool, locator: SegmentLocator,
-                 token: str, writer_id: UUID, config: ClientConfig) -> None:
+                 token: str, writer_id: UUID, config: ClientConfig, on_sealed: SealedHandler | None = None) -> None:
         self.segment = segment
+        self._on_sealed = on_sealed
         self._writer_id = writer_id
         self._shared = shared
         self._pool = pool
@@ -196,8 +237,9 @@ class SegmentWriter:
         self._config = config
         self._clock = pool.clock
         # Producer side: under shared.lock, any thread.
-        self._parts: list[bytes] = []
-        self._open_bytes = 0
+        self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
+        self._keys: list[str | None] = []  # the open block's routing keys, one per event
+        self._open_bytes = 0  # the open block's charge: framed bytes plus key characters
         self._open_count = 0
         self._open_future: Completion | None = None  # shared by the open block's tracked events
         self._last_assigned = 0  # the last event number given to a closed block
@@ -209,6 +251,7 @@ class SegmentWriter:
         self._outbox: deque[_Block] = deque()  # closed blocks on their way to _inflight (a FIFO)
         self._drain_scheduled = False
         self._closing = False
+        self._retired = False  # sealed and handed over: appends answer REROUTE
         # Loop side.
         self._inflight: deque[_Block] = deque()  # closed, not acknowledged, in number order
         self._sent = 0  # how many of _inflight (a prefix) went out on the current session
@@ -218,7 +261,7 @@ class SegmentWriter:
         self._ready = False
         self._setup_sent_at = 0.0
         self._session_end: asyncio.Future[BaseException] | None = None
-        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._flush_waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._task: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         #: Sessions started after the first (evidence for tests).
@@ -242,6 +285,11 @@ class SegmentWriter:
     @property
     def failed(self) -> BaseException | None:
         return self._failed
+
+    @property
+    def retired(self) -> bool:
+        """Whether the segment was sealed and this writer's events were handed over elsewhere."""
+        return self._retired
 
     def reply_deadline(self) -> float | None:
         timeout = self._config.append_ack_timeout_seconds
@@ -278,9 +326,10 @@ class SegmentWriter:
 
     # --- Producer side (any thread) ----------------------------------------------------------------
 
-    def append(self, payload: bytes, tracking: Tracking | None) -> int:
-        """Add one event; return ``SHIPPED``/``OVER_BUDGET`` flags.  With ``tracking``, also hand out the
-        future of the event's block.  Raises the writer's error, or ``PayloadTooLargeError`` (nothing
+    def append(self, payload: bytes, routing_key: str | None, tracking: Tracking | None) -> int:
+        """Add one event; return ``SHIPPED``/``OVER_BUDGET`` flags, or ``REROUTE`` (nothing added: the
+        segment was sealed and its keys now go elsewhere).  With ``tracking``, also hand out the future
+        of the event's block.  Raises the writer's error, or ``PayloadTooLargeError`` (nothing
         added)."""
         length = len(payload)
         if length > _EVENT_LENGTH_MAX:
@@ -290,11 +339,16 @@ class SegmentWriter:
             if shared.error is not None:
                 shared.raise_error()
             if self._closing:
+                if self._retired:
+                    return REROUTE
                 raise ObjectClosedError("the writer is closed")
             parts = self._parts
             parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
             parts.append(payload)
+            self._keys.append(routing_key)
             length += _HEADER_LENGTH
+            if routing_key is not None:
+                length += len(routing_key)  # the key is kept until acknowledged: it is charged too
             self._open_bytes += length
             self._open_count += 1
             shared.unacked_bytes += length
@@ -322,8 +376,10 @@ class SegmentWriter:
         """Number the open block's events and queue it for sending.  Caller holds the lock."""
         count = self._open_count
         self._last_assigned += count
-        block = _Block(b"".join(self._parts), count, self._last_assigned, self._open_future)
+        block = _Block(b"".join(self._parts), self._keys, self._open_bytes, count, self._last_assigned,
+                       self._open_future)
         self._parts = []
+        self._keys = []
         self._open_bytes = 0
         self._open_count = 0
         self._open_future = None
@@ -410,6 +466,9 @@ class SegmentWriter:
             if self._closing or self._failed is not None:
                 return
             if not isinstance(reason, (RetryableError, InvalidEventNumberError)):
+                if isinstance(reason, StreamSegmentSealedError) and self._on_sealed is not None:
+                    await self._hand_over(reason)
+                    return
                 self._fail(reason)
                 return
             if isinstance(reason, WrongHostError):
@@ -425,6 +484,20 @@ class SegmentWriter:
                       reason, delay)
             self.reconnects += 1
             await self._clock.sleep(delay)
+
+    async def _hand_over(self, reason: StreamSegmentSealedError) -> None:
+        """The segment is sealed: let the stream layer move the events on (``on_sealed``).  Whatever it
+        raises becomes this writer's failure -- the events stay here, unacknowledged."""
+        assert self._on_sealed is not None
+        _log.info("writer %s on %s: %s; handing its events over to the successors", self._writer_id, self.segment,
+                  reason)
+        try:
+            await self._on_sealed(self)
+        except MillstreamError as error:
+            self._fail(error)
+        except Exception as error:  # a bug in the hand-over: fail loudly rather than leave flush waiting
+            _log.exception("writer %s on %s: the hand-over failed", self._writer_id, self.segment)
+            self._fail(error)
 
     def _gave_up(self, reason: BaseException, attempts: int) -> BaseException:
         message = (f"the writer for segment {self.segment!r} gave up after {attempts} reconnect attempts "
@@ -511,7 +584,7 @@ class SegmentWriter:
         last = inflight[0]
         for _ in range(count):
             last = inflight.popleft()
-            freed += len(last.data)
+            freed += last.charge
             if last.future is not None:
                 _settle(last.future, None)
         self._sent = max(self._sent - count, 0)
@@ -537,7 +610,7 @@ class SegmentWriter:
             for target, waiter in self._flush_waiters:
                 if number >= target:
                     if not waiter.done():
-                        waiter.set_result(None)
+                        waiter.set_result(True)
                 else:
                     waiting.append((target, waiter))
             self._flush_waiters = waiting
@@ -564,23 +637,26 @@ class SegmentWriter:
                 waiter.set_exception(error)
         shared.fail(error)
 
-    async def flush(self) -> None:
-        """Send the open block and wait until every event added so far is acknowledged.  Raises the
-        segment writer's failure."""
+    async def flush(self) -> bool:
+        """Send the open block and wait until every event added so far is acknowledged: True.  False if
+        the segment was sealed and the events were handed over instead (``retire_locked``): the caller
+        flushes where they went.  Raises the segment writer's failure."""
         with self._shared.lock:
             if self._open_count and self._failed is None and not self._closing:
                 self._close_block_locked()
             target = self._last_assigned
+            if self._retired:
+                return False
         self._drain_outbox()
         if self._failed is not None:
             raise self._failed.with_traceback(None)
         if self._acked >= target:
-            return
+            return True
         if self._task is None or self._task.done():
             raise ObjectClosedError(f"the writer for segment {self.segment!r} is closed")
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._flush_waiters.append((target, waiter))
-        await waiter
+        return await waiter
 
     async def stop(self) -> None:
         """Stop the session loop and detach; unacknowledged events stay (the writer is closed)."""
@@ -605,6 +681,83 @@ class SegmentWriter:
             payloads.extend(self._parts[1::2])
         return payloads
 
+    # --- The hand-over after a seal (loop thread; see the stream writer) ---------------------------
+
+    def acknowledge_stored(self, stored: int) -> None:
+        """The session is over and the server says it stores this writer's events up to ``stored``
+        (the writer-id attribute, read after the seal): acknowledge them, so that only events the
+        segment does not hold are handed over.  Raises ``ProtocolError`` if ``stored`` is below what
+        was acknowledged or ends no block."""
+        self._drain_outbox()
+        if stored < self._acked:
+            raise ProtocolError(f"segment {self.segment!r} stores event number {stored} for writer "
+                                f"{self._writer_id}, but {self._acked} was acknowledged")
+        if stored > self._acked:
+            self._acknowledge_through(stored, sent_on_this_session=False)
+
+    def retire_locked(self) -> list[tuple[bytes, str | None, Completion | None]]:
+        """(Lock held.)  Take every unacknowledged event out -- in flight, queued, open; in order --
+        as ``(payload, routing key, the future its block shared)``, release their bytes from the
+        budget and retire: ``append`` answers ``REROUTE`` from now on, ``flush`` False, and flushes
+        already waiting get False."""
+        events: list[tuple[bytes, str | None, Completion | None]] = []
+        freed = self._open_bytes
+        for block in itertools.chain(self._inflight, self._outbox):
+            future = block.future
+            events.extend((payload, key, future) for payload, key in zip(codec.iter_events(block.data), block.keys,
+                                                                          strict=True))
+            freed += block.charge
+        open_future = self._open_future
+        events.extend((payload, key, open_future) for payload, key in zip(self._parts[1::2], self._keys, strict=True))
+        self._shared.unacked_bytes -= freed
+        self._inflight.clear()
+        self._outbox.clear()
+        self._parts = []
+        self._keys = []
+        self._open_bytes = self._open_count = 0
+        self._open_future = None
+        self._blocks_unacked = 0
+        self._last_assigned = self._acked  # the numbers after it are never used by this writer id
+        self._close_at = 0
+        self._sent = 0
+        self._closing = self._retired = True
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(False)
+        return events
+
+    def append_moved_locked(self, payload: bytes, routing_key: str | None,
+                            factory: Callable[[], Completion] | None) -> Completion | None:
+        """(Lock held.)  Add an event handed over from a sealed predecessor, ahead of anything newer
+        for its key; with ``factory``, return the future of its block.  Moved events fill blocks up
+        to the block size (they are all here at once); ``close_open_block_locked`` ends the last."""
+        length = len(payload)
+        self._parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
+        self._parts.append(payload)
+        self._keys.append(routing_key)
+        length += _HEADER_LENGTH + (0 if routing_key is None else len(routing_key))
+        self._open_bytes += length
+        self._open_count += 1
+        self._shared.unacked_bytes += length
+        future = None
+        if factory is not None:
+            future = self._open_future
+            if future is None:
+                future = self._open_future = factory()
+        if self._open_bytes >= self._config.writer_block_bytes_max:
+            self._close_block_locked()
+        return future
+
+    def close_open_block_locked(self) -> None:
+        """(Lock held.)  Close the open block, if any (after a hand-over: the moved events leave now)."""
+        if self._open_count and self._failed is None and not self._closing:
+            self._close_block_locked()
+
+    def ship(self) -> None:
+        """(Loop thread.)  Send what closed blocks wait (or queue them until the session is ready)."""
+        self._drain_outbox()
+
     def check_invariants(self) -> None:
         """Blocks are numbered consecutively after the acknowledged one; the counts agree."""
         with self._shared.lock:
@@ -621,24 +774,93 @@ class SegmentWriter:
             assert 0 <= self._sent <= len(self._inflight)
             assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
                 self._close_at, self._blocks_unacked, self._target_bytes)
-            assert len(self._parts) == 2 * self._open_count
-            assert self._open_bytes == sum(len(part) for part in self._parts)
+            assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys)
+            assert self._open_bytes == sum(len(part) for part in self._parts) + sum(
+                len(key) for key in self._keys if key is not None)
+            for block in blocks:
+                assert len(block.keys) == block.event_count
+                assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)
+            if self._retired:
+                assert self._closing and not blocks and not self._open_count
+
+
+class StreamBinding(Protocol):
+    """What a stream writer asks about its stream (``_stream_writer.ControllerStreamBinding`` asks the
+    controller and the segment store)."""
+
+    @property
+    def stream(self) -> str:
+        """``"scope/stream"``."""
+        ...
+
+    async def current_segments(self) -> Sequence[SegmentWithRange]:
+        """The segments of the stream's current epoch.  Raises ``StreamNotFoundError``,
+        ``StreamSealedError``."""
+        ...
+
+    async def stored_event_number(self, segment: str, writer_id: UUID) -> int:
+        """The last event number ``segment`` stores for ``writer_id`` (0: none)."""
+        ...
+
+    async def successors(self, sealed: SegmentWithRange) -> Sequence[SegmentWithRange]:
+        """The segments that took over the sealed segment's keys (not empty).  Raises
+        ``StreamSealedError`` when the whole stream is sealed, ``StreamSegmentSealedError`` when the
+        segment was sealed by anything but a scale."""
+        ...
+
+
+def _chain_completion(old: Completion, news: Sequence[Completion]) -> None:
+    """Complete ``old`` -- the future that the events of a handed-over block shared -- once every
+    block they moved into (``news``) is durable, or with the first failure among them."""
+    remaining = len(news)
+
+    def done(future: Completion) -> None:
+        nonlocal remaining
+        if old.done():
+            return
+        if future.cancelled():
+            _settle(old, ObjectClosedError("the writer was closed before the event was acknowledged"))
+            return
+        error = future.exception()
+        if error is not None:
+            _settle(old, error)
+            return
+        remaining -= 1
+        if remaining == 0:
+            _settle(old, None)
+
+    for new in news:
+        new.add_done_callback(done)  # type: ignore[arg-type]
 
 
 class AsyncEventStreamWriter(Generic[T]):
-    """Writes events to a set of segments, exactly once per event, in order per routing key.
+    """Writes events to a stream (or a set of segments), exactly once per event, in order per routing key.
 
     Made by ``AsyncClient.event_writer``.  ``write_event`` returns as soon as the event is buffered
     (it waits only when too much is unacknowledged); ``flush`` waits until everything written so far is
-    durable; ``close`` flushes and stops.  Errors surface on the next call or on ``flush``."""
+    durable; ``close`` flushes and stops.  Errors surface on the next call or on ``flush``.
 
-    def __init__(self, *, pool: ConnectionPool, locator: SegmentLocator, router: Router, serializer: Serializer[T],
-                 token: str, config: ClientConfig, rng: RandomSource) -> None:
+    A stream writer (``stream``: ``event_writer("scope/stream")``) learns the stream's current
+    segments on its first call (``ready``), routes each key by its position in [0, 1)
+    (``StreamRouter``), and follows the stream as it scales: when a segment turns out sealed, its
+    unacknowledged events move to the successors that own their keys, ahead of anything newer
+    (``_on_segment_sealed``).  A stream sealed as a whole fails it with ``StreamSealedError``."""
+
+    def __init__(self, *, pool: ConnectionPool, locator: SegmentLocator, router: Router | None,
+                 serializer: Serializer[T], token: str, config: ClientConfig, rng: RandomSource,
+                 stream: StreamBinding | None = None) -> None:
+        if (router is None) == (stream is None):
+            raise InternalError("a writer routes by a router of its own or by a stream's segments, not both")
         self._shared = WriterShared(asyncio.get_running_loop(), config.writer_unacked_bytes_max)
         self._pool = pool
         self._locator = locator
         self._router = router
-        self._segment_for = router.segment_for
+        self._segment_for: Callable[[str | None], str] = (
+            router.segment_for if router is not None else _router_not_ready)
+        #: Whether the router still routes to a segment (a stream's view changes; a fixed router's not).
+        self._routes_to: Callable[[str], bool] | None = None
+        self._stream = stream
+        self._ready_lock = asyncio.Lock()
         self._serializer = serializer
         self._serialize = serializer.serialize
         self._identity = is_identity(serializer)
@@ -648,10 +870,18 @@ class AsyncEventStreamWriter(Generic[T]):
         self._writers: dict[str, SegmentWriter] = {}
         self._shipped = 0  # blocks shipped since the last yield to the loop
         self._closed = False
+        #: Sealed segments whose events this writer handed over to successors (evidence for tests).
+        self.hand_overs = 0
 
     @property
-    def router(self) -> Router:
+    def router(self) -> Router | None:
+        """How events are routed (a stream writer's ``StreamRouter`` once it is ready, else None)."""
         return self._router
+
+    @property
+    def stream(self) -> str | None:
+        """The stream written to (``"scope/stream"``), or None for a writer of named segments."""
+        return None if self._stream is None else self._stream.stream
 
     @property
     def serializer(self) -> Serializer[T]:
@@ -662,14 +892,34 @@ class AsyncEventStreamWriter(Generic[T]):
         return dict(self._writers)
 
     def unacknowledged_events(self, segment: str) -> list[bytes]:
-        """The serialized events written to ``segment`` and not acknowledged, in order (after a
-        ``StreamSegmentSealedError`` these are what must go to the segment's successors)."""
+        """The serialized events written to ``segment`` and not acknowledged, in order."""
         writer = self._writers.get(segment)
         return [] if writer is None else writer.unacknowledged_events()
+
+    async def ready(self) -> None:
+        """A stream writer: learn the stream's current segments (once; concurrent callers wait for the
+        first).  Raises ``StreamNotFoundError``, ``StreamSealedError`` (and the writer stays unready,
+        so a later call asks again).  A writer of named segments is always ready."""
+        if self._router is not None:
+            return
+        stream = self._stream
+        assert stream is not None
+        async with self._ready_lock:
+            if self._router is not None:
+                return
+            self._shared.raise_error()
+            if self._closed:
+                raise ObjectClosedError("the writer is closed")
+            router = StreamRouter(await stream.current_segments())
+            with self._shared.lock:
+                self._router = router
+                self._routes_to = router.routes_to
+                self._segment_for = router.segment_for
 
     # --- The per-event path, shared with the blocking flavour -------------------------------------
 
     def _add(self, event: T, routing_key: str | None, tracking: Tracking | None) -> int:
+        """Buffer one event (any thread).  Raises ``RouterNotReadyError`` before ``ready()``."""
         if self._identity and type(event) is bytes:
             payload = cast(bytes, event)
         else:
@@ -679,26 +929,121 @@ class AsyncEventStreamWriter(Generic[T]):
         segment = self._segment_for(routing_key)
         writer = self._writers.get(segment)
         if writer is None:
-            writer = self._open_segment(segment)
-        return writer.append(payload, tracking)
+            writer = self._open_segment(segment, routing_key)
+        flags = writer.append(payload, routing_key, tracking)
+        if flags & REROUTE:
+            return self._append_rerouted(payload, routing_key, tracking)
+        return flags
 
-    def _open_segment(self, segment: str) -> SegmentWriter:
-        shared = self._shared
-        with shared.lock:
-            shared.raise_error()
-            if self._closed:
-                raise ObjectClosedError("the writer is closed")
+    def _append_rerouted(self, payload: bytes, routing_key: str | None, tracking: Tracking | None) -> int:
+        """The event was routed to a segment whose keys moved on (it was sealed and handed over after
+        the event was routed, on another thread): route it again, now by the new view."""
+        for _ in range(limits.CLIENT_WRITER_REROUTES_MAX):
+            segment = self._segment_for(routing_key)
             writer = self._writers.get(segment)
-            if writer is not None:
-                return writer
-            writer = SegmentWriter(segment, shared=shared, pool=self._pool, locator=self._locator, token=self._token,
-                                   writer_id=random_uuid(self._rng), config=self._config)
-            self._writers[segment] = writer
+            if writer is None:
+                writer = self._open_segment(segment, routing_key)
+            flags = writer.append(payload, routing_key, tracking)
+            if not flags & REROUTE:
+                return flags
+        raise InternalError(f"an event was routed {limits.CLIENT_WRITER_REROUTES_MAX} times to segments whose keys "
+                            "had moved on")
+
+    def _open_segment(self, segment: str, routing_key: str | None) -> SegmentWriter:
+        """The segment writer for ``segment``, made now -- or, if the view changed since the event was
+        routed there, for the segment the event's key is routed to now."""
+        shared = self._shared
+        for _ in range(limits.CLIENT_WRITER_REROUTES_MAX):
+            with shared.lock:
+                shared.raise_error()
+                if self._closed:
+                    raise ObjectClosedError("the writer is closed")
+                writer = self._writers.get(segment)
+                if writer is not None:
+                    return writer
+                routes_to = self._routes_to
+                if routes_to is None or routes_to(segment):
+                    writer = self._new_writer_locked(segment)
+                    break
+            segment = self._segment_for(routing_key)
+        else:
+            raise InternalError(f"an event was routed {limits.CLIENT_WRITER_REROUTES_MAX} times to segments whose "
+                                "keys had moved on")
+        self._start(writer)
+        return writer
+
+    def _new_writer_locked(self, segment: str) -> SegmentWriter:
+        writer = SegmentWriter(segment, shared=self._shared, pool=self._pool, locator=self._locator, token=self._token,
+                               writer_id=random_uuid(self._rng), config=self._config,
+                               on_sealed=None if self._stream is None else self._on_segment_sealed)
+        self._writers[segment] = writer
+        return writer
+
+    def _start(self, writer: SegmentWriter) -> None:
+        shared = self._shared
         if threading.get_ident() == shared.loop_thread:
             writer.start()
         else:
             shared.loop.call_soon_threadsafe(writer.start)
-        return writer
+
+    # --- Scaling: a sealed segment's events move to its successors ----------------------------------
+
+    async def _on_segment_sealed(self, writer: SegmentWriter) -> None:
+        """``SegmentSealed(w, s)`` of ``spec/StreamOrdering.tla``: ``writer``'s segment is sealed.
+
+        1. Learn what the segment stores for this writer (its writer-id attribute, stored with the data)
+           and acknowledge that much: only events it does not hold move on, so none is stored twice.
+        2. Ask the controller for the successors (``StreamSealedError`` if the stream was sealed).
+        3. In one step under the writer's lock: route the sealed segment's keys to the successors,
+           take every event the segment writer still holds -- including any written to its keys while
+           1 and 2 were waiting -- and append each, in order, to the successor that owns its key.  A
+           newer event for those keys is routed only after this step (one routed before it, on another
+           thread, meets the retired writer and is routed again), so it lands behind them: per-key
+           order holds.  The futures of moved events complete when their new blocks are durable.
+
+        Runs in the sealed segment writer's task; what it raises fails the writer (``SegmentWriter``)."""
+        stream = self._stream
+        router = self._router
+        assert stream is not None and isinstance(router, StreamRouter)
+        sealed = router.segment_named(writer.segment)
+        if sealed is None:
+            raise InternalError(f"segment {writer.segment!r} has a writer but is not routed to")
+        writer.acknowledge_stored(await stream.stored_event_number(writer.segment, writer.writer_id))
+        successors = await stream.successors(sealed)
+        shared = self._shared
+        make_future = shared.loop.create_future
+        touched: dict[str, SegmentWriter] = {}
+        created: list[SegmentWriter] = []
+        chains: dict[int, tuple[Completion, dict[int, Completion]]] = {}
+        with shared.lock:
+            shared.raise_error()
+            if self._closed:
+                raise ObjectClosedError(f"the writer was closed before the events of sealed segment {sealed.name!r} "
+                                        "moved to its successors")
+            router.replace(sealed, successors)  # (raises, changing nothing, if they do not fit)
+            events = writer.retire_locked()
+            del self._writers[writer.segment]
+            for payload, key, old in events:
+                name = router.segment_for(key)
+                target = touched.get(name) or self._writers.get(name)
+                if target is None:
+                    target = self._new_writer_locked(name)
+                    created.append(target)
+                touched[name] = target
+                new = target.append_moved_locked(payload, key, None if old is None else make_future)
+                if old is not None and new is not None:
+                    chains.setdefault(id(old), (old, {}))[1][id(new)] = new
+            for target in touched.values():
+                target.close_open_block_locked()
+            self.hand_overs += 1
+        _log.info("stream %s: segment %s sealed; %d unacknowledged events moved to %s", stream.stream, sealed.name,
+                  len(events), sorted(touched) or [s.name for s in successors])
+        for old, news in chains.values():
+            _chain_completion(old, list(news.values()))
+        for target in created:
+            self._start(target)
+        for target in touched.values():
+            target.ship()
 
     # --- API ---------------------------------------------------------------------------------------
 
@@ -706,7 +1051,8 @@ class AsyncEventStreamWriter(Generic[T]):
         """Buffer ``event`` for its segment (by ``routing_key``; None spreads keyless events evenly).
         Waits only while too much is unacknowledged.  Raises the writer's error if it has failed,
         ``InvalidArgumentError`` for an event the serializer refuses, ``PayloadTooLargeError`` for one
-        over ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing is written then)."""
+        over ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing is written then); a stream writer's first call
+        raises what ``ready`` raises."""
         # ``_add``, inlined: this is the per-event path of the asyncio flavour.
         if self._identity and type(event) is bytes:
             payload = cast(bytes, event)
@@ -714,21 +1060,29 @@ class AsyncEventStreamWriter(Generic[T]):
             payload = self._serialize(event)
             if type(payload) is not bytes:
                 raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        segment = self._segment_for(routing_key)
+        try:
+            segment = self._segment_for(routing_key)
+        except RouterNotReadyError:  # a stream writer's first event (a try costs nothing until it raises)
+            await self.ready()
+            segment = self._segment_for(routing_key)
         writer = self._writers.get(segment)
         if writer is None:
-            writer = self._open_segment(segment)
-        flags = writer.append(payload, None)
+            writer = self._open_segment(segment, routing_key)
+        flags = writer.append(payload, routing_key, None)
         if flags:
+            if flags & REROUTE:
+                flags = self._append_rerouted(payload, routing_key, None)
             if flags & OVER_BUDGET:
                 await self._shared.wait_for_capacity()
-            else:
+            elif flags:
                 await self._after_shipping()
 
     async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
         """``write_event``, and a future that completes when the event is durable (or fails with the
         writer's error).  Events that travel in the same block share one future (they are stored all
         together), so a future costs a little per block, not per event; do not cancel it."""
+        if self._router is None:
+            await self.ready()
         tracking = Tracking(self._shared.loop.create_future)
         flags = self._add(event, routing_key, tracking)
         if flags & OVER_BUDGET:
@@ -746,13 +1100,19 @@ class AsyncEventStreamWriter(Generic[T]):
             await asyncio.sleep(0)
 
     async def flush(self) -> None:
-        """Wait until every event written so far is durable.  Raises the writer's error, if any."""
-        writers = list(self._writers.values())
-        results = await asyncio.gather(*(writer.flush() for writer in writers), return_exceptions=True)
-        self._shared.raise_error()
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        """Wait until every event written so far is durable -- events that moved from a sealed segment
+        to its successors included.  Raises the writer's error, if any."""
+        for _ in range(limits.CLIENT_WRITER_FLUSH_ROUNDS_MAX):
+            writers = list(self._writers.values())
+            results = await asyncio.gather(*(writer.flush() for writer in writers), return_exceptions=True)
+            self._shared.raise_error()
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            if all(results):
+                return
+            # A segment was sealed while we waited and its events moved on: wait for where they went.
+        raise InternalError(f"flush saw segments sealed under it {limits.CLIENT_WRITER_FLUSH_ROUNDS_MAX} times")
 
     async def close(self) -> None:
         """Flush, then stop.  Raises the writer's error (after stopping) if the flush failed."""
@@ -778,11 +1138,18 @@ class AsyncEventStreamWriter(Generic[T]):
         await self.close()
 
     def check_invariants(self) -> None:
+        """Every segment writer's invariants; the budget counts exactly what they hold; a stream
+        writer's view covers [0, 1) and has a writer only for segments it routes to."""
         total = 0
         for writer in self._writers.values():
             writer.check_invariants()
             with self._shared.lock:
-                total += writer._open_bytes + sum(len(b.data) for b in writer._inflight) + sum(
-                    len(b.data) for b in writer._outbox)
+                total += writer._open_bytes + sum(b.charge for b in writer._inflight) + sum(
+                    b.charge for b in writer._outbox)
         with self._shared.lock:
             assert total == self._shared.unacked_bytes, (total, self._shared.unacked_bytes)
+            router = self._router
+            if isinstance(router, StreamRouter):
+                router.check_invariants()
+                for segment, writer in self._writers.items():
+                    assert router.routes_to(segment) and not writer.retired, segment
