@@ -164,41 +164,81 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
             yield line
 
 
-@main.command(short_help="Append events to segments: lines from stdin, or files.")
+def _key_of_field(field: str) -> Callable[[bytes, str], str]:
+    """The routing key of an event that is a JSON object: the value of its ``field`` (a string as it
+    is, a number or boolean as its JSON text).  Anything else is bad input, named by ``where``."""
+    def key_of(event: bytes, where: str) -> str:
+        try:
+            value = json.loads(event)
+        except ValueError as error:
+            raise click.ClickException(f"{where} is not JSON, so --key-field {field} finds no key in it: {error}") \
+                from None
+        if not isinstance(value, dict) or field not in value:
+            raise click.ClickException(f"{where} is not a JSON object with a field {field!r} (--key-field)")
+        key = value[field]
+        if isinstance(key, str):
+            return key
+        if isinstance(key, (int, float, bool)):
+            return json.dumps(key)
+        raise click.ClickException(f"{where}: field {field!r} is {json.dumps(key)[:40]}, not a string or number "
+                                   "(--key-field)")
+    return key_of
+
+
+@main.command(short_help="Append events to a stream or to segments: lines from stdin, or files.")
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
                 metavar="[FILE...]")
-@click.option("--segment", "segments", multiple=True, required=True, metavar="NAME",
-              help="Segment to write to (repeat it to spread events over several: events with the same "
-                   "routing key always go to the same one).")
+@click.option("--stream", default=None, metavar="SCOPE/STREAM",
+              help="Stream to write to (it must exist: `millstream stream create`).  Routing keys pick its "
+                   "segments, and the writer follows the stream as it scales.")
+@click.option("--segment", "segments", multiple=True, metavar="NAME",
+              help="Segment to write to, instead of a stream (repeat it to spread events over several: events "
+                   "with the same routing key always go to the same one).")
 @click.option("--routing-key", default=None, metavar="KEY",
               help="Routing key for every event (default: none; events are spread evenly).")
+@click.option("--key-field", default=None, metavar="FIELD",
+              help="Each event is a JSON object; its FIELD (a string or number) is its routing key.")
 @click.option("--whole-files", is_flag=True,
               help="Each FILE is one event (default: each line is one event, without its newline).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress on stderr.")
 @_connection_options
-def write(files: tuple[Path, ...], segments: tuple[str, ...], routing_key: str | None, whole_files: bool,
-          progress: bool, uri: str, token: str, tls_ca: Path | None) -> None:
-    """Append events to segments and wait until they are durable.
+def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...], routing_key: str | None,
+          key_field: str | None, whole_files: bool, progress: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Append events to a stream (or to segments) and wait until they are durable.
 
     With no FILE (or FILE `-`), each line of standard input is one event.  With FILEs, each line of
-    each file is one event, or each whole file with --whole-files.  The segments must exist
-    (`millstream segment create`).  The command returns once every event is acknowledged: written
-    to disk on the server.  Each event is written exactly once, even if the connection breaks.
+    each file is one event, or each whole file with --whole-files.  The stream, or the segments, must
+    exist.  Events with the same routing key (--routing-key for all of them, or --key-field to take
+    each one's from its JSON) keep their order, also while the stream scales.  The command returns
+    once every event is acknowledged: written to disk on the server.  Each event is written exactly
+    once, even if the connection breaks or a segment is sealed by a scale.
 
     \b
     Examples:
+      printf 'a\\nb\\nc\\n' | millstream write --stream iot/sensors --routing-key sensor-17
+      millstream write --stream iot/sensors --key-field id readings.jsonl
       printf 'a\\nb\\nc\\n' | millstream write --segment demo/events/0
       millstream write --segment demo/logs/0 app.log
       millstream write --segment demo/images/0 --whole-files *.png
     """
+    if (stream is None) == (not segments):
+        raise click.UsageError("give --stream SCOPE/STREAM or --segment NAME (one or more), not both")
+    if routing_key is not None and key_field is not None:
+        raise click.UsageError("--routing-key gives every event the same key; --key-field takes each one's from "
+                               "its JSON: choose one")
+    if stream is not None:
+        from millstream.cli.streams import _stream_name
+
+        _stream_name(stream)
     if whole_files and (not files or any(str(f) == "-" for f in files)):
         raise click.UsageError("--whole-files needs FILE arguments (standard input is read as lines)")
+    key_of = _key_of_field(key_field) if key_field is not None else None
     sources = list(files) or [Path("-")]
     count = size = 0
     with contextlib.ExitStack() as stack:
         client = stack.enter_context(_client(uri, token, tls_ca))
         report = Progress(stack, "write") if progress and (len(sources) > 1 or whole_files) else None
-        writer = stack.enter_context(client.event_writer(list(segments)))
+        writer = stack.enter_context(client.event_writer(stream if stream is not None else list(segments)))
         for index, source in enumerate(sources):
             if report is not None:
                 report(index, len(sources), str(source))
@@ -208,14 +248,23 @@ def write(files: tuple[Path, ...], segments: tuple[str, ...], routing_key: str |
                 events = _lines(sys.stdin.buffer)
             else:
                 events = _lines(stack.enter_context(source.open("rb")))
-            for event in events:
-                writer.write_event(event, routing_key=routing_key)
+            name = "stdin" if str(source) == "-" else str(source)
+            for number, event in enumerate(events, 1):
+                key = routing_key
+                if key_of is not None:
+                    try:
+                        key = key_of(event, name if whole_files else f"line {number} of {name}")
+                    except click.ClickException as error:  # what was written before it stays written
+                        raise click.ClickException(f"{error.message}; the {_count(count, 'event')} before it "
+                                                   "were written") from None
+                writer.write_event(event, routing_key=key)
                 count += 1
                 size += len(event)
         if report is not None:
             report(len(sources), len(sources), "flushing")
         writer.flush()
-    where = segments[0] if len(segments) == 1 else f"{len(segments)} segments"
+    where = f"stream {stream}" if stream is not None else segments[0] if len(segments) == 1 else \
+        f"{len(segments)} segments"
     click.echo(f"wrote {_count(count, 'event')} ({_count(size, 'byte')}) to {where}; all durable", err=True)
 
 
