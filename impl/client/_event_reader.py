@@ -361,9 +361,11 @@ class AsyncEventStreamReader(Generic[T]):
                     await self._complete(fetcher)
                 continue
             if state.finished:
+                await asyncio.sleep(0)  # (a caller polling the end in a loop must not starve the event loop)
                 return _END  # type: ignore[return-value]
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
+                await asyncio.sleep(0)
                 return _NOTHING  # type: ignore[return-value]
             await self._wait(state, remaining)
         raise InvalidArgumentError("read_next_event went round too often")  # pragma: no cover - bounded by design
@@ -605,6 +607,12 @@ class AsyncEventStreamReader(Generic[T]):
         try:
             result = task.result()
         except (StreamSegmentTruncatedError, StreamSegmentNotExistsError) as error:
+            # Only if the segment is still this reader's at that offset (the group may have been reset
+            # past the missing data meanwhile, and this reader not have noticed yet).
+            await self._sync_fetch()
+            self._reconcile()
+            if self._fetchers.get(fetcher.name) is not fetcher:
+                return
             await self._raise_missing(fetcher, error)
         fetcher.absorb(result)
         if fetcher.at_tail:

@@ -135,7 +135,8 @@ def test_successor_of_a_split_is_readable_at_once_and_of_a_merge_only_after_both
 def test_a_reader_owing_a_checkpoint_neither_acquires_releases_nor_completes() -> None:
     state = apply_all(initial(), AddReader("r1"), AddReader("r2"), AcquireSegment("r1", A0),
                       CreateCheckpoint("c1"))
-    for update in (AcquireSegment("r1", A1), ReleaseSegment("r1", A0, 0), SegmentCompleted("r1", A0, 4, successors(A0))):
+    for update in (AcquireSegment("r1", A1), ReleaseSegment("r1", A0, 0),
+                   SegmentCompleted("r1", A0, 4, successors(A0))):
         with pytest.raises(InvalidArgumentError, match="owes checkpoint"):
             state.apply(update)
     with pytest.raises(InvalidArgumentError):  # positions for every segment it holds, not fewer
@@ -169,7 +170,8 @@ def test_checkpoints_in_progress_are_limited_and_completed_ones_kept_within_boun
     for index in range(limits.READER_GROUP_CHECKPOINTS_KEPT + 2):
         state = apply_all(state, CreateCheckpoint(f"d{index}"), CheckpointReader(f"d{index}", "r1", {}))
     names = [c.name for c in state.checkpoints]
-    assert len(names) == limits.READER_GROUP_CHECKPOINTS_KEPT and names[-1] == f"d{limits.READER_GROUP_CHECKPOINTS_KEPT + 1}"
+    kept = limits.READER_GROUP_CHECKPOINTS_KEPT
+    assert len(names) == kept and names[-1] == f"d{kept + 1}"
     with pytest.raises(InvalidArgumentError):
         state.apply(CreateCheckpoint(names[-1]))  # names are unique
 
@@ -312,7 +314,8 @@ class ReaderGroupStateMachine(RuleBasedStateMachine):
         self.step(ReleaseSegment(reader, segment, self.read[reader][segment]))
         self.sync_reads()
 
-    @precondition(lambda self: len(self.state.outstanding_checkpoints) < limits.READER_GROUP_CHECKPOINTS_OUTSTANDING_MAX)
+    @precondition(lambda self: len(self.state.outstanding_checkpoints)
+                  < limits.READER_GROUP_CHECKPOINTS_OUTSTANDING_MAX)
     @rule()
     def create_checkpoint(self) -> None:
         self.step(CreateCheckpoint(f"c{self.state.checkpoints_created}"))
