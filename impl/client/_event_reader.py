@@ -133,6 +133,8 @@ class Position:
 
     __slots__ = ("_segments",)
 
+    _segments: dict[str, int]
+
     def __init__(self, segments: Mapping[str, int]) -> None:
         if not isinstance(segments, Mapping):
             raise InvalidArgumentError(f"a position maps segment names to offsets, not {segments!r}")
@@ -342,6 +344,8 @@ class AsyncEventStreamReader(Generic[T]):
             name, self._at_checkpoint = self._at_checkpoint, None
             await self._record_checkpoint(name)
         for _ in range(1 << 20):  # each round either returns, waits, or writes an update that moves on
+            if self._closed:
+                raise ObjectClosedError(f"reader {self.reader_id!r} was closed")
             state = await self._refresh()
             owed = state.pending_checkpoint(self.reader_id)
             if owed is not None:
@@ -362,11 +366,11 @@ class AsyncEventStreamReader(Generic[T]):
                 continue
             if state.finished:
                 await asyncio.sleep(0)  # (a caller polling the end in a loop must not starve the event loop)
-                return _END  # type: ignore[return-value]
+                return _END
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 await asyncio.sleep(0)
-                return _NOTHING  # type: ignore[return-value]
+                return _NOTHING
             await self._wait(state, remaining)
         raise InvalidArgumentError("read_next_event went round too often")  # pragma: no cover - bounded by design
 
@@ -399,6 +403,11 @@ class AsyncEventStreamReader(Generic[T]):
 
     async def _refresh(self) -> ReaderGroupState:
         """Take in what changed in the group; keep a long poll on the state segment outstanding."""
+        heartbeat = self._heartbeat_task
+        if heartbeat is not None and heartbeat.done() and not heartbeat.cancelled():
+            failure = heartbeat.exception()
+            if failure is not None:
+                raise failure  # (a bug in the heartbeat task: say so here rather than go silent)
         watch = self._watch
         if watch is not None and watch.done():
             self._watch = None
@@ -418,7 +427,7 @@ class AsyncEventStreamReader(Generic[T]):
 
     async def _update(self, plan: Callable[[ReaderGroupState | None], Sequence[ReaderGroupUpdate] | None]) -> bool:
         try:
-            return await self._sync.update(plan)  # type: ignore[arg-type]
+            return await self._sync.update(plan)
         except StreamSegmentNotExistsError:
             raise ReaderGroupNotFoundError(f"reader group {self._group.qualified_name} was deleted") from None
 
@@ -569,7 +578,7 @@ class AsyncEventStreamReader(Generic[T]):
             return
         if fetcher.at_tail and fetcher.events:
             return
-        length = self._read_length
+        length = min(self._read_length, limits.READER_TAIL_READ_LENGTH_BYTES) if fetcher.at_tail else self._read_length
         if fetcher.end_offset is not None:
             length = min(length, fetcher.end_offset - fetcher.fetch_offset)
         wait = self._config.tail_wait_seconds if fetcher.at_tail else 0.0
@@ -813,7 +822,7 @@ class EventStreamReader(Generic[T]):
 
     def position(self) -> Position:
         """The next offset, in every segment held, after the events returned so far."""
-        segments = self._core.position().segments
+        segments = dict(self._core.position().segments)
         for event in self._pending:
             if event.segment is not None and event.segment in segments:
                 segments[event.segment] = min(segments[event.segment], event.offset)

@@ -225,6 +225,9 @@ class Checkpoint:
 
     __slots__ = ("_cuts", "_name")
 
+    _name: str
+    _cuts: Mapping[str, StreamCut]
+
     def __init__(self, name: str, cuts: Mapping[str, StreamCut]) -> None:
         validate_name(name, "checkpoint name")
         if not isinstance(cuts, Mapping) or not cuts:
@@ -953,7 +956,7 @@ class AsyncReaderGroup:
         if streams is not None and config is not None:
             raise InvalidArgumentError("give a reader group's streams or its config, not both")
         if streams is not None:
-            config = ReaderGroupConfig(streams)  # type: ignore[arg-type]
+            config = ReaderGroupConfig(streams)
         if config is not None and not isinstance(config, ReaderGroupConfig):
             raise InvalidArgumentError(f"config must be a ReaderGroupConfig, not {config!r}")
         scope, name = _group_name(group, config.streams if config is not None else ())
@@ -1066,7 +1069,8 @@ class AsyncReaderGroup:
     async def reader_offline(self, reader_id: str, position: Any = None) -> bool:
         """Declare ``reader_id`` offline (a reader that crashed): its segments return to the group at
         ``position`` (a ``Position`` the application stored) where it names them, else at their
-        last checkpointed offsets.  Returns False if the reader was not online."""
+        last checkpointed offsets (segments of the position the reader no longer holds are ignored).
+        Returns False if the reader was not online."""
         from millstream.client._event_reader import Position
 
         self._check_open()
@@ -1078,7 +1082,10 @@ class AsyncReaderGroup:
         def remove(current: ReaderGroupState | None) -> list[ReaderGroupUpdate] | None:
             if current is None or reader_id not in current.readers:
                 return None
-            return [RemoveReader(reader_id, positions)]
+            if positions is None:
+                return [RemoveReader(reader_id)]
+            mine = current.segments_of(reader_id)
+            return [RemoveReader(reader_id, {s: o for s, o in positions.items() if s in mine})]
         before = await self._fetch()
         removed = await self._update(remove)
         if removed:

@@ -202,7 +202,8 @@ class StateSynchronizer(Generic[S, U]):
         apply what arrived; return whether the state changed."""
         offset = self._offset
         try:
-            result = await self._segments.read(self.segment, offset, wait_seconds=wait_seconds)
+            result = await self._segments.read(self.segment, offset, length=limits.READER_TAIL_READ_LENGTH_BYTES,
+                                               wait_seconds=wait_seconds)
         except StreamSegmentTruncatedError:
             return await self.fetch_updates()  # compacted past us meanwhile
         if not result.data:

@@ -7,8 +7,10 @@ stream's key space; recorded offsets never run ahead of what a reader read."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from millstream import limits
@@ -50,6 +52,8 @@ from tests.readers.topology import (
     predecessors,
     successors,
 )
+
+NIGHTLY = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 
 
 def initial() -> ReaderGroupState:
@@ -373,4 +377,7 @@ class ReaderGroupStateMachine(RuleBasedStateMachine):
         assert covers(set(self.state.held) | set(self.state.completed) | set(self.state.ended)), self.state
 
 
+#: Fast by default (a few seconds); the nightly profile explores far more.
+ReaderGroupStateMachine.TestCase.settings = settings(max_examples=2000 if NIGHTLY else 80,
+                                   stateful_step_count=100 if NIGHTLY else 40, deadline=None)
 TestReaderGroupState = ReaderGroupStateMachine.TestCase
