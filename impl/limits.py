@@ -484,3 +484,4 @@ READER_GROUP_CHECKPOINT_WAIT_SECONDS: Final = 300.0
 #: ask for the client's full read length.
 READER_TAIL_READ_LENGTH_BYTES: Final = 128 * KIB
 
+
