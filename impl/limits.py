@@ -477,11 +477,10 @@ READER_BLOCKING_BATCH_EVENTS_MAX: Final = 1024
 #: How long ``initiate_checkpoint`` waits, by default, for every online reader to record its position.
 #: A reader that never calls ``read_next_event`` again holds a checkpoint until it is declared offline.
 READER_GROUP_CHECKPOINT_WAIT_SECONDS: Final = 300.0
+
 #: A long poll at the tail of a segment (and on the group's state segment) asks for at most this
 #: much: what arrives while it waits is small, and each read in flight counts its requested length
 #: against the connection's read budget (``SERVER_CONNECTION_READ_BYTES_MAX``), so a reader following
 #: hundreds of segments must not ask for a full read length at every tail.  Reads while catching up
 #: ask for the client's full read length.
 READER_TAIL_READ_LENGTH_BYTES: Final = 128 * KIB
-
-
