@@ -10,7 +10,10 @@ and segment readers; streams are administered through the controller (``client.s
 ``StreamConfig``, ``ScalingPolicy``, ``RetentionPolicy``, ``StreamCut``), which runs in the node next
 to the segment store (``millstream.controller``).  Reader groups (``client.reader_group(name, streams)``:
 ``ReaderGroup``, its ``EventStreamReader``s, checkpoints and resets) share their state through a
-segment of the store.  Tokens for an authenticating server come from ``issue_token``
+segment of the store.  Stream transactions (``client.transactional_writer("scope/stream")``:
+``Transaction``s with leases, committed atomically in commit order and across scaling, resumed by id
+with ``client.transaction(...)``; the fenced multi-commit ``client.commit_transactions``) commit
+through the controller too.  Tokens for an authenticating server come from ``issue_token``
 (``millstream.auth``).  Streams, readers and the Spark pipeline build on it.  Errors live in
 ``millstream.errors``.
 """
@@ -25,6 +28,7 @@ from millstream.client import (
     BytesSerializer,
     Checkpoint,
     Client,
+    CommitOutcome,
     ControllerClient,
     EventRead,
     EventStreamReader,
@@ -41,6 +45,9 @@ from millstream.client import (
     StreamCut,
     StreamManager,
     StringSerializer,
+    Transaction,
+    TransactionalEventStreamWriter,
+    TransactionStatus,
     connect,
 )
 from millstream.segmentstore.chunk_storage import ChunkStorage
@@ -63,6 +70,7 @@ __all__ = [
     "Checkpoint",
     "ChunkStorage",
     "Client",
+    "CommitOutcome",
     "ContainerHost",
     "ControllerClient",
     "DurableDataLog",
@@ -89,6 +97,9 @@ __all__ = [
     "StreamCut",
     "StreamManager",
     "StringSerializer",
+    "Transaction",
+    "TransactionStatus",
+    "TransactionalEventStreamWriter",
     "auth",
     "client",
     "connect",

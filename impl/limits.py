@@ -419,6 +419,84 @@ AUTO_SCALE_MUTE_SECONDS: Final = 120.0
 #: drain (and are counted as dropped): a bound for a store whose controller never drains.
 STATISTICS_SEGMENTS_MAX: Final = 100_000
 
+# --- Transactions (stream transactions, leases, commit workflows, the fenced multi-commit) ---------
+
+#: A transaction's lease when the writer names none.  A transaction whose lease lapses (its writer
+#: stopped pinging: it crashed, or a Spark task died with its executor) is aborted, so this is how long
+#: an orphan holds its segments; the pinger renews it several times per lease, so a live writer never
+#: loses it to a slow round trip.
+TRANSACTION_LEASE_DEFAULT_SECONDS: Final = 120.0
+
+#: The longest lease the controller grants (``LeaseTooLargeError`` beyond it): Pravega's maximum.  A
+#: longer lease would only keep orphans longer; a long-running transaction is kept alive by pings.
+TRANSACTION_LEASE_MAX_SECONDS: Final = 600.0
+
+#: The shortest lease: the controller checks leases on its tick (``CONTROLLER_TICK_SECONDS``), so a
+#: shorter one would only be honoured to within a tick anyway; tests use leases of a few seconds.
+TRANSACTION_LEASE_MIN_SECONDS: Final = 1.0
+
+#: Pings stop extending a transaction once it has been open for min(this many leases, the cap below)
+#: -- Pravega's maximum execution time -- so a writer stuck in a loop of pings cannot hold a
+#: transaction (and its segments) forever.
+TRANSACTION_EXECUTION_LEASES_MAX: Final = 1000
+TRANSACTION_EXECUTION_SECONDS_MAX: Final = 86_400.0
+
+#: The client pings every lease / max(sqrt(lease in seconds), this) seconds: Pravega's interval for
+#: leases of 9 s and more (lease / sqrt(lease)), and at least this many pings per shorter lease, so
+#: one lost or late ping never lets a live transaction lapse.
+TRANSACTION_PINGS_PER_LEASE_MIN: Final = 3.0
+
+#: Transactions of one stream that are not finished (open, committing or aborting), and of all streams
+#: together.  Each is a record in the controller's memory and snapshots and one hidden segment per
+#: segment of its epoch in the store; beyond these ``create_transaction`` refuses
+#: (``InvalidArgumentError``) until some finish -- far more than a Spark job's tasks per batch.
+TRANSACTIONS_ACTIVE_PER_STREAM_MAX: Final = 10_000
+TRANSACTIONS_ACTIVE_MAX: Final = 100_000
+
+#: Finished (committed or aborted) transactions the controller remembers per stream, so a status query
+#: or a retried request after the fact gets a true answer; the oldest finished is forgotten first
+#: (then its id is ``TransactionNotFoundError``).
+TRANSACTIONS_FINISHED_PER_STREAM_MAX: Final = 1000
+
+#: Transactions one ``commit_transactions`` call may list (one metadata record holds them all: 1000
+#: ids are about 35 KiB, far below ``CONTROLLER_RECORD_BYTES_MAX``); a Spark batch has one per task.
+TRANSACTIONS_PER_COMMIT_MAX: Final = 1000
+
+#: A fence key (a Spark query id, a sink id) is at most this many characters, and one stream records at
+#: most this many keys (each query writing to the stream has one; a key is kept as long as the stream).
+FENCE_KEY_LENGTH_MAX: Final = 256
+FENCE_KEYS_PER_STREAM_MAX: Final = 10_000
+
+#: Fence values are integers in [0, this]: a batch id of Spark is a 64-bit signed long.
+FENCE_VALUE_MAX: Final = 2**63 - 1
+
+#: One run of a stream's transaction workflows (the controller's worker, or a request that finishes
+#: them) takes at most this many steps (start, merge, finish, abort) before it lets the next run go on;
+#: a run that ends with work left is resumed at once by the worker, or by the next tick.
+TRANSACTION_WORKFLOW_STEPS_PER_RUN_MAX: Final = 10_000
+
+#: A roll numbers each duplicate segment with the first free number that puts it in the container of
+#: the segment it duplicates (a merge is container-local).  The container map spreads numbers
+#: uniformly, so a container count of c needs about c tries; this bound is far beyond any count a
+#: cluster has, and reaching it is a bug (``InternalError``), not bad luck.
+TRANSACTION_DUPLICATE_NUMBER_TRIES_MAX: Final = 100_000
+
+#: Sealing a stream first commits its committing transactions and aborts its open ones; a transaction
+#: begun or committed concurrently makes it do so again, at most this many times
+#: (``RequestTimeoutError`` then: the stream is too busy with transactions to be sealed now).
+TRANSACTION_SEAL_ROUNDS_MAX: Final = 10
+
+#: ``Transaction.wait_for_completion`` asks for the status with a delay that doubles from the first
+#: value up to the second, for at most the given time by default (a commit finishes within a few
+#: metadata writes and one merge per segment; a minute covers a container restarting under it).
+TRANSACTION_STATUS_POLL_INITIAL_SECONDS: Final = 0.005
+TRANSACTION_STATUS_POLL_MAX_SECONDS: Final = 0.5
+TRANSACTION_COMPLETION_WAIT_SECONDS: Final = 60.0
+
+#: A commit whose reply was lost (the connection broke) is resolved by asking for the transaction's
+#: status; while it is still OPEN the commit is sent again, at most this many times in all.
+TRANSACTION_COMMIT_ATTEMPTS_MAX: Final = 5
+
 # --- Reader groups (state synchronizer, readers, checkpoints) --------------------------------------
 
 #: A reader group's shared state is one segment of records (a full state, then updates); once this

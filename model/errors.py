@@ -29,11 +29,14 @@ __all__ = [
     "DataCorruptionError",
     "DataLogFencedError",
     "DurableDataLogError",
+    "FenceValueError",
     "InternalError",
     "InvalidArgumentError",
     "InvalidEventNumberError",
     "InvalidScaleError",
     "InvalidStreamCutError",
+    "LeaseExpiredError",
+    "LeaseTooLargeError",
     "MillstreamError",
     "ObjectClosedError",
     "OperationUnsupportedError",
@@ -61,6 +64,8 @@ __all__ = [
     "StreamSegmentNotSealedError",
     "StreamSegmentSealedError",
     "StreamSegmentTruncatedError",
+    "TransactionNotFoundError",
+    "TransactionNotOpenError",
     "TruncatedDataError",
     "WriteFailedError",
     "WrongHostError",
@@ -288,6 +293,37 @@ class TruncatedDataError(StreamSegmentTruncatedError):
     truncated past the reader's offset, or deleted).  Nothing was skipped: the reader stays before the
     missing data and raises this again; reset the group to a stream cut at or after the stream's head
     to go on."""
+
+
+# --- Stream transactions (the controller) ---------------------------------------------------------
+
+
+class TransactionNotFoundError(CallerError, LookupError):
+    """No transaction of the stream has that id: it was never begun there, or it finished so long ago
+    that the controller forgot it (it keeps ``limits.TRANSACTIONS_FINISHED_PER_STREAM_MAX`` finished
+    ones per stream).  Nothing changed."""
+
+
+class TransactionNotOpenError(CallerError):
+    """The stream transaction is not OPEN: it is committing or committed (so it cannot be written to,
+    committed again or aborted) or aborting or aborted (so it cannot be written to or committed).
+    The message names its status.  Nothing changed; a fenced multi-commit that lists it committed
+    nothing and recorded nothing."""
+
+
+class LeaseExpiredError(TransactionNotOpenError):
+    """A ping came after the transaction's lease had lapsed: the controller aborts it (or already
+    did) and will not renew it.  Nothing changed."""
+
+
+class LeaseTooLargeError(InvalidArgumentError):
+    """A transaction's lease is longer than ``limits.TRANSACTION_LEASE_MAX_SECONDS`` (or shorter than
+    ``limits.TRANSACTION_LEASE_MIN_SECONDS``, or not a number).  Nothing was begun."""
+
+
+class FenceValueError(InvalidArgumentError):
+    """A fenced multi-commit's fence value is not an integer in [0, 2**63), or its key is not a
+    non-empty string within ``limits.FENCE_KEY_LENGTH_MAX``.  Nothing changed."""
 
 
 class ProtocolError(MillstreamError):

@@ -19,7 +19,9 @@ block-size rule), ``_readers`` (tail reads, event decoding), ``_blocking`` (the 
 controller's RPC, ``ControllerClient``), ``_state_synchronizer`` (state shared through a segment),
 ``_reader_group`` (reader groups' state and handle), ``_event_reader`` (readers in groups) and
 ``_stream_writer`` (``event_writer("scope/stream")``: a writer that follows the stream's epochs; the
-routing is ``_routing.StreamRouter``, the hand-over to successors ``_writer``).
+routing is ``_routing.StreamRouter``, the hand-over to successors ``_writer``) and ``_transactions``
+(``transactional_writer("scope/stream")``: stream transactions with leases, resumed by id, and the
+fenced multi-commit ``commit_transactions``).
 """
 
 from millstream.client._batching import BlockSizeTracker
@@ -72,6 +74,17 @@ from millstream.client._streams import (
     canonical_json,
     split_stream_name,
 )
+from millstream.client._transactions import (
+    AsyncTransaction,
+    AsyncTransactionalEventStreamWriter,
+    CommitOutcome,
+    MultiCommitResult,
+    Transaction,
+    TransactionalEventStreamWriter,
+    TransactionInfo,
+    TransactionStatus,
+    ping_interval_seconds,
+)
 from millstream.client._writer import AsyncEventStreamWriter
 
 __all__ = [
@@ -83,6 +96,8 @@ __all__ = [
     "AsyncSegmentReader",
     "AsyncSegments",
     "AsyncStreamManager",
+    "AsyncTransaction",
+    "AsyncTransactionalEventStreamWriter",
     "Backoff",
     "BlockSizeTracker",
     "ByteStreamReader",
@@ -90,6 +105,7 @@ __all__ = [
     "CONTROLLER_METHODS",
     "Checkpoint",
     "Client",
+    "CommitOutcome",
     "ClientConfig",
     "ControllerClient",
     "ControllerSegmentLocator",
@@ -100,6 +116,7 @@ __all__ = [
     "FixedLocator",
     "JsonSerializer",
     "KeySpaceRouter",
+    "MultiCommitResult",
     "Position",
     "RandomSource",
     "ReaderConfig",
@@ -129,9 +146,14 @@ __all__ = [
     "StringSerializer",
     "SuccessorSegment",
     "SystemRandomSource",
+    "Transaction",
+    "TransactionInfo",
+    "TransactionStatus",
+    "TransactionalEventStreamWriter",
     "canonical_json",
     "connect",
     "parse_uri",
+    "ping_interval_seconds",
     "routing_key_fraction",
     "split_stream_name",
 ]

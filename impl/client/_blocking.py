@@ -34,6 +34,12 @@ from millstream.client._routing import Router
 from millstream.client._segments import AsyncSegments, SegmentProperties
 from millstream.client._serializers import BytesSerializer, Serializer
 from millstream.client._streams import ReaderGroupConfig, StreamManager
+from millstream.client._transactions import (
+    AsyncTransactionalEventStreamWriter,
+    MultiCommitResult,
+    Transaction,
+    TransactionalEventStreamWriter,
+)
 from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking
 from millstream.clock import Clock
 from millstream.errors import InternalError, ObjectClosedError, RequestTimeoutError
@@ -363,6 +369,36 @@ class Client:
             await writer.ready()  # the blocking per-event path cannot wait for it
             return writer
         return EventStreamWriter(self._runner.run(build()), self._runner)
+
+    @overload
+    def transactional_writer(self, stream: str, /, *, lease_seconds: float | None = ...,
+                             ) -> TransactionalEventStreamWriter[bytes]: ...
+
+    @overload
+    def transactional_writer(self, stream: str, serializer: Serializer[T], /, *, lease_seconds: float | None = ...,
+                             ) -> TransactionalEventStreamWriter[T]: ...
+
+    def transactional_writer(self, stream: str, serializer: Serializer[Any] | None = None, /, *,
+                             lease_seconds: float | None = None) -> TransactionalEventStreamWriter[Any]:
+        """A blocking writer of stream transactions (see ``AsyncClient.transactional_writer``)."""
+        async def build() -> AsyncTransactionalEventStreamWriter[Any]:
+            return self._core.transactional_writer(stream, serializer or BytesSerializer(),
+                                                   lease_seconds=lease_seconds)
+        return TransactionalEventStreamWriter(self._runner.run(build()), self._runner.run)
+
+    def transaction(self, stream: str, txn_id: Any, serializer: Serializer[Any] | None = None) -> Transaction[Any]:
+        """Resume a transaction by id, blocking (see ``AsyncClient.transaction``)."""
+        return Transaction(self._runner.run(self._core.transaction(stream, txn_id, serializer)), self._runner.run)
+
+    def commit_transactions(self, stream: str, txns: Iterable[Any], *,
+                            fence: tuple[str, int] | None = None) -> MultiCommitResult:
+        """The atomic, fenced multi-commit, blocking (see ``AsyncClient.commit_transactions``)."""
+        ids = [t.txn_id if isinstance(t, Transaction) else t for t in txns]
+        return self._runner.run(self._core.commit_transactions(stream, ids, fence=fence))
+
+    def get_fence(self, stream: str, key: str) -> int | None:
+        """The value recorded for a fence key (see ``AsyncClient.get_fence``)."""
+        return self._runner.run(self._core.get_fence(stream, key))
 
     def byte_stream_reader(self, segment: str, *, offset: int = 0) -> ByteStreamReader:
         """A blocking reader of ``segment``'s raw bytes from ``offset`` on."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
-from millstream.client._controller import ControllerClient
+from millstream.client._controller import ControllerClient, ControllerSegmentLocator
 from millstream.client._pool import ConnectionPool, FixedLocator, SegmentLocator
 from millstream.client._reader_group import AsyncReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
@@ -24,7 +24,13 @@ from millstream.client._routing import KeySpaceRouter, Router
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import BytesSerializer, Serializer
 from millstream.client._stream_writer import stream_event_writer
-from millstream.client._streams import AsyncStreamManager, ReaderGroupConfig
+from millstream.client._streams import AsyncStreamManager, ReaderGroupConfig, split_stream_name
+from millstream.client._transactions import (
+    AsyncTransaction,
+    AsyncTransactionalEventStreamWriter,
+    MultiCommitResult,
+    transaction_id,
+)
 from millstream.client._writer import AsyncEventStreamWriter
 from millstream.clock import Clock, SystemClock
 from millstream.errors import InvalidArgumentError, ObjectClosedError
@@ -65,6 +71,7 @@ class AsyncClient:
         self._writers: weakref.WeakSet[AsyncEventStreamWriter[Any]] = weakref.WeakSet()
         self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()
         self._reader_groups: weakref.WeakSet[AsyncReaderGroup] = weakref.WeakSet()
+        self._transactional_writers: weakref.WeakSet[AsyncTransactionalEventStreamWriter[Any]] = weakref.WeakSet()
         self._closed = False
 
     @property
@@ -131,6 +138,52 @@ class AsyncClient:
         self._writers.add(writer)
         return writer
 
+    @overload
+    def transactional_writer(self, stream: str, /, *, lease_seconds: float | None = ...,
+                             ) -> AsyncTransactionalEventStreamWriter[bytes]: ...
+
+    @overload
+    def transactional_writer(self, stream: str, serializer: Serializer[T], /, *, lease_seconds: float | None = ...,
+                             ) -> AsyncTransactionalEventStreamWriter[T]: ...
+
+    def transactional_writer(self, stream: str, serializer: Serializer[Any] | None = None, /, *,
+                             lease_seconds: float | None = None) -> AsyncTransactionalEventStreamWriter[Any]:
+        """A writer of stream transactions on ``stream`` (``"scope/stream"``): ``begin()`` opens one
+        (with a lease of ``lease_seconds``, default ``limits.TRANSACTION_LEASE_DEFAULT_SECONDS``, renewed
+        while it is open), ``transaction(id)`` resumes one (see ``_transactions``)."""
+        self._check_open()
+        split_stream_name(stream)
+        writer: AsyncTransactionalEventStreamWriter[Any] = AsyncTransactionalEventStreamWriter(
+            stream, serializer or BytesSerializer(), controller=self._controller, pool=self._pool,
+            locator=ControllerSegmentLocator(self._controller), token=self._token, config=self._config,
+            rng=self._rng, clock=self._clock, lease_seconds=lease_seconds)
+        self._transactional_writers.add(writer)
+        return writer
+
+    async def transaction(self, stream: str, txn_id: Any, serializer: Serializer[Any] | None = None,
+                          ) -> AsyncTransaction[Any]:
+        """Resume transaction ``txn_id`` (a UUID or its string) of ``stream``, begun by any process --
+        e.g. a Spark driver committing what its executors wrote.  Raises ``TransactionNotFoundError``."""
+        return await self.transactional_writer(stream, serializer or BytesSerializer()).transaction(txn_id)
+
+    async def commit_transactions(self, stream: str, txns: Iterable[Any], *,
+                                  fence: tuple[str, int] | None = None) -> MultiCommitResult:
+        """Commit the transactions ``txns`` (ids or transactions) of ``stream`` in one atomic step and,
+        with ``fence=(key, value)``, record ``key -> value`` -- only if the value recorded for ``key`` is
+        lower (or none is); otherwise commit nothing, abort the listed open transactions and answer
+        ``CommitOutcome.ALREADY_COMMITTED``.  Safe to retry.  Raises ``FenceValueError``,
+        ``TransactionNotFoundError``, ``TransactionNotOpenError`` (nothing changed)."""
+        self._check_open()
+        scope, name = split_stream_name(stream)
+        return await self._controller.commit_transactions(scope, name, [transaction_id(t) for t in txns],
+                                                          fence=fence)
+
+    async def get_fence(self, stream: str, key: str) -> int | None:
+        """The value a fenced ``commit_transactions`` recorded for ``key`` on ``stream`` (None: none)."""
+        self._check_open()
+        scope, name = split_stream_name(stream)
+        return await self._controller.get_fence(scope, name, key)
+
     def byte_stream_reader(self, segment: str, *, offset: int = 0) -> AsyncByteStreamReader:
         """A reader of ``segment``'s raw bytes from ``offset`` on."""
         self._check_open()
@@ -174,6 +227,11 @@ class AsyncClient:
             return
         self._closed = True
         errors: list[BaseException] = []
+        for transactional in list(self._transactional_writers):
+            try:
+                await transactional.close()
+            except Exception as error:  # collected, as for the writers below
+                errors.append(error)
         for writer in list(self._writers):
             try:
                 await writer.close()

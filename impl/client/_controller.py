@@ -8,9 +8,11 @@ that becomes the typed error it names (``ErrorMessage`` with a code from ``wire.
 body carries it as ``"token"`` (the server checks it when it has a secret).
 
 Calls that change nothing, or whose repetition changes nothing more (every query, ``seal_stream``,
-``truncate_stream``, ``update_subscriber_cut``), are re-sent after a broken connection within the
-pool's bounded backoff; the others (creations, deletions, scaling, configuration updates) are not:
-their outcome is unknown, and ``ConnectionLostError`` says so.
+``truncate_stream``, ``update_subscriber_cut``, ``ping_transaction``, ``abort_transaction``, the
+fenced ``commit_transactions``), are re-sent after a broken connection within the pool's bounded
+backoff; the others (creations, deletions, scaling, configuration updates, ``create_transaction``,
+``commit_transaction``) are not: their outcome is unknown, and ``ConnectionLostError`` says so
+(``Transaction.commit`` resolves it by asking for the transaction's status).
 
 ``ControllerSegmentLocator`` is the ``SegmentLocator`` the stream layer uses: it asks the controller
 where a segment is served (``get_segment_uri``), remembers the answer, and forgets it after a
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
+from uuid import UUID
 
 from millstream import limits
 from millstream.client._config import Endpoint, parse_uri
@@ -40,7 +43,21 @@ from millstream.client._streams import (
     canonical_json,
     split_stream_name,
 )
-from millstream.errors import ConnectionLostError, InvalidArgumentError, InvalidStreamCutError, ProtocolError
+from millstream.client._transactions import (
+    CommitOutcome,
+    MultiCommitResult,
+    TransactionInfo,
+    TransactionStatus,
+    transaction_id,
+)
+from millstream.errors import (
+    ConnectionLostError,
+    FenceValueError,
+    InvalidArgumentError,
+    InvalidStreamCutError,
+    LeaseTooLargeError,
+    ProtocolError,
+)
 from millstream.naming import validate_scope_or_stream_name
 from millstream.wire.commands import ControllerReply, ControllerRequest
 
@@ -59,6 +76,9 @@ CONTROLLER_METHODS: Final[dict[str, bool]] = {
     "create_reader_group": False, "get_reader_group": True, "update_reader_group": False,
     "delete_reader_group": False, "list_reader_groups": True, "update_subscriber_cut": True,
     "get_segment_uri": True,
+    "create_transaction": False, "ping_transaction": True, "commit_transaction": False,
+    "abort_transaction": True, "get_transaction": True, "list_transactions": True,
+    "commit_transactions": True, "get_fence": True,
 }
 
 
@@ -287,6 +307,76 @@ class ControllerClient:
         if not isinstance(segment, str) or not segment:
             raise InvalidArgumentError(f"a segment name is a non-empty str, not {segment!r}")
         return str((await self.call("get_segment_uri", {"segment": segment}))["uri"])
+
+    # --- Stream transactions -----------------------------------------------------------------------
+
+    def _txn_body(self, scope: str, stream: str, txn_id: UUID | str) -> dict[str, Any]:
+        return {"scope": _scope(scope), "stream": _name(stream, "stream"), "txn": transaction_id(txn_id).hex}
+
+    async def create_transaction(self, scope: str, stream: str, lease_seconds: float | None = None,
+                                 ) -> TransactionInfo:
+        """Begin a transaction on the stream's current epoch.  Raises ``LeaseTooLargeError``,
+        ``StreamSealedError``, ``StreamNotFoundError``."""
+        body: dict[str, Any] = {"scope": _scope(scope), "stream": _name(stream, "stream")}
+        if lease_seconds is not None:
+            if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)):
+                raise LeaseTooLargeError(f"a lease is a number of seconds, not {lease_seconds!r}")
+            body["lease"] = float(lease_seconds)
+        return TransactionInfo.from_json_object(f"{scope}/{stream}", await self.call("create_transaction", body))
+
+    async def get_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionInfo:
+        """Raises ``TransactionNotFoundError``."""
+        reply = await self.call("get_transaction", self._txn_body(scope, stream, txn_id))
+        return TransactionInfo.from_json_object(f"{scope}/{stream}", reply)
+
+    async def ping_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> float:
+        """Renew the lease; returns the deadline.  Raises ``TransactionNotOpenError``,
+        ``LeaseExpiredError``, ``TransactionNotFoundError``."""
+        return float((await self.call("ping_transaction", self._txn_body(scope, stream, txn_id)))["deadline"])
+
+    async def commit_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionStatus:
+        """Decide the commit (COMMITTING).  Raises ``TransactionNotOpenError``, ``TransactionNotFoundError``,
+        ``StreamSealedError``; ``ConnectionLostError`` leaves the outcome unknown."""
+        reply = await self.call("commit_transaction", self._txn_body(scope, stream, txn_id))
+        return TransactionStatus(reply["status"])
+
+    async def abort_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionStatus:
+        """Raises ``TransactionNotOpenError`` (committing or committed), ``TransactionNotFoundError``."""
+        reply = await self.call("abort_transaction", self._txn_body(scope, stream, txn_id))
+        return TransactionStatus(reply["status"])
+
+    async def list_transactions(self, scope: str, stream: str) -> dict[UUID, TransactionStatus]:
+        """Every transaction the stream knows (live ones and the latest finished) and its status."""
+        reply = await self.call("list_transactions", {"scope": _scope(scope), "stream": _name(stream, "stream")})
+        return {UUID(hex=t["txn"]): TransactionStatus(t["status"]) for t in reply["transactions"]}
+
+    async def commit_transactions(self, scope: str, stream: str, txn_ids: Sequence[UUID | str], *,
+                                  fence: tuple[str, int] | None = None) -> MultiCommitResult:
+        """The atomic, fenced multi-commit (see ``AsyncClient.commit_transactions``).  Raises
+        ``FenceValueError``, ``TransactionNotFoundError``, ``TransactionNotOpenError``,
+        ``StreamSealedError`` -- each having changed nothing."""
+        if isinstance(txn_ids, (str, bytes)) or not isinstance(txn_ids, Sequence):
+            raise InvalidArgumentError(f"txn_ids is a list of transaction ids, not {txn_ids!r}")
+        body: dict[str, Any] = {"scope": _scope(scope), "stream": _name(stream, "stream"),
+                                "txns": [transaction_id(t).hex for t in txn_ids]}
+        if fence is not None:
+            if isinstance(fence, (str, bytes)) or not isinstance(fence, Sequence) or len(fence) != 2:
+                raise FenceValueError(f"a fence is a (key, value) pair, not {fence!r}")
+            key, value = fence
+            if type(value) is not int:
+                raise FenceValueError(f"a fence value is an int, not {value!r}")
+            body["fence"] = [key, value]
+        reply = await self.call("commit_transactions", body)
+        recorded = reply.get("recorded")
+        return MultiCommitResult(CommitOutcome(reply["outcome"]), None if recorded is None else int(recorded))
+
+    async def get_fence(self, scope: str, stream: str, key: str) -> int | None:
+        """The value recorded for fence ``key`` on the stream (None: none yet)."""
+        if not isinstance(key, str) or not key:
+            raise InvalidArgumentError(f"a fence key is a non-empty str, not {key!r}")
+        value = (await self.call("get_fence", {"scope": _scope(scope), "stream": _name(stream, "stream"),
+                                               "key": key}))["value"]
+        return None if value is None else int(value)
 
     def __repr__(self) -> str:
         return f"ControllerClient({str(self._endpoint)!r})"

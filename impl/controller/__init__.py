@@ -1,5 +1,5 @@
 """The controller: scopes, streams, epochs, scaling (manual and automatic), stream cuts, truncation,
-retention and the reader-group registry.
+retention, the reader-group registry and stream transactions.
 
 Theory of operation.  The controller runs inside a node next to its segment store
 (``millstream.standalone.Node`` hosts it) and reaches the segment containers in process through the
@@ -19,6 +19,10 @@ Where to read on:
 * ``_autoscale`` -- moving-average rates and the split/merge decisions;
 * ``_retention`` -- where size-, time- and consumption-based retention truncate;
 * ``_controller`` -- the workflows (create, scale, seal, truncate, delete), queries and periodic work;
+* ``_transactions`` -- stream transactions: records, the lifecycle table, leases, commit order, the
+  targets of a commit and a roll's epochs, the fenced multi-commit's decision (pure);
+* ``_transaction_workflows`` -- their requests and workflows (begin, ping, commit, abort, the worker,
+  lease expiry, the fenced multi-commit), which ``Controller`` inherits;
 * ``_rpc`` -- the wire face.
 
 Every decision is a pure function of the state, the rates and the injected time (STYLE.md #1, #2); the
@@ -72,19 +76,39 @@ from millstream.controller._state import (
     StreamState,
     thin_recorded_cuts,
 )
+from millstream.controller._transactions import (
+    RECORD_ACTIONS,
+    TRANSACTION_LIFECYCLE,
+    CommitStep,
+    FenceDecision,
+    FenceOutcome,
+    TransactionRecord,
+    TxnStatus,
+    commit_target,
+    decide_fenced_commit,
+    lease_deadline,
+    next_transaction_step,
+    ping_deadline,
+    roll_epochs,
+)
 
 __all__ = [
     "METADATA_SEGMENT",
     "METHODS",
     "READER_GROUP_STATE_PREFIX",
+    "RECORD_ACTIONS",
     "STREAM_TRANSITIONS",
+    "TRANSACTION_LIFECYCLE",
     "AppendCounts",
     "AutoScalePlan",
+    "CommitStep",
     "Controller",
     "ControllerConfig",
     "ControllerRpc",
     "ControllerState",
     "EpochRecord",
+    "FenceDecision",
+    "FenceOutcome",
     "LocalSegmentStore",
     "MetadataLog",
     "RecordedCut",
@@ -98,19 +122,27 @@ __all__ = [
     "StreamHistory",
     "StreamRecord",
     "StreamState",
+    "TransactionRecord",
+    "TxnStatus",
     "check_cover",
     "choose_truncation",
+    "commit_target",
     "cut_size",
+    "decide_fenced_commit",
     "encode_record",
     "fold_sample",
     "initial_epoch",
     "is_at_or_after",
     "key_union",
+    "lease_deadline",
     "lower_bound",
     "next_epoch",
+    "next_transaction_step",
     "parse_request",
+    "ping_deadline",
     "plan_auto_scale",
     "reader_group_state_segment",
+    "roll_epochs",
     "scale_signal",
     "segments_before",
     "segments_between",

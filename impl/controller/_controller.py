@@ -18,7 +18,10 @@ controller that restarts resumes them (``_finish_pending``); every step is idemp
 * seal: ``seal_started`` -> seal every current segment -> ``stream_sealed`` (with the lengths);
 * truncate: ``truncation_started`` (the cut) -> delete the segments wholly before the cut and
   truncate the cut's segments -> ``truncation_completed`` (forgets epochs now wholly deleted);
-* delete (sealed streams only): ``delete_started`` -> delete every segment -> ``stream_deleted``.
+* delete (sealed streams only): ``delete_started`` -> delete every segment -> ``stream_deleted``;
+* commit a stream transaction: ``commit_started`` -> merge its segments -> (after a roll:
+  ``roll_epochs_created``) -> ``commit_completed`` (``_transaction_workflows``, which also holds the
+  transactions' requests, the lease expiry and the fenced multi-commit).
 
 At most one workflow runs per stream: each takes the stream's lock (waiting at most
 ``limits.CONTROLLER_STREAM_LOCK_WAIT_SECONDS``) and first finishes any workflow a previous instance
@@ -27,9 +30,9 @@ left behind.  Auto-scaling and retention use the same paths.
 Periodic work (``tick``, every ``config.tick_seconds`` on the injected clock, or called by tests):
 drain the store's per-segment append counts into moving averages and auto-scale streams whose
 policy says so (``_autoscale``); every ``config.tail_cut_interval_seconds``, record each changed
-stream's tail cut with its time and apply retention policies (``_retention``); retry workflows left
-pending.  Times recorded in the metadata are ``now()`` -- seconds since the Unix epoch by default,
-injected for tests -- never going backwards.
+stream's tail cut with its time and apply retention policies (``_retention``); expire the leases of
+stream transactions; retry workflows left pending.  Times recorded in the metadata are ``now()`` --
+seconds since the Unix epoch by default, injected for tests -- never going backwards.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 
 import attrs
 from millstream import limits
+from millstream.client._config import RandomSource, SystemRandomSource
 from millstream.client._streams import ReaderGroupConfig, StreamConfig
 from millstream.clock import Clock, SystemClock
 from millstream.controller._autoscale import SegmentRates, fold_sample, plan_auto_scale, scale_signal
@@ -62,6 +66,7 @@ from millstream.controller._metadata_log import (
 from millstream.controller._retention import choose_truncation
 from millstream.controller._segment_store import SegmentStore
 from millstream.controller._state import ControllerState, StreamRecord, StreamState, initial_stream_epoch
+from millstream.controller._transaction_workflows import TransactionWorkflows
 from millstream.errors import (
     InternalError,
     InvalidArgumentError,
@@ -102,7 +107,11 @@ def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
 @attrs.frozen(kw_only=True)
 class ControllerConfig:
     """The controller's periods and thresholds (defaults and reasons in ``millstream.limits``).
-    ``periodic=False`` runs no background loop: the owner calls ``tick`` (tests on a manual clock)."""
+    ``periodic=False`` runs no background loop: the owner calls ``tick`` (tests on a manual clock).
+    ``transaction_workflows=False`` runs no step of a stream transaction's workflows by itself (no
+    worker, no lease expiry on ``tick``, no commit resumed on ``start``): the owner calls the steps
+    (``start_commit``, ``merge_transaction_segment``, ``finish_commit``, ``finish_abort``,
+    ``expire_leases``, ``drive_transactions``) -- the stateful test against the model does."""
 
     tick_seconds: float = attrs.field(default=limits.CONTROLLER_TICK_SECONDS, validator=_positive)
     tail_cut_interval_seconds: float = attrs.field(default=limits.CONTROLLER_TAIL_CUT_INTERVAL_SECONDS,
@@ -116,6 +125,7 @@ class ControllerConfig:
                                                   validator=_positive)
     metadata_segment: str = METADATA_SEGMENT
     periodic: bool = True
+    transaction_workflows: bool = True
 
 
 _Key = tuple[str, str]
@@ -129,13 +139,13 @@ def _cut_of(value: Mapping[str, Any]) -> dict[int, int]:
     return {int(identifier): offset for identifier, offset in value.items()}
 
 
-class Controller:
+class Controller(TransactionWorkflows):
     """The controller of the segments ``store`` holds.  ``clock`` times its periodic work; ``now``
-    gives the times it records (seconds since the Unix epoch by default).  ``start``, then call its
-    methods on the same event loop; ``stop`` ends the periodic work."""
+    gives the times it records (seconds since the Unix epoch by default); ``rng`` draws transaction
+    ids.  ``start``, then call its methods on the same event loop; ``stop`` ends the periodic work."""
 
     def __init__(self, store: SegmentStore, *, clock: Clock | None = None, now: Callable[[], float] | None = None,
-                 config: ControllerConfig | None = None) -> None:
+                 config: ControllerConfig | None = None, rng: RandomSource | None = None) -> None:
         self._store = store
         self._clock: Clock = clock or SystemClock()
         self._now = now if now is not None else _time.time
@@ -151,6 +161,12 @@ class Controller:
         self._periodic: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
+        self._rng: RandomSource = rng or SystemRandomSource()
+        #: The worker running each stream's transaction workflows, and the streams that may have work.
+        self._transaction_workers: dict[_Key, asyncio.Task[None]] = {}
+        self._transaction_work: set[_Key] = set()
+        #: Runs of transaction workflows that failed (retried on the next tick): evidence for tests.
+        self.failed_transaction_runs = 0
         #: Evidence for tests and operators: scales started by auto-scaling, truncations by retention,
         #: ticks that failed.
         self.auto_scales = 0
@@ -170,6 +186,7 @@ class Controller:
         log.info("controller: %d scopes, %d streams, %d reader groups replayed from %s", len(self._state.scopes),
                  len(self._state.streams), len(self._state.groups), self._log.segment)
         await self.resume_pending()
+        self._kick_all()
         if self.config.periodic:
             self._periodic = asyncio.get_running_loop().create_task(self._run_periodic(), name="controller-tick")
 
@@ -180,6 +197,7 @@ class Controller:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        await self._stop_transaction_workers()
 
     async def __aenter__(self) -> Controller:
         await self.start()
@@ -430,7 +448,8 @@ class Controller:
                 if record.sealed:
                     return None  # sealing twice is not an error
                 return {"type": "seal_started", "scope": scope, "stream": stream}
-            if await self._commit(plan) is not None:
+            # Its transactions first: committing ones commit, open ones are aborted.
+            if await self._seal_with_transactions(key, plan) is not None:
                 await self._finish_pending(key)
         await self._locked(key, work)
         return {}
@@ -495,6 +514,8 @@ class Controller:
             await self._finish_truncation(key)
         elif kind == "delete":
             await self._finish_delete(key)
+        elif kind == "commit":
+            await self._finish_commit_locked(key)
         else:
             raise InternalError(f"unknown workflow {kind!r} pending on {key}")
 
@@ -576,7 +597,8 @@ class Controller:
         Failures are logged and left pending (the next tick tries again)."""
         finished = 0
         for key, stream in list(self._state.streams.items()):
-            if stream.pending is None or self._lock(key).locked():
+            if stream.pending is None or self._lock(key).locked() or (
+                    stream.pending["kind"] == "commit" and not self.config.transaction_workflows):
                 continue
             try:
                 await self._locked(key, _nothing)
@@ -609,6 +631,11 @@ class Controller:
                 and not record.pending["sealed"]:
             # The new epoch exists but its predecessors may still take appends: they are the tail.
             epoch = record.history.epoch(record.current.epoch - 1)
+            assert epoch is not None
+        elif record.state is StreamState.COMMITTING and record.pending is not None \
+                and record.pending["epochs_created"]:
+            # A roll recorded its two epochs; the active one before them may still take appends.
+            epoch = record.history.epoch(record.current.epoch - 2)
             assert epoch is not None
         else:
             epoch = record.current
@@ -801,7 +828,10 @@ class Controller:
             for key in list(self._state.streams):
                 await self._record_tail_cut(key)
                 await self._apply_retention(key, now)
+        if self.config.transaction_workflows:
+            await self.expire_leases()
         await self.resume_pending()
+        self._kick_all()
         self._last_tick = now
 
     def _observe_rates(self, now: float) -> None:

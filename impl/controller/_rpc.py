@@ -9,7 +9,8 @@ anything is looked at or changed.  The reply is the controller method's result a
 With authentication on, the token must grant the method's permission (READ for queries, READ_UPDATE
 for changes) on its resource: the scope for scope methods, ``scope/stream`` for stream methods,
 ``scope/group`` for reader groups, ``*`` for listing scopes, the segment's stream for
-``get_segment_uri``.  Unknown methods are not handed here: ``knows`` says no and the server answers
+``get_segment_uri``; stream transactions and fences are the stream's (READ_UPDATE to begin, ping,
+commit or abort them).  Unknown methods are not handed here: ``knows`` says no and the server answers
 ``OperationUnsupported``.
 """
 
@@ -24,7 +25,8 @@ import attrs
 from millstream.auth import Authorizer, Permission
 from millstream.client._streams import ReaderGroupConfig, StreamConfig, canonical_json
 from millstream.controller._controller import Controller
-from millstream.errors import InvalidArgumentError
+from millstream.controller._transactions import check_fence, check_lease, check_transaction_id
+from millstream.errors import FenceValueError, InvalidArgumentError
 from millstream.naming import validate_scope_or_stream_name
 
 __all__ = ["METHODS", "ControllerRpc"]
@@ -125,6 +127,32 @@ def _segment_name(value: Any, field: str) -> str:
     return value
 
 
+def _transaction_id(value: Any, field: str) -> str:
+    return check_transaction_id(value, field)
+
+
+def _transaction_ids(value: Any, field: str) -> list[str]:
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"{field} must be a list of transaction ids, not {value!r}")
+    return [check_transaction_id(v, field) for v in value]
+
+
+def _optional_lease(value: Any, field: str) -> float | None:
+    return None if value is None else check_lease(value)
+
+
+def _optional_fence(value: Any, field: str) -> tuple[str, int] | None:
+    if value is not None and not isinstance(value, list):
+        raise FenceValueError(f"{field} must be [key, value] or null, not {value!r}")
+    return check_fence(value)
+
+
+def _fence_key(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"{field} must be a non-empty string, not {value!r}")
+    return value
+
+
 _SCOPE, _STREAM, _GROUP = _name("scope"), _name("stream"), _name("reader group")
 
 
@@ -208,6 +236,24 @@ METHODS: Final[dict[str, _Method]] = {
         lambda c, a: c.update_subscriber_cut(a["scope"], a["group"], a["stream"], a["cut"])),
     "get_segment_uri": _Method({"segment": _segment_name}, {}, _READ, lambda a: str(a["segment"]),
                                lambda c, a: c.get_segment_uri(a["segment"])),
+    # Stream transactions and the fenced multi-commit.
+    "create_transaction": _Method(_STREAM_FIELDS, {"lease": _optional_lease}, _UPDATE, _stream_resource,
+                                  lambda c, a: c.create_transaction(a["scope"], a["stream"], a.get("lease"))),
+    "ping_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _UPDATE, _stream_resource,
+                                lambda c, a: c.ping_transaction(a["scope"], a["stream"], a["txn"])),
+    "commit_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _UPDATE, _stream_resource,
+                                  lambda c, a: c.commit_transaction(a["scope"], a["stream"], a["txn"])),
+    "abort_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _UPDATE, _stream_resource,
+                                 lambda c, a: c.abort_transaction(a["scope"], a["stream"], a["txn"])),
+    "get_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _READ, _stream_resource,
+                               lambda c, a: c.get_transaction(a["scope"], a["stream"], a["txn"])),
+    "list_transactions": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
+                                 lambda c, a: c.list_transactions(a["scope"], a["stream"])),
+    "commit_transactions": _Method(
+        {**_STREAM_FIELDS, "txns": _transaction_ids}, {"fence": _optional_fence}, _UPDATE, _stream_resource,
+        lambda c, a: c.commit_transactions(a["scope"], a["stream"], a["txns"], a.get("fence"))),
+    "get_fence": _Method({**_STREAM_FIELDS, "key": _fence_key}, {}, _READ, _stream_resource,
+                         lambda c, a: c.get_fence(a["scope"], a["stream"], a["key"])),
 }
 
 

@@ -5,7 +5,8 @@ append and read (its own metadata log), info, seal, truncate, delete -- plus the
 the store measures for auto-scaling and the URI where a segment is served.  ``SegmentStore`` names
 exactly those; every operation the controller's workflows repeat after a restart is idempotent here
 (creating a segment that exists, sealing a sealed one, truncating below the current start, deleting
-a missing one all succeed and say so), so a workflow step may simply be run again.
+a missing one all succeed and say so; merging a transaction segment that is merged already does
+nothing), so a workflow step may simply be run again.
 
 ``LocalSegmentStore`` implements it over the ``SegmentStoreServer`` of the same node (in process,
 same event loop): each call finds the segment's container through the server, so a container that
@@ -26,10 +27,13 @@ from millstream import limits
 from millstream.clock import Clock
 from millstream.errors import (
     ContainerUnavailableError,
+    InternalError,
     StreamSegmentExistsError,
+    StreamSegmentMergedError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
 )
+from millstream.naming import container_of
 from millstream.segmentstore.read_index import ReadResult
 
 __all__ = ["AppendCounts", "LocalSegmentStore", "SegmentState", "SegmentStore"]
@@ -87,8 +91,19 @@ class SegmentStore(Protocol):
         """Delete the segment; False if it did not exist."""
         ...
 
+    async def merge(self, target: str, source: str) -> bool:
+        """Seal ``source`` (a hidden segment of ``target``: same container) and append all of it to
+        ``target`` in one operation; ``source`` is gone afterwards.  False (nothing changes) if
+        ``source`` is gone already -- merged by an earlier attempt, or deleted.  Raises
+        ``StreamSegmentSealedError`` if ``target`` is sealed."""
+        ...
+
     def uri_of(self, name: str) -> str:
         """Where clients reach the segment store that serves ``name``."""
+        ...
+
+    def container_of(self, name: str) -> int:
+        """The container that owns ``name`` (a merge works only within one)."""
         ...
 
     def drain_append_counts(self) -> dict[str, AppendCounts]:
@@ -115,10 +130,20 @@ class _Container(Protocol):
 
     async def delete(self, name: str) -> None: ...
 
+    async def merge(self, target: str, source: str) -> int: ...
+
+
+class _ServerConfig(Protocol):
+    @property
+    def container_count(self) -> int: ...
+
 
 class _Server(Protocol):
     @property
     def uri(self) -> str: ...
+
+    @property
+    def config(self) -> _ServerConfig: ...
 
     @property
     def clock(self) -> Clock: ...
@@ -201,8 +226,31 @@ class LocalSegmentStore:
             return True
         return await self._with_container(name, delete)
 
+    async def merge(self, target: str, source: str) -> bool:
+        if self.container_of(source) != self.container_of(target):  # else "missing" would read as "merged"
+            raise InternalError(f"{source!r} and {target!r} live in different containers: they cannot be merged")
+
+        async def merge(container: _Container) -> bool:
+            container.get_info(target)  # a missing target is an error, never "merged already"
+            try:
+                sealed = container.get_info(source).sealed  # type: ignore[attr-defined]
+            except StreamSegmentNotExistsError:  # merged (its subclass) or deleted: nothing left to merge
+                return False
+            if not sealed:
+                with contextlib.suppress(StreamSegmentSealedError):
+                    await container.seal(source)
+            try:
+                await container.merge(target, source)
+            except StreamSegmentMergedError:  # a concurrent attempt merged it meanwhile
+                return False
+            return True
+        return await self._with_container(target, merge)
+
     def uri_of(self, name: str) -> str:
         return self._server.uri
+
+    def container_of(self, name: str) -> int:
+        return container_of(name, self._server.config.container_count)
 
     def drain_append_counts(self) -> dict[str, AppendCounts]:
         return {name: AppendCounts(size, events) for name, (size, events) in self._server.statistics.drain().items()}

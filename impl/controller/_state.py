@@ -18,6 +18,12 @@ table (``STREAM_TRANSITIONS``, STYLE.md #3)::
     IDLE --seal_started--> SEALING --stream_sealed--> IDLE (sealed)
     IDLE --truncation_started--> TRUNCATING --truncation_completed--> IDLE
     IDLE (sealed) --delete_started--> DELETING --stream_deleted--> (gone)
+    IDLE --commit_started--> COMMITTING [--roll_epochs_created--> COMMITTING] --commit_completed--> IDLE
+
+Stream transactions (``_transactions``) live in their stream's record: their own records
+(``txn_created``, ``txn_pinged``, ``txns_committing``, ``txns_aborting``, ``txn_aborted``) change
+only the transactions' statuses (``TRANSACTION_LIFECYCLE``), the commit order and the fence values;
+the commit workflow is a stream workflow like the others (COMMITTING).
 
 Each workflow records its intent first (with everything needed to finish it, e.g. the new epoch's
 segment ids), then each step once done; a controller that restarts finds the workflow in ``pending``
@@ -34,7 +40,8 @@ from typing import Any, Final
 
 from millstream import limits
 from millstream.client._streams import ReaderGroupConfig, StreamConfig
-from millstream.controller._epochs import EpochRecord, StreamHistory, initial_epoch
+from millstream.controller._epochs import EpochRecord, SegmentRecord, StreamHistory, initial_epoch
+from millstream.controller._transactions import TransactionRecord, TxnStatus, commit_queue
 from millstream.errors import InternalError
 
 __all__ = [
@@ -56,6 +63,7 @@ class StreamState(enum.Enum):
     SEALING = "sealing"
     TRUNCATING = "truncating"
     DELETING = "deleting"
+    COMMITTING = "committing"  # a stream transaction's commit workflow runs
 
 
 #: (state, record type) -> next state.  Anything not listed cannot happen (InternalError).
@@ -71,6 +79,9 @@ STREAM_TRANSITIONS: Final[dict[tuple[StreamState, str], StreamState]] = {
     (StreamState.IDLE, "truncation_started"): StreamState.TRUNCATING,
     (StreamState.TRUNCATING, "truncation_completed"): StreamState.IDLE,
     (StreamState.IDLE, "delete_started"): StreamState.DELETING,
+    (StreamState.IDLE, "commit_started"): StreamState.COMMITTING,
+    (StreamState.COMMITTING, "roll_epochs_created"): StreamState.COMMITTING,
+    (StreamState.COMMITTING, "commit_completed"): StreamState.IDLE,
 }
 
 
@@ -112,8 +123,9 @@ def _cut_of(value: Mapping[str, int]) -> dict[int, int]:
 class StreamRecord:
     """One stream's metadata."""
 
-    __slots__ = ("config", "created_time", "head", "history", "name", "next_number", "pending", "recorded_cuts",
-                 "scope", "sealed", "sealed_lengths", "state")
+    __slots__ = ("config", "created_time", "fences", "finished_transactions", "head", "history", "name",
+                 "next_commit_order", "next_number", "pending", "recorded_cuts", "scope", "sealed", "sealed_lengths",
+                 "state", "transactions")
 
     def __init__(self, scope: str, name: str, config: StreamConfig, created_time: float, epoch: EpochRecord) -> None:
         self.scope = scope
@@ -131,6 +143,19 @@ class StreamRecord:
         #: Where the stream begins: the last truncation's cut (epoch 0 at offset 0 at first).
         self.head: dict[int, int] = {s.segment_id: 0 for s in epoch.segments}
         self.recorded_cuts: list[RecordedCut] = []
+        #: Stream transactions by id (hex): every unfinished one and the latest finished ones.
+        self.transactions: dict[str, TransactionRecord] = {}
+        #: The finished transactions still remembered, oldest first (forgotten beyond the limit).
+        self.finished_transactions: list[str] = []
+        #: The commit order the next committing transaction gets.
+        self.next_commit_order = 1
+        #: Fence key -> the highest value a fenced multi-commit recorded.
+        self.fences: dict[str, int] = {}
+
+    @property
+    def active_transaction_count(self) -> int:
+        """Transactions not finished (open, committing or aborting)."""
+        return len(self.transactions) - len(self.finished_transactions)
 
     @property
     def qualified_name(self) -> str:
@@ -152,6 +177,9 @@ class StreamRecord:
             "state": self.state.value, "sealed": self.sealed, "pending": self.pending,
             "sealed_lengths": _cut_json(self.sealed_lengths), "head": _cut_json(self.head),
             "recorded_cuts": [c.to_json() for c in self.recorded_cuts],
+            "transactions": [r.to_json() for _, r in sorted(self.transactions.items())],
+            "finished_transactions": list(self.finished_transactions), "next_commit_order": self.next_commit_order,
+            "fences": dict(sorted(self.fences.items())),
         }
 
     @classmethod
@@ -167,6 +195,11 @@ class StreamRecord:
         record.sealed_lengths = _cut_of(value["sealed_lengths"])
         record.head = _cut_of(value["head"])
         record.recorded_cuts = [RecordedCut(float(c["time"]), _cut_of(c["cut"])) for c in value["recorded_cuts"]]
+        # (Snapshots written before stream transactions existed have none of these.)
+        record.transactions = {r.txn_id: r for r in map(TransactionRecord.from_json, value.get("transactions", ()))}
+        record.finished_transactions = list(value.get("finished_transactions", ()))
+        record.next_commit_order = int(value.get("next_commit_order", 1))
+        record.fences = {str(k): int(v) for k, v in value.get("fences", {}).items()}
         return record
 
     def check_invariants(self) -> None:
@@ -180,6 +213,28 @@ class StreamRecord:
         assert len(self.recorded_cuts) <= limits.CONTROLLER_RETENTION_CUTS_PER_STREAM_MAX
         if self.sealed:
             assert all(s.segment_id in self.sealed_lengths for s in self.current.segments)
+        self._check_transactions()
+
+    def _check_transactions(self) -> None:
+        finished = [t for t, r in self.transactions.items() if r.status.finished]
+        assert sorted(finished) == sorted(self.finished_transactions), (finished, self.finished_transactions)
+        assert len(self.finished_transactions) <= limits.TRANSACTIONS_FINISHED_PER_STREAM_MAX
+        assert self.active_transaction_count <= limits.TRANSACTIONS_ACTIVE_PER_STREAM_MAX
+        orders = [r.order for r in self.transactions.values() if r.order]
+        assert len(set(orders)) == len(orders) and all(o < self.next_commit_order for o in orders), orders
+        for txn_id, record in self.transactions.items():
+            assert txn_id == record.txn_id
+            record.check_invariants()
+        if self.sealed:
+            assert all(r.status.finished for r in self.transactions.values()), "a sealed stream has live transactions"
+        if self.state is StreamState.COMMITTING:
+            assert self.pending is not None and self.pending["kind"] == "commit"
+            committing = self.transactions[self.pending["txn"]]
+            assert committing.status is TxnStatus.COMMITTING
+            assert commit_queue(self.transactions)[0] is committing, "a commit started out of commit order"
+            assert len(self.pending["targets"]) == len(committing.segments)
+        assert len(self.fences) <= limits.FENCE_KEYS_PER_STREAM_MAX
+        assert all(type(v) is int and 0 <= v <= limits.FENCE_VALUE_MAX for v in self.fences.values())
 
 
 class ReaderGroupRecord:
@@ -223,6 +278,8 @@ class ControllerState:
         self.time_floor = 0.0
         #: Records applied since the last snapshot (and their bytes): when to snapshot next.
         self.records_since_snapshot = 0
+        #: Stream transactions not finished, over all streams.
+        self.active_transactions = 0
 
     # --- Queries -----------------------------------------------------------------------------------
 
@@ -355,6 +412,7 @@ class ControllerState:
         stream = self._stream(record)
         if stream.state is not StreamState.DELETING:
             raise InternalError(f"stream {stream.qualified_name} deleted from {stream.state.value}")
+        self.active_transactions -= stream.active_transaction_count
         del self.streams[(stream.scope, stream.name)]
 
     def _tail_cut_recorded(self, record: Mapping[str, Any]) -> None:
@@ -385,6 +443,95 @@ class ControllerState:
         group = self.groups[(record["scope"], record["group"])]
         group.subscriber_cuts[record["stream"]] = _cut_of(record["cut"])
 
+    # --- Stream transactions ---------------------------------------------------------------------
+
+    def _transaction(self, stream: StreamRecord, txn_id: str, kind: str) -> TransactionRecord:
+        found = stream.transactions.get(txn_id)
+        if found is None:
+            raise InternalError(f"a {kind} record for unknown transaction {txn_id} of {stream.qualified_name}")
+        return found
+
+    def _finished(self, stream: StreamRecord, txn_id: str) -> None:
+        stream.finished_transactions.append(txn_id)
+        self.active_transactions -= 1
+        while len(stream.finished_transactions) > limits.TRANSACTIONS_FINISHED_PER_STREAM_MAX:
+            del stream.transactions[stream.finished_transactions.pop(0)]
+
+    def _txn_created(self, record: Mapping[str, Any]) -> None:
+        stream = self._stream(record)
+        txn_id = record["txn"]
+        if txn_id in stream.transactions:
+            raise InternalError(f"transaction {txn_id} of {stream.qualified_name} created twice")
+        stream.transactions[txn_id] = TransactionRecord(
+            txn_id, int(record["epoch"]), [SegmentRecord.from_json(s) for s in record["segments"]],
+            float(record["lease"]), float(record["opened"]), float(record["deadline"]))
+        self.active_transactions += 1
+
+    def _txn_pinged(self, record: Mapping[str, Any]) -> None:
+        transaction = self._transaction(self._stream(record), record["txn"], "txn_pinged")
+        if transaction.status is not TxnStatus.OPEN or not record["deadline"] > transaction.deadline:
+            raise InternalError(f"transaction {transaction.txn_id}: a ping that does not extend an open lease")
+        transaction.deadline = float(record["deadline"])
+
+    def _txns_committing(self, record: Mapping[str, Any]) -> None:
+        stream = self._stream(record)
+        for txn_id in record["txns"]:
+            transaction = self._transaction(stream, txn_id, "txns_committing")
+            transaction.advance("txns_committing")
+            transaction.order = stream.next_commit_order
+            stream.next_commit_order += 1
+        fence = record.get("fence")
+        if fence is not None:
+            key, value = fence
+            if stream.fences.get(key, -1) >= value:
+                raise InternalError(f"fence {key!r} of {stream.qualified_name} would go from "
+                                    f"{stream.fences.get(key)} to {value}")
+            stream.fences[key] = int(value)
+
+    def _txns_aborting(self, record: Mapping[str, Any]) -> None:
+        stream = self._stream(record)
+        for txn_id in record["txns"]:
+            self._transaction(stream, txn_id, "txns_aborting").advance("txns_aborting")
+
+    def _txn_aborted(self, record: Mapping[str, Any]) -> None:
+        stream = self._stream(record)
+        self._transaction(stream, record["txn"], "txn_aborted").advance("txn_aborted")
+        self._finished(stream, record["txn"])
+
+    def _commit_started(self, record: Mapping[str, Any]) -> None:
+        stream = self._stream(record)
+        transaction = self._transaction(stream, record["txn"], "commit_started")
+        queue = commit_queue(stream.transactions)
+        if not queue or queue[0] is not transaction:
+            raise InternalError(f"transaction {transaction.txn_id} of {stream.qualified_name} started its commit "
+                                "out of commit order")
+        self._move(stream, "commit_started")
+        stream.pending = {"kind": "commit", "txn": transaction.txn_id, "targets": list(record["targets"]),
+                          "roll": record["roll"], "epochs_created": False}
+        stream.next_number = max(stream.next_number, int(record["next_number"]))
+
+    def _roll_epochs_created(self, record: Mapping[str, Any]) -> None:
+        stream = self._stream(record)
+        self._move(stream, "roll_epochs_created")
+        assert stream.pending is not None and stream.pending["roll"] is not None
+        roll = stream.pending["roll"]
+        stream.history = stream.history.with_epoch(EpochRecord.from_json(roll["duplicate"])).with_epoch(
+            EpochRecord.from_json(roll["active"]))
+        stream.sealed_lengths.update(_cut_of(record["lengths"]))
+        stream.pending["epochs_created"] = True
+
+    def _commit_completed(self, record: Mapping[str, Any]) -> None:
+        stream = self._stream(record)
+        self._move(stream, "commit_completed")
+        assert stream.pending is not None
+        transaction = self._transaction(stream, stream.pending["txn"], "commit_completed")
+        if transaction.txn_id != record["txn"]:
+            raise InternalError(f"commit_completed for {record['txn']} while {transaction.txn_id} commits")
+        transaction.advance("commit_completed")
+        stream.sealed_lengths.update(_cut_of(record["lengths"]))
+        stream.pending = None
+        self._finished(stream, transaction.txn_id)
+
     # --- Snapshots ---------------------------------------------------------------------------------
 
     def to_snapshot(self) -> dict[str, Any]:
@@ -403,6 +550,7 @@ class ControllerState:
         for raw in value["streams"]:
             stream = StreamRecord.from_json(raw)
             state.streams[(stream.scope, stream.name)] = stream
+            state.active_transactions += stream.active_transaction_count
         for raw in value["groups"]:
             group = ReaderGroupRecord.from_json(raw)
             state.groups[(group.scope, group.name)] = group
@@ -418,6 +566,8 @@ class ControllerState:
         assert len(self.scopes) <= limits.CONTROLLER_SCOPES_MAX
         assert len(self.streams) <= limits.CONTROLLER_STREAMS_MAX
         assert len(self.groups) <= limits.CONTROLLER_READER_GROUPS_MAX
+        assert self.active_transactions == sum(s.active_transaction_count for s in self.streams.values())
+        assert self.active_transactions <= limits.TRANSACTIONS_ACTIVE_MAX
 
 
 _APPLY: Final = {
@@ -440,6 +590,14 @@ _APPLY: Final = {
     "reader_group_updated": ControllerState._reader_group_updated,
     "reader_group_deleted": ControllerState._reader_group_deleted,
     "subscriber_cut_updated": ControllerState._subscriber_cut_updated,
+    "txn_created": ControllerState._txn_created,
+    "txn_pinged": ControllerState._txn_pinged,
+    "txns_committing": ControllerState._txns_committing,
+    "txns_aborting": ControllerState._txns_aborting,
+    "txn_aborted": ControllerState._txn_aborted,
+    "commit_started": ControllerState._commit_started,
+    "roll_epochs_created": ControllerState._roll_epochs_created,
+    "commit_completed": ControllerState._commit_completed,
 }
 
 

@@ -19,10 +19,13 @@ from millstream.errors import (
     CheckpointLimitError,
     ContainerUnavailableError,
     DataCorruptionError,
+    FenceValueError,
     InternalError,
     InvalidArgumentError,
     InvalidScaleError,
     InvalidStreamCutError,
+    LeaseExpiredError,
+    LeaseTooLargeError,
     MillstreamError,
     ObjectClosedError,
     PayloadTooLargeError,
@@ -48,6 +51,8 @@ from millstream.errors import (
     StreamSegmentNotSealedError,
     StreamSegmentSealedError,
     StreamSegmentTruncatedError,
+    TransactionNotFoundError,
+    TransactionNotOpenError,
     TruncatedDataError,
 )
 
@@ -95,6 +100,12 @@ ERROR_CODES: Final[dict[int, type[MillstreamError]]] = {
     33: CheckpointLimitError,
     34: CheckpointFailedError,
     35: TruncatedDataError,
+    # Stream transactions (the controller).
+    36: TransactionNotFoundError,
+    37: TransactionNotOpenError,
+    38: LeaseExpiredError,
+    39: LeaseTooLargeError,
+    40: FenceValueError,
 }
 
 _CODE_OF: Final = {cls: code for code, cls in ERROR_CODES.items()}
