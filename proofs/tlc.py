@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import importlib.resources
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -70,8 +69,14 @@ def run_tlc(
     check_deadlock: bool = False,
     workers: int | None = None,
 ) -> TlcOutcome:
-    """Run TLC on ``module``.tla with ``cfg`` in ``workdir``; parse what it reports."""
-    workers = workers or max(1, min(os.cpu_count() or 1, 4))
+    """Run TLC on ``module``.tla with ``cfg`` in ``workdir``; parse what it reports.
+
+    One worker unless asked otherwise: with several, TLC's breadth-first search assigns a state the
+    level of whichever worker reached it first, so the reported depth varies from run to run when a
+    state is reachable by paths of different lengths -- and depth is compared exactly (with the
+    manifest and with the model's breadth-first exploration).  Distinct and generated counts do not
+    depend on the worker count."""
+    workers = workers or 1
     command = [
         "java", "-XX:+UseParallelGC", "-Xss16m", "-cp", str(tla2tools_jar()), "tlc2.TLC",
         "-workers", str(workers), "-cleanup", "-metadir", str(workdir / "states"),
