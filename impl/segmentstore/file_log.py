@@ -22,9 +22,15 @@ The log is a directory.  Its records live in *ledger files*, appended in sequenc
 * Group commit.  ``append()`` runs on the event loop: it numbers the record, puts it on a queue and
   returns a future -- no system call, no thread hop per record.  One writer thread per log takes
   everything queued, frames it (header + CRC), writes it with ``os.writev``, calls ``fdatasync``
-  once, checks fencing and completes the whole group's futures, in order, with one
-  ``call_soon_threadsafe``.  ``writev`` and ``fdatasync`` release the GIL, so the loop keeps queueing
-  the next group while the disk works on this one.
+  once, checks fencing and completes the whole group's futures, in order, with one message to the
+  loop.  ``writev`` and ``fdatasync`` release the GIL, so the loop keeps queueing the next group
+  while the disk works on this one.
+* The two hand-offs.  A lone appender pays both on every write, so each is one system call and a
+  few bytecodes: the loop wakes a sleeping writer by releasing a lock the writer blocks on (a
+  binary semaphore, not a ``threading.Condition``, whose Python-level bookkeeping costs more than
+  the wake-up itself), and the writer sends its messages through a deque and an ``eventfd`` the
+  loop watches (not ``call_soon_threadsafe``, which costs a socket send, two receives and a handle
+  per message).  Messages are run on the loop in the order they were sent.
 * Rollover.  A group ends where the current ledger reaches ``ledger_size_max_bytes`` (so a ledger
   overshoots by less than one record); after it the writer creates the next ledger, seals the current
   one in the manifest and continues there.  Truncation deletes whole ledger files.
@@ -777,6 +783,13 @@ def _write_all(
 ) -> None:
     """Write every byte of ``buffers`` to ``fd``, ``_IOV_MAX`` buffers per call, resuming after
     partial writes.  Raises ``OSError``; how much was written is then unknown."""
+    if len(buffers) == 1:  # (a group of small records: one buffer, nearly always written at once)
+        written = writev(fd, buffers)
+        if written == len(buffers[0]):
+            return
+        if written > 0:
+            buffers[0] = memoryview(buffers[0])[written:]
+        # else the loop below tries again, and raises if that writes nothing either
     index = 0
     while index < len(buffers):
         written = writev(fd, buffers[index : index + _IOV_MAX])
@@ -841,12 +854,12 @@ class FileLog(DurableDataLog):
     """A DurableDataLog kept in ``directory`` on the local disk.  See the module docstring.
 
     Threads.  ``append``, ``truncate``, ``close`` and the completion of futures run on the event loop
-    that ran ``initialize``.  The writer thread reaches that loop only through
-    ``call_soon_threadsafe``.  The hand-off between them is a ``collections.deque`` (its ``append``
-    and ``popleft`` are atomic), so an append takes no lock; the writer sleeps on ``_condition`` only
-    when the queue is empty, and an append wakes it only then.  State changes happen under
-    ``_condition``.  An append that races with the writer failing lands in a queue that the writer's
-    last message (run on the loop, hence after that append) drains and fails.
+    that ran ``initialize``.  The writer thread reaches that loop only through ``_post`` (its
+    messages, in order).  The hand-off between them is a ``collections.deque`` (its ``append`` and
+    ``popleft`` are atomic), so an append takes no lock; the writer sleeps on ``_wake`` only when the
+    queue is empty, and an append wakes it only then.  State changes happen under ``_condition``.  An
+    append that races with the writer failing lands in a queue that the writer's last message (run on
+    the loop, hence after that append) drains and fails.
     """
 
     def __init__(
@@ -877,14 +890,26 @@ class FileLog(DurableDataLog):
         self._epoch = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
-        # Shared with the writer thread.  _state, _failure and _writer_waiting change under
-        # _condition.  The queue is bounded by in_flight_bytes_max: every record counts its header,
-        # so even empty records are limited in number.
+        # Shared with the writer thread.  _state and _failure change under _condition.  The queue is
+        # bounded by in_flight_bytes_max: every record counts its header, so even empty records are
+        # limited in number.
         self._condition = threading.Condition(threading.Lock())
         self._state = _State.NEW
         self._failure: DurableDataLogError | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
+        # The writer's sleep.  It announces it in _writer_waiting, looks at the queue once more and
+        # blocks on _wake, a lock used as a binary semaphore: held means "no wake-up pending".  Only
+        # the loop thread releases it (_wake_writer), and only while it is held, so a wake-up is
+        # never released twice; the writer only acquires it.
         self._writer_waiting = False
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        # The writer's messages to the loop (see _post): callbacks run in order by _run_messages,
+        # which the loop calls when _signal_fd (an eventfd) becomes readable.  _signalled says a
+        # signal is on its way, so a burst of messages costs one system call.
+        self._messages: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._signal_fd = -1  # -1: the loop cannot watch a descriptor; messages go by call_soon_threadsafe
+        self._signalled = False
         self._writer_batch: list[_Pending] = []  # taken by the writer, not yet all completed
         self._writer_done = 0  # how many of _writer_batch the writer has completed
 
@@ -959,6 +984,7 @@ class FileLog(DurableDataLog):
                 self._set_state(_State.CLOSED)
                 raise DurableDataLogError(f"{self._directory}: cannot open the new ledger: {error}") from error
             self._writer_exited = loop.create_future()
+            self._watch_signal_fd(loop)
             # Daemon: a writer stuck in fdatasync on a dead disk must not keep the process alive.
             self._writer_thread = threading.Thread(
                 target=self._writer_main, name=f"FileLog writer {self._directory}", daemon=True
@@ -1012,8 +1038,7 @@ class FileLog(DurableDataLog):
         self._in_flight_bytes = in_flight_bytes
         self._queue.append((sequence, data, future, on_done))
         if self._writer_waiting:
-            with self._condition:
-                self._condition.notify()
+            self._wake_writer()
         return future
 
     async def truncate(self, upto: LogAddress) -> None:
@@ -1047,7 +1072,7 @@ class FileLog(DurableDataLog):
         with self._condition:
             if self._state is not _State.CLOSED:
                 self._set_state(_State.CLOSED)
-            self._condition.notify_all()
+        self._wake_writer()
         self._fail_records(_drain(self._queue), ObjectClosedError(f"{self._directory}: the log was closed"))
         if self._blocking_calls:
             await asyncio.wait(set(self._blocking_calls), timeout=limits.SHUTDOWN_TIMEOUT_SECONDS)
@@ -1063,6 +1088,7 @@ class FileLog(DurableDataLog):
                 self._fail_records(stuck, WriteFailedError(f"{self._directory}: writer stuck at close"))
             else:
                 self._writer_thread.join(timeout=limits.SHUTDOWN_TIMEOUT_SECONDS)  # it has returned
+        self._unwatch_signal_fd()
         self._store.close()
 
     # --- Introspection -------------------------------------------------------------------------------
@@ -1144,10 +1170,69 @@ class FileLog(DurableDataLog):
             self._writer_exited.set_result(None)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
-        """Run ``callback(*args)`` on the loop (writer thread)."""
+        """Run ``callback(*args)`` on the loop, after everything posted before it (writer thread)."""
         assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
-            self._loop.call_soon_threadsafe(callback, *args)
+        if self._signal_fd < 0:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to tell
+                self._loop.call_soon_threadsafe(callback, *args)
+            return
+        # Queue the message, then signal unless a signal is on its way.  The loop clears _signalled
+        # before it drains the queue, so a message it does not find was queued after the clearing,
+        # and then this thread saw the flag clear and signals again: no message is left unseen.
+        self._messages.append((callback, args))
+        if not self._signalled:
+            self._signalled = True
+            # (try/except rather than contextlib.suppress, which costs a dozen bytecodes per message)
+            try:  # noqa: SIM105
+                os.eventfd_write(self._signal_fd, 1)
+            except OSError:  # (only if the descriptor is gone: nobody listens then)
+                pass
+
+    def _run_messages(self) -> None:
+        """Run the writer's messages, in order (loop thread; the loop calls it when signalled)."""
+        try:  # noqa: SIM105  (as in _post)
+            os.eventfd_read(self._signal_fd)
+        except BlockingIOError:  # (a signal whose messages an earlier call ran)
+            pass
+        self._signalled = False
+        messages = self._messages
+        while messages:
+            callback, args = messages.popleft()
+            try:
+                callback(*args)
+            except Exception as error:  # a bug; as with call_soon, report it and run the rest
+                assert self._loop is not None
+                self._loop.call_exception_handler(
+                    {"message": "FileLog message failed", "exception": error, "callback": callback})
+
+    def _watch_signal_fd(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Create the eventfd the writer signals its messages on and have ``loop`` watch it."""
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            loop.add_reader(fd, self._run_messages)
+        except NotImplementedError:  # a loop that cannot watch descriptors (not on Linux)
+            os.close(fd)
+            return
+        self._signal_fd = fd
+
+    def _unwatch_signal_fd(self) -> None:
+        """Stop watching the eventfd; close it once the writer thread has ended (loop thread)."""
+        fd = self._signal_fd
+        if fd < 0 or self._loop is None:
+            return
+        self._loop.remove_reader(fd)
+        if self._writer_thread is None or not self._writer_thread.is_alive():
+            self._signal_fd = -1
+            os.close(fd)
+        # else the writer is stuck in a system call: it may still signal when it returns, so the
+        # descriptor stays open (closed, its number could be reused by a file it would then write to).
+
+    def _wake_writer(self) -> None:
+        """Wake the writer if it sleeps or is about to (loop thread)."""
+        self._writer_waiting = False
+        wake = self._wake
+        if wake.locked():  # (only this thread releases it, so it is still held below)
+            wake.release()
 
     # --- The writer thread ---------------------------------------------------------------------------
 
@@ -1188,13 +1273,13 @@ class FileLog(DurableDataLog):
                     self._writer_batch = batch
                     self._writer_done = 0
                 return batch
-            with self._condition:
-                # Announce the sleep, then look again: an append that missed the announcement
-                # queued its record before this second look, so nothing is left sleeping.
-                self._writer_waiting = True
-                if not queue and self._state is _State.OPEN:
-                    self._condition.wait(_WRITER_IDLE_WAIT_SECONDS)
-                self._writer_waiting = False
+            # Announce the sleep, then look again: an append that missed the announcement queued its
+            # record before this second look, so nothing is left sleeping.  (close() changes the
+            # state, then wakes us.)  A wake-up left pending from an earlier look returns at once.
+            self._writer_waiting = True
+            if not queue and self._state is _State.OPEN:
+                self._wake.acquire(timeout=_WRITER_IDLE_WAIT_SECONDS)
+            self._writer_waiting = False
         return None  # close() fails what is still queued; a failure's last message does too
 
     def _writer_loop(self) -> None:

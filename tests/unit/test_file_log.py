@@ -466,3 +466,91 @@ def test_write_all_splits_at_iov_max(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert path.read_bytes() == bytes(i % 256 for i in range(3 * file_log._IOV_MAX + 5))
+
+
+def test_write_all_resumes_a_single_buffer_after_a_partial_write() -> None:
+    written = bytearray()
+
+    def stingy_writev(_fd: int, buffers: list[Any]) -> int:
+        chunk = b"".join(bytes(buffer) for buffer in buffers)[:3]
+        written.extend(chunk)
+        return len(chunk)
+
+    file_log._write_all(-1, [b"abcdefgh"], stingy_writev)
+    assert bytes(written) == b"abcdefgh"
+    with pytest.raises(OSError, match="wrote nothing"):
+        file_log._write_all(-1, [b"abc"], lambda _fd, _buffers: 0)
+
+
+# --- The hand-offs between the loop and the writer thread -----------------------------------------
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_close_releases_the_descriptor_the_writer_signals_on(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        before = open_descriptors()
+        log = FileLog(tmp_path)
+        await log.initialize()
+        assert log._signal_fd >= 0  # this loop watches descriptors: the writer signals through one
+        assert [await log.append(bytes([i])) for i in range(3)] == [LogAddress(1), LogAddress(2), LogAddress(3)]
+        await log.close()
+        assert log._signal_fd == -1
+        assert open_descriptors() <= before
+
+    run(scenario())
+
+
+def test_a_loop_that_cannot_watch_descriptors_gets_the_messages_another_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cannot(*_args: Any) -> None:
+        raise NotImplementedError
+
+    async def scenario() -> None:
+        monkeypatch.setattr(asyncio.get_running_loop(), "add_reader", cannot)
+        log = FileLog(tmp_path)
+        await log.initialize()
+        assert log._signal_fd == -1
+        futures = [log.append(bytes([i])) for i in range(50)]
+        addresses = [await future for future in futures]
+        assert [address.sequence for address in addresses] == list(range(1, 51))
+        await log.close()
+
+    run(scenario())
+    assert asyncio.run(contents(tmp_path)) == [(i + 1, bytes([i])) for i in range(50)]
+
+
+def test_a_writer_left_stuck_at_close_keeps_its_descriptor_until_it_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def fdatasync(fd: int) -> None:
+        entered.set()
+        release.wait(SCENARIO_TIMEOUT_SECONDS)
+        os.fdatasync(fd)
+
+    async def scenario() -> None:
+        log = FileLog(tmp_path, fdatasync=fdatasync)
+        await log.initialize()
+        future = log.append(b"stuck")
+        await asyncio.to_thread(entered.wait, SCENARIO_TIMEOUT_SECONDS)
+        monkeypatch.setattr(limits, "SHUTDOWN_TIMEOUT_SECONDS", 0.2)
+        await log.close()
+        with pytest.raises(WriteFailedError):
+            await future
+        # Closed, its number could be reused by a file the writer would then signal into.
+        signal_fd = log._signal_fd
+        assert signal_fd >= 0
+        os.fstat(signal_fd)  # still open
+        release.set()
+        writer = log._writer_thread
+        assert writer is not None
+        await asyncio.to_thread(writer.join, SCENARIO_TIMEOUT_SECONDS)
+        assert not writer.is_alive()
+        assert not future.cancelled() and isinstance(future.exception(), WriteFailedError)  # unchanged
+        os.close(signal_fd)  # (the test's own cleanup of what a stuck writer leaves behind)
+
+    run(scenario())
