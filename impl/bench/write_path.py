@@ -9,6 +9,15 @@ What it answers (the issue's two targets, each a ratio of two figures measured i
 2. *Latency.*  A lone appender's p95 acknowledgement latency should stay within twice one
    fdatasync's p95: the store should add little to the one sync it cannot avoid.
 
+And, beside them (informational, not one of the issue's targets): the same 100-byte events as the
+client path sends them -- many framed events per append (an ``AppendBlock``) -- in events/s
+against the raw loop writing 100-byte records **at equal bytes per fdatasync**.  Why both: the
+per-append figure is bounded by what one awaitable operation costs in CPython, whatever the store
+does; the block figure is what a client writer gets.  To show that bound, each repeat also drives
+a store that costs nothing (one future per append, no validation, no write) with the pipelined
+scenario's own driver: its appends/s over the same raw loop is the highest ratio *any* store with
+one awaitable operation per append could reach in CPython here (the "per-append ceiling").
+
 How (``reference/performance-baselines.md``, "noise discipline"): every measurement waits first for
 the machine to be quiet (bounded), records the CPU other processes used while it ran, and is
 repeated; the report gives medians over repeats, and each ratio is the median of per-repeat ratios.
@@ -32,7 +41,7 @@ from typing import Any, Final
 
 import attrs
 import millstream
-from millstream.bench._container import ContainerRun, run_container_scenario
+from millstream.bench._container import ContainerRun, FloorRun, measure_per_append_floor, run_container_scenario
 from millstream.bench._disk import FdatasyncRun, GroupCommitRun, measure_fdatasync, measure_group_commit
 from millstream.bench._stats import median_or_none
 from millstream.bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
@@ -53,6 +62,8 @@ SUITE_NAME: Final = "write-path"
 #: The scenario each target is judged on.
 THROUGHPUT_SCENARIO: Final = "pipelined-100B"
 LATENCY_SCENARIO: Final = "lone-100B"
+#: The scenario of the informational events-in-blocks ratio.
+BLOCK_SCENARIO: Final = "block-100B"
 THROUGHPUT_RATIO_MIN: Final = 0.40
 LATENCY_RATIO_MAX: Final = 2.0
 
@@ -95,6 +106,7 @@ class ScenarioRepeat:
 class Repeat:
     fdatasync: FdatasyncRun
     scenarios: dict[str, ScenarioRepeat]
+    floor: FloorRun | None = None  # the per-append ceiling's driver against a store that costs nothing
 
 
 @attrs.frozen
@@ -104,15 +116,21 @@ class ScenarioSummary:
     scenario: str
     driver: str
     record_bytes: int
+    per_event: bool  # judged per event (blocks of events per append) rather than per append
+    events_per_append: int
     appends_per_second: float | None
+    events_per_second: float | None
     megabytes_per_second: float | None
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
     appends_per_frame: float | None
     appends_per_fdatasync: float | None
+    events_per_fdatasync: float | None
+    log_bytes_per_fdatasync: float | None
     fdatasync_mean_ms: float | None
     own_cpu_us_per_append: float | None
+    own_cpu_us_per_event: float | None
     raw_batch_records: float | None
     raw_records_per_second: float | None
     raw_own_cpu_us_per_record: float | None
@@ -168,7 +186,7 @@ def run_write_path(config: WritePathConfig, data_root: Path, data_root_reason: s
     """Run the suite with its data in a temporary directory under ``data_root`` (removed afterwards)."""
     data_root.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix="millstream-bench-", dir=data_root))
-    steps = _Steps(config.repeat * (1 + 2 * len(config.scenarios)), progress)
+    steps = _Steps(config.repeat * steps_per_repeat(config), progress)
     try:
         machine = describe_machine(workspace, millstream.__version__)
         repeats = [_run_repeat(config, workspace, number, steps) for number in range(1, config.repeat + 1)]
@@ -182,6 +200,13 @@ def run_write_path(config: WritePathConfig, data_root: Path, data_root_reason: s
         fdatasync=_summarize_fdatasync(config, repeats), targets=_targets(config, repeats),
         quiet_waits=len(quiet), quiet_waits_timed_out=sum(1 for wait in quiet if not wait.quiet),
     )
+
+
+def steps_per_repeat(config: WritePathConfig) -> int:
+    """Measurements in one repeat: the fdatasync probe, container and raw loop per scenario, and the
+    per-append floor when the throughput scenario runs."""
+    floor = any(scenario.name == THROUGHPUT_SCENARIO for scenario in config.scenarios)
+    return 1 + 2 * len(config.scenarios) + floor
 
 
 class _Steps:
@@ -210,7 +235,13 @@ def _run_repeat(config: WritePathConfig, workspace: Path, number: int, steps: _S
             duration_seconds=config.duration_seconds, quiet=_wait_quiet(config))
     scenarios = {scenario.name: _run_scenario(config, workspace, number, scenario, steps)
                  for scenario in config.scenarios}
-    return Repeat(fdatasync=fdatasync, scenarios=scenarios)
+    floor = None
+    throughput = next((s for s in config.scenarios if s.name == THROUGHPUT_SCENARIO), None)
+    if throughput is not None:
+        steps.next(f"repeat {number}/{config.repeat}: per-append floor (a store that costs nothing)")
+        floor = measure_per_append_floor(throughput.window, warmup_seconds=config.warmup_seconds,
+                                         duration_seconds=config.duration_seconds, quiet=_wait_quiet(config))
+    return Repeat(fdatasync=fdatasync, scenarios=scenarios, floor=floor)
 
 
 def _run_scenario(config: WritePathConfig, workspace: Path, number: int, scenario: Scenario,
@@ -221,7 +252,7 @@ def _run_scenario(config: WritePathConfig, workspace: Path, number: int, scenari
         container = run_container_scenario(
             scenario, directory, warmup_seconds=config.warmup_seconds, duration_seconds=config.duration_seconds,
             bytes_max=config.bytes_max, quiet=_wait_quiet(config))
-    batch_records = max(1, round(container.appends_per_fdatasync or 1.0))
+    batch_records = raw_batch_records(scenario, container)
     steps.next(f"repeat {number}/{config.repeat}: {scenario.name} raw loop x {batch_records}")
     with _fresh_directory(workspace, f"r{number}-{scenario.name}-raw") as directory:
         group_commit = measure_group_commit(
@@ -229,7 +260,16 @@ def _run_scenario(config: WritePathConfig, workspace: Path, number: int, scenari
             warmup_seconds=config.warmup_seconds, duration_seconds=config.duration_seconds,
             bytes_max=config.bytes_max, quiet=_wait_quiet(config))
     return ScenarioRepeat(container=container, group_commit=group_commit,
-                          throughput_ratio=container.appends_per_second / group_commit.records_per_second)
+                          throughput_ratio=container.events_per_second / group_commit.records_per_second)
+
+
+def raw_batch_records(scenario: Scenario, container: ContainerRun) -> int:
+    """Records per fdatasync for the raw loop: the appends per fdatasync the container achieved, or,
+    for a scenario judged per event (blocks), as many records as make the bytes the container wrote
+    per fdatasync (its framing included, which counts against it)."""
+    if scenario.per_event:
+        return max(1, round((container.log_bytes_per_fdatasync or scenario.record_bytes) / scenario.record_bytes))
+    return max(1, round(container.appends_per_fdatasync or 1.0))
 
 
 def _wait_quiet(config: WritePathConfig) -> QuietWait:
@@ -248,7 +288,7 @@ def _fresh_directory(workspace: Path, name: str) -> Iterator[Path]:
 
 
 def _quiet_waits(repeat: Repeat) -> list[QuietWait]:
-    waits = [repeat.fdatasync.quiet]
+    waits = [repeat.fdatasync.quiet] + ([repeat.floor.quiet] if repeat.floor is not None else [])
     for result in repeat.scenarios.values():
         waits += [result.container.quiet, result.group_commit.quiet]
     return waits
@@ -262,15 +302,20 @@ def _summarize(scenario: Scenario, repeats: list[Repeat]) -> ScenarioSummary:
     containers = [run.container for run in runs]
     return ScenarioSummary(
         scenario=scenario.name, driver=scenario.driver, record_bytes=scenario.record_bytes,
+        per_event=scenario.per_event, events_per_append=scenario.events_per_append,
         appends_per_second=median_or_none(c.appends_per_second for c in containers),
+        events_per_second=median_or_none(c.events_per_second for c in containers),
         megabytes_per_second=median_or_none(c.megabytes_per_second for c in containers),
         p50_ms=median_or_none(c.latency.p50_ms for c in containers),
         p95_ms=median_or_none(c.latency.p95_ms for c in containers),
         p99_ms=median_or_none(c.latency.p99_ms for c in containers),
         appends_per_frame=median_or_none(c.appends_per_frame for c in containers),
         appends_per_fdatasync=median_or_none(c.appends_per_fdatasync for c in containers),
+        events_per_fdatasync=median_or_none(c.events_per_fdatasync for c in containers),
+        log_bytes_per_fdatasync=median_or_none(c.log_bytes_per_fdatasync for c in containers),
         fdatasync_mean_ms=median_or_none(c.fdatasync_mean_ms for c in containers),
         own_cpu_us_per_append=median_or_none(c.own_cpu_us_per_append for c in containers),
+        own_cpu_us_per_event=median_or_none(c.own_cpu_us_per_event for c in containers),
         raw_batch_records=median_or_none(run.group_commit.batch_records for run in runs),
         raw_records_per_second=median_or_none(run.group_commit.records_per_second for run in runs),
         raw_own_cpu_us_per_record=median_or_none(run.group_commit.own_cpu_us_per_record for run in runs),
@@ -300,6 +345,19 @@ def _targets(config: WritePathConfig, repeats: list[Repeat]) -> list[Target]:
             description=f"{THROUGHPUT_SCENARIO}: container appends/s ÷ raw group commit records/s at equal "
                         "records per fdatasync",
             measured=median_or_none(ratios), per_repeat=ratios, bound=THROUGHPUT_RATIO_MIN, at_least=True))
+        ceilings = [repeat.floor.appends_per_second / raw.records_per_second
+                    for repeat in repeats if repeat.floor is not None
+                    for raw in [repeat.scenarios[THROUGHPUT_SCENARIO].group_commit]]
+        targets.append(Target(
+            description=f"{THROUGHPUT_SCENARIO} per-append ceiling (informational): a store that costs nothing, "
+                        "driven the same way (one task and one future per append), ÷ the same raw loop",
+            measured=median_or_none(ceilings), per_repeat=ceilings, bound=None, at_least=True))
+    if BLOCK_SCENARIO in names:
+        ratios = [repeat.scenarios[BLOCK_SCENARIO].throughput_ratio for repeat in repeats]
+        targets.append(Target(
+            description=f"{BLOCK_SCENARIO} (informational, not issue 2's per-append target): container events/s "
+                        "÷ raw group commit records/s at equal bytes per fdatasync, events travelling in blocks",
+            measured=median_or_none(ratios), per_repeat=ratios, bound=None, at_least=True))
     if LATENCY_SCENARIO in names:
         for percentile, bound in (("p95", LATENCY_RATIO_MAX), ("p50", None)):
             ratios = _latency_ratios(repeats, percentile)

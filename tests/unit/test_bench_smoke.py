@@ -4,18 +4,30 @@ may be arbitrarily slow), so nothing is compared against a time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from millstream import __version__
+from millstream.bench._container import WRITER_ID, _keep_blocks_in_flight, _Phase, block_of_events
 from millstream.bench._report import render_markdown
 from millstream.bench._stats import Latency, percentile
 from millstream.bench._system import choose_data_root, filesystem_of
-from millstream.bench.scenarios import SCENARIOS, scenarios_named
-from millstream.bench.write_path import WritePathConfig, WritePathReport, run_write_path, write_json
+from millstream.bench.scenarios import SCENARIOS, Mode, Scenario, scenarios_named
+from millstream.bench.write_path import (
+    WritePathConfig,
+    WritePathReport,
+    raw_batch_records,
+    run_write_path,
+    steps_per_repeat,
+    write_json,
+)
 from millstream.cli import main
+from millstream.segmentstore.container import SegmentContainer
+from millstream.segmentstore.file_log import FileLog
+from millstream.wire.codec import count_events, iter_events
 
 TINY = WritePathConfig(duration_seconds=0.2, warmup_seconds=0.0, repeat=2, quiet_timeout_seconds=0.0,
                        bytes_max=4 * 1024 * 1024)
@@ -26,8 +38,10 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> WritePathReport:
     steps: list[tuple[int, int, str]] = []
     data_root = tmp_path_factory.mktemp("bench-data")
     result = run_write_path(TINY, data_root, "test", lambda done, total, step: steps.append((done, total, step)))
-    # One step per measurement (a probe, then container and raw loop per scenario, per repeat), then "done".
-    total = TINY.repeat * (1 + 2 * len(SCENARIOS))
+    # One step per measurement (a probe, container and raw loop per scenario, the per-append floor, per
+    # repeat), then "done".
+    assert steps_per_repeat(TINY) == 1 + 2 * len(SCENARIOS) + 1
+    total = TINY.repeat * steps_per_repeat(TINY)
     assert steps == [(done, total, steps[done][2]) for done in range(total)] + [(total, total, "done")]
     assert list(data_root.iterdir()) == [], "the benchmark must remove its data"
     return result
@@ -43,12 +57,22 @@ def test_every_scenario_is_measured_and_counted_consistently(report: WritePathRe
             result = repeat.scenarios[scenario.name]
             container, raw = result.container, result.group_commit
             assert container.appends == container.latency.count >= 1
+            assert container.events == container.appends * scenario.events_per_append
             assert container.frames >= 1 and container.fdatasyncs >= 1
             assert container.appends_per_fdatasync == pytest.approx(container.appends / container.fdatasyncs)
-            # The raw loop ran at the batch size the container achieved.
-            assert raw.batch_records == max(1, round(container.appends_per_fdatasync))
             assert raw.records == raw.batches * raw.batch_records >= 1
-            assert result.throughput_ratio == pytest.approx(container.appends_per_second / raw.records_per_second)
+            assert raw.batch_records == raw_batch_records(scenario, container)
+            if scenario.per_event:
+                # Blocks: the raw loop wrote as many bytes per fdatasync as the container did.
+                assert container.log_bytes_per_fdatasync is not None
+                assert raw.batch_records == max(1, round(container.log_bytes_per_fdatasync / scenario.record_bytes))
+                assert container.events_per_second == pytest.approx(
+                    container.appends_per_second * scenario.events_per_append)
+            else:
+                # The raw loop ran at the batch size the container achieved.
+                assert raw.batch_records == max(1, round(container.appends_per_fdatasync))
+                assert container.events_per_second == container.appends_per_second
+            assert result.throughput_ratio == pytest.approx(container.events_per_second / raw.records_per_second)
             assert not container.quiet.quiet and container.quiet.waited_seconds == 0.0  # timeout 0: no wait
             # Awaiting appenders never have more in flight than there are of them.
             if scenario.window == 1:
@@ -56,9 +80,19 @@ def test_every_scenario_is_measured_and_counted_consistently(report: WritePathRe
 
 
 def test_targets_are_ratios_of_the_same_run(report: WritePathReport) -> None:
-    throughput, latency_p95, latency_p50 = report.targets
+    throughput, ceiling, block, latency_p95, latency_p50 = report.targets
     assert throughput.per_repeat == [repeat.scenarios["pipelined-100B"].throughput_ratio for repeat in report.repeats]
     assert throughput.bound == 0.40 and throughput.at_least and throughput.met is not None
+    # The ceiling: a store that costs nothing, driven as pipelined-100B is, over that scenario's raw loop.
+    assert ceiling.bound is None and ceiling.met is None
+    floors = [repeat.floor for repeat in report.repeats]
+    assert all(floor is not None and floor.appends >= 1 and floor.window == 1000 for floor in floors)
+    assert ceiling.per_repeat == [
+        pytest.approx(floor.appends_per_second / repeat.scenarios["pipelined-100B"].group_commit.records_per_second)
+        for floor, repeat in zip(floors, report.repeats, strict=True) if floor is not None]
+    # Events in blocks: informational, never a target of its own.
+    assert block.bound is None and block.met is None and "informational" in block.description
+    assert block.per_repeat == [repeat.scenarios["block-100B"].throughput_ratio for repeat in report.repeats]
     assert latency_p95.bound == 2.0 and not latency_p95.at_least and latency_p95.met is not None
     assert latency_p50.bound is None and latency_p50.met is None
     first = report.repeats[0]
@@ -71,6 +105,10 @@ def test_markdown_and_json_carry_the_report(report: WritePathReport, tmp_path: P
     for scenario in SCENARIOS:
         assert f"| {scenario.name} |" in markdown
     assert "### Targets" in markdown and "fdatasync" in markdown
+    assert "per-append ceiling" in markdown and "travelling in blocks" in markdown
+    # A block scenario's row is in the block table only, not among the per-append rows.
+    per_append, _, rest = markdown.partition("### The per-append ceiling")
+    assert "| block-100B |" not in per_append and "| block-100B |" in rest
     document = json.loads(write_json(report, tmp_path / "out").read_text())
     assert document["suite"] == "write-path"
     assert {"cpu_count", "cpu_model", "kernel", "python", "data_dir_filesystem", "date_utc"} <= set(
@@ -126,3 +164,30 @@ def test_the_tiering_suite_measures_both_ratios_on_a_tiny_run(tmp_path: Path) ->
     assert report.tiering_cost_ratio is not None and report.tiering_cost_ratio > 0
     assert "catch-up read from Tier 2" in render_tiering_markdown(report)
     assert write_tiering_json(report, tmp_path / "out").read_text().startswith("{")
+
+
+def test_blocks_are_framed_events_chained_by_event_number(tmp_path: Path) -> None:
+    block = block_of_events(100, 7)
+    assert count_events(block) == 7 and list(iter_events(block)) == [bytes(100)] * 7
+
+    async def run() -> tuple[int, dict[int, int]]:
+        async with SegmentContainer(0, FileLog(tmp_path / "log")) as container:
+            await container.create_segment("bench")
+            phase = _Phase(issued_max=5)
+            # Three blocks in flight at once: each compares with the event number of the block before
+            # it, which is still in flight -- the chain holds only if every one of them is stored.
+            await _keep_blocks_in_flight(container, block, 7, 3, phase)
+            info = container.get_info("bench")
+            return info.length, info.attributes
+
+    length, attributes = asyncio.run(run())
+    assert length == 5 * len(block)
+    assert attributes == {WRITER_ID: 5 * 7}
+
+
+def test_only_a_block_scenario_carries_several_events_per_append() -> None:
+    assert Scenario(Mode.BLOCK, 100, window=4, events_per_append=1000).name == "block-100B"
+    with pytest.raises(ValueError, match="block"):
+        Scenario(Mode.BLOCK, 100)
+    with pytest.raises(ValueError, match="block"):
+        Scenario(Mode.PIPELINED, 100, window=10, events_per_append=10)
