@@ -41,7 +41,7 @@ import enum
 import logging
 import math
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from uuid import UUID
 
@@ -317,9 +317,11 @@ class AsyncTransaction(Generic[T]):
 
     def _require_open(self) -> AsyncEventStreamWriter[T]:
         inner = self._inner
-        if self._status is not TransactionStatus.OPEN or inner is None:
+        if self._status is not TransactionStatus.OPEN:
             raise TransactionNotOpenError(f"transaction {self.txn_id} is {self._status.value}: it takes no more "
                                           "events")
+        if inner is None:
+            raise TransactionNotOpenError(f"transaction {self.txn_id} is being committed: it takes no more events")
         return inner
 
     async def _translate(self, error: BaseException) -> BaseException:
@@ -357,13 +359,19 @@ class AsyncTransaction(Generic[T]):
         """Flush, then commit: returns once the commit is decided (COMMITTING, or COMMITTED already);
         every event becomes visible atomically, in commit order, soon after (``wait_for_completion``).
         Raises ``TransactionNotOpenError`` if it was committed or aborted (here or elsewhere: a second
-        commit is an error), ``StreamSealedError`` if the stream was sealed meanwhile."""
-        inner = self._require_open()
-        try:
-            await inner.flush()
-        except (StreamSegmentSealedError, StreamSegmentNotExistsError) as error:
-            raise await self._translate(error) from None
-        await inner.close()
+        commit is an error), ``StreamSealedError`` if the stream was sealed meanwhile.  After an error
+        that leaves it open (the controller could not be reached), ``commit`` may be called again."""
+        if self._status is not TransactionStatus.OPEN:
+            raise TransactionNotOpenError(f"transaction {self.txn_id} is {self._status.value}: it cannot be "
+                                          "committed again")
+        inner = self._inner
+        if inner is not None:
+            try:
+                await inner.flush()
+            except (StreamSegmentSealedError, StreamSegmentNotExistsError) as error:
+                raise await self._translate(error) from None
+            await inner.close()
+            self._inner = None  # every event is stored: no more writes, whatever the controller answers
         status = await self._commit_resolving_lost_replies()
         self._closed_here(status)
         return status
@@ -522,10 +530,10 @@ class AsyncTransactionalEventStreamWriter(Generic[T]):
     async def commit_transactions(self, txns: Iterable[UUID | str | AsyncTransaction[Any]], *,
                                   fence: tuple[str, int] | None = None) -> MultiCommitResult:
         """``AsyncClient.commit_transactions`` on this writer's stream."""
-        result = await self.controller.commit_transactions(self._scope, self._name,
-                                                           [transaction_id(t) for t in txns], fence=fence)
-        for t in txns if isinstance(txns, Sequence) else ():
-            found = self._transactions.get(transaction_id(t))
+        ids = [transaction_id(t) for t in txns]
+        result = await self.controller.commit_transactions(self._scope, self._name, ids, fence=fence)
+        for identifier in ids:  # what this writer holds learns the outcome
+            found = self._transactions.get(identifier)
             if found is not None and found._status is TransactionStatus.OPEN:
                 await found.check_status()
         return result

@@ -261,3 +261,49 @@ def test_bad_input_over_the_wire_gets_typed_errors(tmp_path: Path) -> None:
 
     with millstream.standalone(tmp_path) as node:
         run(scenario)
+
+
+def test_a_commit_whose_reply_was_lost_is_resolved_by_asking_for_the_status(tmp_path: Path) -> None:
+    """The connection breaks with the commit in flight: either the request was lost (the transaction
+    is still open: the commit is sent again) or only its reply (it is committing: done).  Either way
+    the commit is decided once and ``commit`` returns."""
+    from millstream.errors import ConnectionLostError
+
+    async def scenario() -> None:
+        async with AsyncClient(node.uri) as client:
+            await create(client, 1)
+            controller = client.controller()
+            original = controller.commit_transaction
+            sent: list[str] = []
+
+            async def reply_lost(scope: str, stream: str, txn_id: Any) -> TransactionStatus:
+                sent.append("reply lost")
+                await original(scope, stream, txn_id)
+                raise ConnectionLostError("the connection broke before the reply")
+
+            async def request_lost_once(scope: str, stream: str, txn_id: Any) -> TransactionStatus:
+                if not sent:
+                    sent.append("request lost")
+                    raise ConnectionLostError("the connection broke before the request")
+                sent.append("sent")
+                return await original(scope, stream, txn_id)
+
+            writer = client.transactional_writer(STREAM)
+            for fault, expected in ((reply_lost, ["reply lost"]), (request_lost_once, ["request lost", "sent"])):
+                sent.clear()
+                txn = await writer.begin()
+                await txn.write_event(b"e", routing_key="k")
+                controller.commit_transaction = fault  # type: ignore[method-assign]
+                try:
+                    assert await txn.commit() is TransactionStatus.COMMITTING
+                finally:
+                    controller.commit_transaction = original  # type: ignore[method-assign]
+                assert sent == expected
+                assert await txn.wait_for_completion(20) is TransactionStatus.COMMITTED
+                with pytest.raises(TransactionNotOpenError):
+                    await txn.commit()
+            info = (await client.stream_manager().describe_stream(STREAM)).segments[0]
+            assert (await client.segments().info(info.name)).length == 2 * 9, "each event stored once"
+
+    with millstream.standalone(tmp_path) as node:
+        run(scenario)
