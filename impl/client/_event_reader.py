@@ -48,7 +48,7 @@ import math
 import struct
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import attrs
 from millstream import limits
@@ -56,6 +56,7 @@ from millstream.client._reader_group import (
     AcquireSegment,
     AddReader,
     CheckpointReader,
+    CheckpointState,
     CreateCheckpoint,
     ReaderGroupState,
     ReaderGroupStateCodec,
@@ -179,13 +180,12 @@ class Position:
         return f"Position({self._segments!r})"
 
 
-@attrs.frozen
-class EventRead(Generic[T]):
+class EventRead(NamedTuple, Generic[T]):
     """What ``read_next_event`` returned: an event (``event``, with its ``stream``, ``segment``,
     ``offset`` where it starts and ``next_offset`` where the segment's next event starts), or no
     event because a checkpoint was reached (``checkpoint_name``), every segment of the group was read
     to its end (``end_of_stream``: sealed streams or bounded reads), or the timeout passed (none of
-    them).  ``event`` is None only then."""
+    them).  ``event`` is None only then.  (A named tuple: one is made per event, cheaply.)"""
 
     event: T | None
     stream: str | None = None
@@ -208,8 +208,8 @@ class _SegmentFetcher:
     """One segment this reader holds: its position, the events fetched and not yet returned, and at
     most one read in flight."""
 
-    __slots__ = ("at_tail", "decoded", "end_offset", "events", "fetch_offset", "name", "offset", "raw", "sealed_end",
-                 "stream", "tail_since", "task")
+    __slots__ = ("at_tail", "decoded", "end_offset", "events", "fetch_offset", "name", "offset", "queued", "raw",
+                 "sealed_end", "stream", "tail_since", "task")
 
     def __init__(self, name: str, offset: int, end_offset: int | None, now: float) -> None:
         scope, stream, _ = parse_stream_segment_name(name)
@@ -225,6 +225,7 @@ class _SegmentFetcher:
         self.sealed_end = False
         self.end_offset = end_offset  # a bounded read stops here
         self.tail_since = now  # when the reader was last at this segment's tail (for its lag)
+        self.queued = False  # in the reader's queue of segments with events to return
 
     @property
     def buffered_bytes(self) -> int:
@@ -282,7 +283,12 @@ class AsyncEventStreamReader(Generic[T]):
         self._sync: StateSynchronizer[ReaderGroupState, ReaderGroupUpdate] = StateSynchronizer(
             self._segments, group.state_segment, ReaderGroupStateCodec(), rng=self._rng)
         self._fetchers: dict[str, _SegmentFetcher] = {}
-        self._turn = 0  # round robin over segments with events
+        self._ready: deque[_SegmentFetcher] = deque()  # segments with fetched events, served in turn
+        # What the group's state says for this reader, worked out once per change of the state:
+        self._state: ReaderGroupState | None = None
+        self._owed: CheckpointState | None = None  # the checkpoint it owes its positions to
+        self._free = False  # it may acquire, release and complete
+        self._has_unassigned = False
         self._generation = -1
         self._seen_offset = -1  # the synchronizer offset last reconciled with
         self._at_checkpoint: str | None = None
@@ -327,12 +333,19 @@ class AsyncEventStreamReader(Generic[T]):
         event (the reader stays before them)."""
         if self._closed:
             raise ObjectClosedError(f"reader {self.reader_id!r} is closed")
-        wait = _seconds(timeout, "timeout", zero=True)
+        if type(timeout) is not float or not 0 <= timeout < math.inf:
+            timeout = _seconds(timeout, "timeout", zero=True)
         if self._busy:
             raise InvalidArgumentError(f"reader {self.reader_id!r}: read_next_event is already running")
+        # The hot path: an event already fetched, and nothing to do first (no checkpoint to record or
+        # return, no change of the group's state to take in, no rebalancing timer due).
+        if self._ready and self._at_checkpoint is None and self._quiet():
+            event = self._next_event()
+            if event is not None:
+                return event
         self._busy = True
         try:
-            return await self._read(self._clock.monotonic() + wait)
+            return await self._read(self._clock.monotonic() + timeout)
         except ReaderNotInGroupError:
             await self._stop()
             raise
@@ -347,14 +360,14 @@ class AsyncEventStreamReader(Generic[T]):
             if self._closed:
                 raise ObjectClosedError(f"reader {self.reader_id!r} was closed")
             state = await self._refresh()
-            owed = state.pending_checkpoint(self.reader_id)
+            owed = self._owed
             if owed is not None:
                 if owed.silent:
                     await self._record_checkpoint(owed.name)
                     continue
                 self._at_checkpoint = owed.name
                 return EventRead(None, checkpoint_name=owed.name)
-            if await self._rebalance(state):
+            if self._free and await self._rebalance(state):
                 continue
             event = self._next_event()
             if event is not None:
@@ -375,20 +388,38 @@ class AsyncEventStreamReader(Generic[T]):
         raise InvalidArgumentError("read_next_event went round too often")  # pragma: no cover - bounded by design
 
     def _next_event(self) -> EventRead[T] | None:
-        """The next fetched event of any segment, in turn (consumed), or None."""
-        fetchers = list(self._fetchers.values())
-        count = len(fetchers)
-        for step in range(count):
-            fetcher = fetchers[(self._turn + step) % count]
+        """The next fetched event, from the segments with events in turn (consumed), or None."""
+        ready = self._ready
+        while ready:
+            fetcher = ready[0]
+            if not fetcher.events or self._fetchers.get(fetcher.name) is not fetcher:
+                ready.popleft()  # (dropped, or drained)
+                fetcher.queued = False
+                continue
+            offset, payload, next_offset = fetcher.events[0]
+            value = self._serializer.deserialize(payload)  # (a refused payload stays, and raises again)
+            fetcher.events.popleft()
+            fetcher.offset = next_offset
+            ready.popleft()
             if fetcher.events:
-                offset, payload, next_offset = fetcher.events[0]
-                value = self._serializer.deserialize(payload)  # (a refused payload stays, and raises again)
-                fetcher.events.popleft()
-                fetcher.offset = next_offset
-                self._turn = (self._turn + step + 1) % count
+                ready.append(fetcher)  # round robin: the next event comes from the next segment
+            else:
+                fetcher.queued = False
                 self._start_fetch(fetcher)
-                return EventRead(value, fetcher.stream, fetcher.name, offset, next_offset)
+            return EventRead(value, fetcher.stream, fetcher.name, offset, next_offset)
         return None
+
+    def _quiet(self) -> bool:
+        """Nothing to do before returning a fetched event: the state long poll and the heartbeat are
+        still waiting (so the group's state did not change), nothing is owed, no timer is due."""
+        watch, heartbeat = self._watch, self._heartbeat_task
+        if watch is None or watch.done() or heartbeat is None or heartbeat.done() \
+                or self._sync.offset != self._seen_offset or self._owed is not None:
+            return False
+        if not self._free:
+            return True
+        now = self._clock.monotonic()
+        return now < self._release_at and not (self._has_unassigned and now >= self._acquire_at)
 
     def position(self) -> Position:
         """Where this reader is: the next event's offset in every segment it holds."""
@@ -460,6 +491,10 @@ class AsyncEventStreamReader(Generic[T]):
         for name, offset in mine.items():
             if name not in self._fetchers:
                 self._fetchers[name] = _SegmentFetcher(name, offset, state.end_offsets.get(name), now)
+        self._state = state
+        self._owed = state.pending_checkpoint(self.reader_id)
+        self._free = self._owed is None
+        self._has_unassigned = bool(state.unassigned)
         return state
 
     def _drop(self, name: str) -> None:
@@ -626,6 +661,9 @@ class AsyncEventStreamReader(Generic[T]):
         fetcher.absorb(result)
         if fetcher.at_tail:
             fetcher.tail_since = self._clock.monotonic()
+        if fetcher.events and not fetcher.queued:
+            fetcher.queued = True
+            self._ready.append(fetcher)
         self._start_fetch(fetcher)
 
     async def _raise_missing(self, fetcher: _SegmentFetcher, error: Exception) -> NoReturn:
@@ -855,10 +893,7 @@ async def _read_batch(reader: AsyncEventStreamReader[T], timeout: float) -> list
     batch = [first]
     if first.event is None:
         return batch
-    while len(batch) < limits.READER_BLOCKING_BATCH_EVENTS_MAX:
-        watch = reader._watch
-        if watch is None or watch.done():
-            break
+    while len(batch) < limits.READER_BLOCKING_BATCH_EVENTS_MAX and reader._quiet():
         event = reader._next_event()
         if event is None:
             break

@@ -186,7 +186,10 @@ def test_reading_across_a_split_and_a_merge_keeps_per_key_order(tmp_path: Path) 
                                                                               automatic_checkpoint_seconds=0.2))
             log: list[tuple[str, bytes]] = []
             stop = asyncio.Event()
-            drains = [Drain(await group.reader(f"r{i}", config=FAST), log, stop).start() for i in range(3)]
+            # Every reader joins before any reads, so the group shares the segments from the start
+            # (readers give segments up only at checkpoints, or before reading them).
+            readers = [await group.reader(f"r{i}", config=FAST) for i in range(3)]
+            drains = [Drain(reader, log, stop).start() for reader in readers]
             # Readers follow the tail while the stream splits and then merges under them.
             await writer.write(150, KEYS)
             segments = (await manager.current_segments("s/scaled")).segments
@@ -224,7 +227,10 @@ def test_checkpoint_then_reset_rereads_exactly_the_events_after_the_checkpoint(t
             group = await client.reader_group("s/g", config=ReaderGroupConfig(["s/a"], automatic_checkpoint_seconds=0))
             log: list[tuple[str, bytes]] = []
             stop = asyncio.Event()
-            drains = [Drain(await group.reader(f"r{i}", config=FAST), log, stop).start() for i in range(2)]
+            # Every reader joins before any reads, so the group shares the segments from the start
+            # (readers give segments up only at checkpoints, or before reading them).
+            readers = [await group.reader(f"r{i}", config=FAST) for i in range(2)]
+            drains = [Drain(reader, log, stop).start() for reader in readers]
             await wait_until(lambda: len(log) >= 60 and all(d.events for d in drains), what="some reading")
             future = await group.initiate_checkpoint("cp", timeout=20)
             checkpoint = await future
@@ -244,7 +250,10 @@ def test_checkpoint_then_reset_rereads_exactly_the_events_after_the_checkpoint(t
             for drain in drains:
                 await drain.join()
             again = [p for _, p in log[400:]]
-            assert len(again) == len(after) and set(again) == after, "exactly the events after the checkpoint, once"
+            assert len(again) == len(after) and set(again) == after, (
+                f"exactly the events after the checkpoint, once: {len(again)} read again, {len(after)} after it; "
+                f"{len(set(again) - after)} read again were before it, {len(after - set(again))} after it missing, "
+                f"checkpoint {checkpoint!r}")
             history.read_all("first", [p for _, p in log[:400]], complete=True)
             history.read_all("after-reset", again)
             report = check(history)
@@ -271,7 +280,10 @@ def test_bounded_reads_stop_at_the_end_cut(tmp_path: Path) -> None:
                                                                                     automatic_checkpoint_seconds=0))
             log: list[tuple[str, bytes]] = []
             stop = asyncio.Event()
-            drains = [Drain(await group.reader(f"r{i}", config=FAST), log, stop).start() for i in range(2)]
+            # Every reader joins before any reads, so the group shares the segments from the start
+            # (readers give segments up only at checkpoints, or before reading them).
+            readers = [await group.reader(f"r{i}", config=FAST) for i in range(2)]
+            drains = [Drain(reader, log, stop).start() for reader in readers]
             await wait_until(lambda: all(d.ended for d in drains), what="end of stream for both readers")
             stop.set()
             for drain in drains:
