@@ -33,7 +33,7 @@ from millstream.errors import (
     TruncatedDataError,
 )
 from millstream.naming import parse_stream_segment_name
-from millstream.testing.history import History, check
+from millstream.testing.history import EventTag, History, Outcome, check
 
 from tests.readers.helpers import FAST, Drain, TaggedWriter, run, tags_of, wait_until
 
@@ -438,3 +438,61 @@ def test_blocking_flavour(tmp_path: Path) -> None:
         assert group.online_readers() == []
         assert dict(group.state().unassigned) == manager.tail_cut("s/a").segment_names()
         group.close()
+
+
+def test_readers_follow_a_stream_writer_while_the_stream_splits_and_merges(tmp_path: Path) -> None:
+    """The stream-aware writer writes continuously while the stream scales four times under it; three
+    readers read concurrently: every event once, per-key order intact across every scale."""
+    events = 3000
+
+    async def scenario() -> None:
+        async with AsyncClient(node.uri) as client:
+            await stream(client, "s/live", fixed(2))
+            manager = client.stream_manager()
+            history = History()
+            group = await client.reader_group("s/g", config=ReaderGroupConfig(["s/live"],
+                                                                              automatic_checkpoint_seconds=0.2))
+            readers = [await group.reader(f"r{i}", config=FAST) for i in range(3)]
+            log: list[tuple[str, bytes]] = []
+            stop = asyncio.Event()
+            drains = [Drain(reader, log, stop).start() for reader in readers]
+            written = 0
+
+            async def write() -> None:
+                nonlocal written
+                writer = client.event_writer("s/live")
+                for sequence in range(1, events + 1):
+                    key = KEYS[sequence % len(KEYS)]
+                    tag = EventTag("w", sequence)
+                    history.write_invoked(tag, key=key)
+                    await writer.write_event(tag.payload(64, key=key), routing_key=key)
+                    written = sequence
+                    if sequence % 100 == 0:
+                        await asyncio.sleep(0)  # (let the scaling and the readers run between blocks)
+                await writer.flush()
+                await writer.close()
+                history.writes_completed([EventTag("w", n) for n in range(1, events + 1)], Outcome.ACKED)
+
+            async def scale() -> None:
+                for step, kind in enumerate(["split", "split", "merge", "merge"], start=1):
+                    await wait_until(lambda step=step: written >= step * events // 5, what="writing to go on")
+                    current = (await manager.current_segments("s/live")).segments
+                    if kind == "split":
+                        widest = max(current, key=lambda s: s.key_end - s.key_start)
+                        await manager.split_segment("s/live", widest.segment_id)
+                    else:
+                        await manager.merge_segments("s/live", [current[0].segment_id, current[1].segment_id])
+
+            await asyncio.gather(write(), scale())
+            await wait_until(lambda: len(log) >= events, what="every event read")
+            await asyncio.sleep(0.2)  # nothing more may come
+            stop.set()
+            for drain in drains:
+                await drain.join()
+            history.read_all("group", [p for _, p in log], complete=True)
+            report = check(history)
+            assert report.ok and report.reads == events, report.summary()
+            assert (await manager.describe_stream("s/live")).epoch == 4
+
+    with millstream.standalone(tmp_path) as node:
+        run(scenario)
