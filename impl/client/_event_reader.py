@@ -382,6 +382,12 @@ class AsyncEventStreamReader(Generic[T]):
                 return _END
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
+                # Out of time: take in reads that finished meanwhile (and go round once more if they
+                # brought something), and leave reads started for the next call (even with timeout 0).
+                if await self._take_done_reads():
+                    continue
+                for fetcher in self._fetchers.values():
+                    self._start_fetch(fetcher)
                 await asyncio.sleep(0)
                 return _NOTHING
             await self._wait(state, remaining)
@@ -640,10 +646,17 @@ class AsyncEventStreamReader(Generic[T]):
             sleeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sleeper
+        await self._take_done_reads()
+
+    async def _take_done_reads(self) -> bool:
+        """Take in every read that finished; return whether there was any."""
+        took = False
         for fetcher in list(self._fetchers.values()):
             if fetcher.task is not None and fetcher.task.done():
                 await self._take_read(fetcher)
+                took = True
         self._dropped = {t for t in self._dropped if not t.done()}
+        return took
 
     async def _take_read(self, fetcher: _SegmentFetcher) -> None:
         task, fetcher.task = fetcher.task, None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 
 import millstream
@@ -33,6 +34,7 @@ from millstream.errors import (
     TruncatedDataError,
 )
 from millstream.naming import parse_stream_segment_name
+from millstream.testing.clock import ManualClock
 from millstream.testing.history import EventTag, History, Outcome, check
 
 from tests.readers.helpers import FAST, Drain, TaggedWriter, run, tags_of, wait_until
@@ -493,6 +495,91 @@ def test_readers_follow_a_stream_writer_while_the_stream_splits_and_merges(tmp_p
             report = check(history)
             assert report.ok and report.reads == events, report.summary()
             assert (await manager.describe_stream("s/live")).epoch == 4
+
+    with millstream.standalone(tmp_path) as node:
+        run(scenario)
+
+
+def test_a_group_over_two_streams_checkpoints_both_and_ends_when_both_are_sealed(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(node.uri) as client:
+            await stream(client, "s/x", fixed(2))
+            await stream(client, "s/y", fixed(1))
+            history = History()
+            await TaggedWriter(client, "s/x", history, name="wx").write(30, KEYS)
+            await TaggedWriter(client, "s/y", history, name="wy").write(30, KEYS)
+            group = await client.reader_group("g", ["s/x", "s/y"])
+            assert group.qualified_name == "s/g"
+            readers = [await group.reader(f"r{i}", config=FAST) for i in range(2)]
+            log: list[tuple[str, bytes]] = []
+            stop = asyncio.Event()
+            drains = [Drain(reader, log, stop).start() for reader in readers]
+            await wait_until(lambda: len(log) == 60, what="both streams read")
+            checkpoint = await (await group.initiate_checkpoint("both", timeout=20))
+            manager = client.stream_manager()
+            assert dict(checkpoint.cuts) == {"s/x": await manager.tail_cut("s/x"), "s/y": await manager.tail_cut("s/y")}
+            await manager.seal_stream("s/x")
+            await manager.seal_stream("s/y")
+            await wait_until(lambda: all(d.ended for d in drains), what="the end of both streams")
+            stop.set()
+            for drain in drains:
+                await drain.join()
+            history.read_all("group", [p for _, p in log], complete=True)
+            report = check(history)
+            assert report.ok and report.reads == 60, report.summary()
+            state = await group.state()
+            assert state.finished and set(state.ended) == {"s/x/0.#epoch.0", "s/x/1.#epoch.0", "s/y/0.#epoch.0"}
+
+    with millstream.standalone(tmp_path) as node:
+        run(scenario)
+
+
+def test_rebalancing_and_offline_detection_follow_the_injected_clock(tmp_path: Path) -> None:
+    """With a manual clock nothing time-driven happens until the test moves time: a reader takes its
+    first segments only after its (seeded) random delay, and a silent reader is declared offline
+    exactly when the timeout has passed on the clock."""
+    async def scenario() -> None:
+        clock = ManualClock(100.0)
+        async with AsyncClient(node.uri) as setup:
+            await stream(setup, "s/a", fixed(2))
+            history = History()
+            await TaggedWriter(setup, "s/a", history).write(20, KEYS)
+        async with AsyncClient(node.uri, clock=clock, rng=random.Random(7)) as client:
+            group = await client.reader_group("s/g", config=ReaderGroupConfig(["s/a"], automatic_checkpoint_seconds=0))
+            config = ReaderConfig(time_unit_seconds=1.0, heartbeat_seconds=1.0, offline_timeout_seconds=5.0,
+                                  tail_wait_seconds=1.0)
+            a = await group.reader("a", config=config)
+            b = await group.reader("b", config=config)
+            for _ in range(5):
+                assert (await a.read_next_event(0)).event is None and (await b.read_next_event(0)).event is None
+            assert a.segments == [] and b.segments == []  # no time has passed: nobody acquired yet
+            clock.advance(1.0)  # past every first delay (at most one time unit)
+            await a.read_next_event(0)
+            await b.read_next_event(0)
+            assert len(a.segments) == 1 and len(b.segments) == 1
+            payloads = []
+            for _ in range(500):
+                for reader in (a, b):
+                    read = await reader.read_next_event(0)
+                    if read.event is not None:
+                        payloads.append(read.event)
+                if len(payloads) == 20:
+                    break
+                await asyncio.sleep(0.005)
+            history.read_all("p", payloads, complete=True)
+            assert check(history).ok
+            # b goes silent.  a declares it offline once 5 s of the clock pass without b's heartbeat.
+            await b._abandon()
+
+            async def tick(seconds: float) -> None:
+                for _ in range(int(seconds)):
+                    clock.advance(1.0)
+                    await asyncio.sleep(0.05)  # (a's heartbeat round trip runs in real time)
+            await tick(4)
+            assert await group.online_readers() == ["a", "b"]
+            await tick(3)
+            await wait_until(lambda: "b" not in a.synchronizer.state.readers, what="b declared offline")
+            assert await group.online_readers() == ["a"]
 
     with millstream.standalone(tmp_path) as node:
         run(scenario)
