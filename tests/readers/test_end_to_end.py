@@ -385,7 +385,12 @@ def test_bad_input_gives_typed_errors_and_changes_nothing(tmp_path: Path) -> Non
             # A checkpoint nobody answers times out as a typed error; deleting the group ends its readers.
             await reader._abandon()
             waiting = await group.initiate_checkpoint("unanswered", timeout=0.3)
-            with pytest.raises(CheckpointFailedError):
+            with pytest.raises(CheckpointFailedError, match="did not record"):
+                await waiting
+            # A reset abandons a checkpoint in progress (its positions would mix two generations).
+            waiting = await group.initiate_checkpoint("dropped", timeout=20)
+            await group.reset_to_stream_cuts({"s/a": await client.stream_manager().head_cut("s/a")})
+            with pytest.raises(CheckpointFailedError, match="abandoned"):
                 await waiting
             await group.delete()
             with pytest.raises(ReaderGroupNotFoundError):
