@@ -10,7 +10,9 @@ ranges as they change with scaling.  Events with the same key go to the same seg
 Events without a key carry no order promise and are spread evenly, round robin.
 
 Hashing a key costs more than everything else the writer does for an event, so a router remembers
-the segment of recent keys (a bounded memo that empties when full).
+the segment of recent keys (a bounded memo that empties when full).  The writer looks a key up in
+the memo itself (``memo``: one ``dict.get``, in C) and calls ``segment_for`` only when that misses --
+for a new key, a keyless event, or a router without a memo.
 
 ``StreamRouter``'s view of a stream.  It starts from the segments of the stream's current epoch and
 changes only when the writer learns that one of them was sealed: ``replace`` puts the sealed
@@ -90,17 +92,25 @@ class KeySpaceRouter:
     def segments(self) -> tuple[str, ...]:
         return self._segments
 
+    @property
+    def memo(self) -> dict[str, str]:
+        """Keys routed so far -> their segment (the writer looks keys up here itself, in C, before
+        calling ``segment_for``; it never changes what the memo holds)."""
+        return self._memo
+
     def segment_for(self, routing_key: str | None) -> str:
-        single = self._single
-        if single is not None:
-            if routing_key is not None and not isinstance(routing_key, str):
-                raise InvalidArgumentError(f"a routing key is a str or None, not {type(routing_key).__name__}")
-            return single
         if routing_key is None:
-            return self._next()
+            single = self._single
+            return single if single is not None else self._next()
         segment = self._memo.get(routing_key)
         if segment is None:
-            segment = self._segments[int(routing_key_fraction(routing_key) * self._count)]
+            single = self._single
+            if single is not None:  # no hashing: but the key must be one
+                if not isinstance(routing_key, str):
+                    raise InvalidArgumentError(f"a routing key is a str or None, not {type(routing_key).__name__}")
+                segment = single
+            else:
+                segment = self._segments[int(routing_key_fraction(routing_key) * self._count)]
             if len(self._memo) >= self._memo_max:
                 self._memo.clear()
             self._memo[routing_key] = segment
@@ -136,7 +146,7 @@ class StreamRouter:
     the writer's lock held, so the two never interleave badly (``segment_for`` reads attributes that
     ``replace`` swaps whole, never mutates in place)."""
 
-    __slots__ = ("_by_name", "_epoch", "_memo", "_memo_max", "_next", "_ranges", "_table")
+    __slots__ = ("_by_name", "_epoch", "_memo", "_memo_max", "_next", "_ranges", "_single", "_table")
 
     def __init__(self, segments: Iterable[SegmentWithRange], *,
                  memo_size_max: int = limits.CLIENT_ROUTING_KEY_CACHE_SIZE_MAX) -> None:
@@ -167,19 +177,23 @@ class StreamRouter:
         # old snapshot's memo.  (An event routed by a stale snapshot reaches a segment writer that was
         # retired with the change, which sends it back to be routed again.)
         memo: dict[str, str] = {}
+        # One segment owns every key: keys need no hashing (they are still remembered, so the writer's
+        # own lookup finds them).
+        self._single: str | None = merged[0].segment.name if len(merged) == 1 else None
         self._ranges: tuple[RoutedRange, ...] = tuple(merged)
         self._by_name: dict[str, SegmentWithRange] = by_name
         self._epoch = max(s.epoch for s in by_name.values())
         self._next = itertools.cycle(tuple(by_name)).__next__
-        self._table: tuple[list[float], tuple[str, ...], dict[str, str]] = (
-            [r.key_end for r in merged], tuple(r.segment.name for r in merged), memo)
+        self._table: tuple[list[float], tuple[str, ...], dict[str, str], str | None] = (
+            [r.key_end for r in merged], tuple(r.segment.name for r in merged), memo, self._single)
         self._memo = memo
 
     # --- The per-event path ------------------------------------------------------------------------
 
     def segment_for(self, routing_key: str | None) -> str:
         if routing_key is None:
-            return self._next()
+            single = self._single
+            return single if single is not None else self._next()
         try:
             segment = self._memo.get(routing_key)
         except TypeError:  # an unhashable key: free on the normal path (3.11's exceptions cost nothing)
@@ -191,14 +205,25 @@ class StreamRouter:
 
     def _route(self, routing_key: str) -> str:
         """A key not in the memo: hash it, look its range up, remember it."""
-        ends, names, memo = self._table
-        segment = names[bisect.bisect_right(ends, routing_key_fraction(routing_key))]
+        ends, names, memo, single = self._table
+        if single is not None:  # one segment owns every key: no hashing (but the key must be one)
+            if not isinstance(routing_key, str):
+                raise InvalidArgumentError(f"a routing key is a str or None, not {type(routing_key).__name__}")
+            segment = single
+        else:
+            segment = names[bisect.bisect_right(ends, routing_key_fraction(routing_key))]
         if len(memo) >= self._memo_max:
             memo.clear()
         memo[routing_key] = segment
         return segment
 
     # --- The view ----------------------------------------------------------------------------------
+
+    @property
+    def memo(self) -> dict[str, str]:
+        """The current view's remembered keys -> their segment.  A new dict with every change of the
+        view (so a lookup in an old one can only give an old view's answer, never a wrong mix)."""
+        return self._memo
 
     @property
     def epoch(self) -> int:
@@ -261,8 +286,8 @@ class StreamRouter:
             assert a.segment.segment_id != b.segment.segment_id, (a, b)
         for part in ranges:
             assert part.segment.key_start <= part.key_start < part.key_end <= part.segment.key_end, part
-        ends, names, memo = self._table
-        assert memo is self._memo
+        ends, names, memo, single = self._table
+        assert memo is self._memo and single == self._single == (names[0] if len(names) == 1 else None)
         assert ends == [r.key_end for r in ranges] and names == tuple(r.segment.name for r in ranges)
         assert set(names) == set(self._by_name)
         assert len(self._memo) <= self._memo_max

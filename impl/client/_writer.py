@@ -49,8 +49,9 @@ thread routed to it a moment before the step is sent back to be routed again (``
 acknowledged, for this re-routing.
 
 Memory.  Bytes written and not yet acknowledged (all segments of a writer; an event counts its framed
-bytes and its routing key's characters) are bounded by the config's ``writer_unacked_bytes_max``:
-beyond it ``write_event`` waits until acknowledgements bring them under half of it.
+bytes, and once its block closes its routing key's characters too) are bounded by the config's
+``writer_unacked_bytes_max``: beyond it ``write_event`` waits until acknowledgements bring them
+under half of it.
 """
 
 from __future__ import annotations
@@ -128,11 +129,21 @@ def _router_not_ready(routing_key: str | None) -> str:
     raise RouterNotReadyError()
 
 
+#: The memo lookup of a router that has none: always a miss.
+_NO_MEMO: Final[dict[str, str]] = {}
+
+
+def _memo_lookup(router: Router | None) -> Callable[[str | None], str | None]:
+    """``router``'s memo's ``get`` (a C call; see ``_routing``), or one that always misses."""
+    memo = getattr(router, "memo", None)
+    return memo.get if isinstance(memo, dict) else _NO_MEMO.get  # type: ignore[return-value]
+
+
 class _Block:
     """A closed block: framed events numbered up to ``last_event_number``, their routing keys (what
-    re-routes them if the segment is sealed under them), the bytes they are charged against the
-    writer's budget (``charge``: the framed bytes plus the keys' characters), and the future its
-    tracked events share (a block is stored all together or not at all, so one future answers for all
+    re-routes them if the segment is sealed under them), what they are charged against the writer's
+    budget (``charge``: the framed bytes plus the keys' characters), and the future its tracked
+    events share (a block is stored all together or not at all, so one future answers for all
     of them)."""
 
     __slots__ = ("charge", "data", "event_count", "future", "keys", "last_event_number", "sent_at")
@@ -239,7 +250,7 @@ class SegmentWriter:
         # Producer side: under shared.lock, any thread.
         self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
         self._keys: list[str | None] = []  # the open block's routing keys, one per event
-        self._open_bytes = 0  # the open block's charge: framed bytes plus key characters
+        self._open_bytes = 0  # the open block's framed bytes
         self._open_count = 0
         self._open_future: Completion | None = None  # shared by the open block's tracked events
         self._last_assigned = 0  # the last event number given to a closed block
@@ -345,10 +356,8 @@ class SegmentWriter:
             parts = self._parts
             parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
             parts.append(payload)
-            self._keys.append(routing_key)
+            self._keys.append(routing_key)  # (its characters are charged when the block closes)
             length += _HEADER_LENGTH
-            if routing_key is not None:
-                length += len(routing_key)  # the key is kept until acknowledged: it is charged too
             self._open_bytes += length
             self._open_count += 1
             shared.unacked_bytes += length
@@ -376,7 +385,12 @@ class SegmentWriter:
         """Number the open block's events and queue it for sending.  Caller holds the lock."""
         count = self._open_count
         self._last_assigned += count
-        block = _Block(b"".join(self._parts), self._keys, self._open_bytes, count, self._last_assigned,
+        keys = self._keys
+        # The keys stay with the block until it is acknowledged, so the budget counts them too -- from
+        # now (summed in C once per block, rather than one len() per event on the per-event path).
+        key_chars = sum(map(len, filter(None, keys)))
+        self._shared.unacked_bytes += key_chars
+        block = _Block(b"".join(self._parts), keys, self._open_bytes + key_chars, count, self._last_assigned,
                        self._open_future)
         self._parts = []
         self._keys = []
@@ -736,7 +750,7 @@ class SegmentWriter:
         self._parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
         self._parts.append(payload)
         self._keys.append(routing_key)
-        length += _HEADER_LENGTH + (0 if routing_key is None else len(routing_key))
+        length += _HEADER_LENGTH
         self._open_bytes += length
         self._open_count += 1
         self._shared.unacked_bytes += length
@@ -775,8 +789,7 @@ class SegmentWriter:
             assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
                 self._close_at, self._blocks_unacked, self._target_bytes)
             assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys)
-            assert self._open_bytes == sum(len(part) for part in self._parts) + sum(
-                len(key) for key in self._keys if key is not None)
+            assert self._open_bytes == sum(len(part) for part in self._parts)
             for block in blocks:
                 assert len(block.keys) == block.event_count
                 assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)
@@ -807,6 +820,11 @@ class StreamBinding(Protocol):
         ``StreamSealedError`` when the whole stream is sealed, ``StreamSegmentSealedError`` when the
         segment was sealed by anything but a scale."""
         ...
+
+
+def _bad_key(routing_key: object) -> InvalidArgumentError:
+    """An unhashable routing key (the memo lookup raised ``TypeError``)."""
+    return InvalidArgumentError(f"a routing key is a str or None, not {type(routing_key).__name__}")
 
 
 def _chain_completion(old: Completion, news: Sequence[Completion]) -> None:
@@ -857,6 +875,8 @@ class AsyncEventStreamWriter(Generic[T]):
         self._router = router
         self._segment_for: Callable[[str | None], str] = (
             router.segment_for if router is not None else _router_not_ready)
+        #: The router's memo lookup, tried first on the per-event path (None: a miss, ask ``_segment_for``).
+        self._lookup = _memo_lookup(router)
         #: Whether the router still routes to a segment (a stream's view changes; a fixed router's not).
         self._routes_to: Callable[[str], bool] | None = None
         self._stream = stream
@@ -915,6 +935,7 @@ class AsyncEventStreamWriter(Generic[T]):
                 self._router = router
                 self._routes_to = router.routes_to
                 self._segment_for = router.segment_for
+                self._lookup = _memo_lookup(router)
 
     # --- The per-event path, shared with the blocking flavour -------------------------------------
 
@@ -926,7 +947,10 @@ class AsyncEventStreamWriter(Generic[T]):
             payload = self._serialize(event)
             if type(payload) is not bytes:
                 raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        segment = self._segment_for(routing_key)
+        try:
+            segment = self._lookup(routing_key) or self._segment_for(routing_key)
+        except TypeError:
+            raise _bad_key(routing_key) from None
         writer = self._writers.get(segment)
         if writer is None:
             writer = self._open_segment(segment, routing_key)
@@ -1021,6 +1045,7 @@ class AsyncEventStreamWriter(Generic[T]):
                 raise ObjectClosedError(f"the writer was closed before the events of sealed segment {sealed.name!r} "
                                         "moved to its successors")
             router.replace(sealed, successors)  # (raises, changing nothing, if they do not fit)
+            self._lookup = _memo_lookup(router)  # the new view's memo (a stale lookup meets REROUTE)
             events = writer.retire_locked()
             del self._writers[writer.segment]
             for payload, key, old in events:
@@ -1060,11 +1085,13 @@ class AsyncEventStreamWriter(Generic[T]):
             payload = self._serialize(event)
             if type(payload) is not bytes:
                 raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        try:
-            segment = self._segment_for(routing_key)
-        except RouterNotReadyError:  # a stream writer's first event (a try costs nothing until it raises)
+        try:  # the memo first, in C; the router on a miss (a try costs nothing until it raises)
+            segment = self._lookup(routing_key) or self._segment_for(routing_key)
+        except RouterNotReadyError:  # a stream writer's first event
             await self.ready()
             segment = self._segment_for(routing_key)
+        except TypeError:
+            raise _bad_key(routing_key) from None
         writer = self._writers.get(segment)
         if writer is None:
             writer = self._open_segment(segment, routing_key)

@@ -4,6 +4,7 @@ Not a test (pytest does not collect it): the measurement behind the client's per
 
     python tests/client/measure_throughput.py [SECONDS] [CASE...]     # CASE: async-100-1, sync-10000-1, ...
     python tests/client/measure_throughput.py --latency RATE,SIZE,SEGMENTS ...
+    python tests/client/measure_throughput.py --streams [SECONDS] [ROUNDS]
 
 For each case it starts a node on a temporary data directory (FileLog: write + fdatasync before every
 acknowledgement), writes SIZE-byte events as fast as ``write_event`` takes them for SECONDS (one writer
@@ -12,14 +13,23 @@ events/s, MB/s and the CPU seconds each process spent per event -- a side bound 
 there even on a busy machine, where the wall-clock figures are not to be trusted (the load average is
 printed beside them).  ``--latency`` paces one writer at RATE events/s and prints the p50/p95/p99 time
 from ``write_event_future`` to the event being durable.
+
+``--streams`` measures what routing keys cost a stream writer (``event_writer("scope/stream")``):
+100-byte events into a stream of 1 or 16 segments, without keys (spread round robin) and with
+10,000 random keys (each event draws one; the draws are made before the clock starts), in both
+flavours, ROUNDS times each with the cases interleaved (so a burst of load on a shared machine hits
+every case alike).  It prints every run, then per case the best events/s and the median client CPU
+per event, and the keyed/keyless ratio of each: the promise is that keys cost under 10%.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -138,10 +148,94 @@ async def paced(uri: str, rate: int, size: int, seconds: float, segments: int) -
           flush=True)
 
 
+STREAM_KEYS = 10_000
+STREAM_CASES = [(mode, segments, keyed) for mode in ("async", "sync") for segments in (1, 16)
+                for keyed in (False, True)]
+
+
+def key_draws(keyed: bool) -> list[str | None]:
+    """What each event's routing key is: a precomputed cycle of 100,003 draws from 10,000 random keys."""
+    if not keyed:
+        return [None] * 1000
+    rng = random.Random(7)
+    keys = [f"device-{rng.randrange(10**12):012d}" for _ in range(STREAM_KEYS)]
+    return [rng.choice(keys) for _ in range(100_003)]
+
+
+async def stream_async(uri: str, stream: str, keys: list[str | None], seconds: float) -> tuple[int, float]:
+    async with AsyncClient(uri) as client:
+        writer = client.event_writer(stream)
+        payload = b"x" * 100
+        await writer.write_event(payload)  # learn the stream's segments before the clock starts
+        count = 0
+        started = time.perf_counter()
+        write = writer.write_event
+        while time.perf_counter() < started + seconds:
+            for key in keys:
+                await write(payload, routing_key=key)
+            count += len(keys)
+        await writer.close()
+        return count, time.perf_counter() - started
+
+
+def stream_blocking(uri: str, stream: str, keys: list[str | None], seconds: float) -> tuple[int, float]:
+    with millstream.connect(uri) as client:
+        writer = client.event_writer(stream)
+        payload = b"x" * 100
+        count = 0
+        started = time.perf_counter()
+        write = writer.write_event
+        while time.perf_counter() < started + seconds:
+            for key in keys:
+                write(payload, routing_key=key)
+            count += len(keys)
+        writer.close()
+        return count, time.perf_counter() - started
+
+
+def measure_streams(server: subprocess.Popen[str], uri: str, seconds: float, rounds: int) -> None:
+    with millstream.connect(uri) as client:
+        manager = client.stream_manager()
+        manager.create_scope("bench", exist_ok=True)
+        for segments in (1, 16):
+            manager.create_stream(f"bench/s{segments}", millstream.StreamConfig(
+                scaling=millstream.ScalingPolicy.fixed(segments)), exist_ok=True)
+    draws = {keyed: key_draws(keyed) for keyed in (False, True)}
+    results: dict[tuple[str, int, bool], list[tuple[float, float]]] = {case: [] for case in STREAM_CASES}
+    for round_number in range(rounds):
+        for mode, segments, keyed in STREAM_CASES:
+            stream = f"bench/s{segments}"
+            server_before, client_before = cpu_seconds_of(server.pid), own_cpu_seconds()
+            count, elapsed = (asyncio.run(stream_async(uri, stream, draws[keyed], seconds)) if mode == "async"
+                              else stream_blocking(uri, stream, draws[keyed], seconds))
+            server_cpu = cpu_seconds_of(server.pid) - server_before
+            client_cpu = own_cpu_seconds() - client_before
+            results[(mode, segments, keyed)].append((count / elapsed, 1e6 * client_cpu / count))
+            print(f"round {round_number + 1}: {mode:5} 100 B x {segments:2d} seg, "
+                  f"{'10,000 keys' if keyed else 'no keys    '}: {count / elapsed:10,.0f} ev/s | client "
+                  f"{1e6 * client_cpu / count:5.2f} us/ev, server {1e6 * server_cpu / count:5.2f} us/ev | load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+    print("\ncase                         best ev/s   median client us/ev   keyed/keyless (best ev/s, us/ev)")
+    for mode, segments, keyed in STREAM_CASES:
+        runs = results[(mode, segments, keyed)]
+        best = max(rate for rate, _ in runs)
+        cost = statistics.median(us for _, us in runs)
+        line = f"{mode:5} {segments:2d} seg {'10,000 keys' if keyed else 'no keys    '}  {best:12,.0f}   {cost:10.2f}"
+        if keyed:
+            plain = results[(mode, segments, False)]
+            line += (f"             {best / max(rate for rate, _ in plain):6.3f}, "
+                     f"{cost / statistics.median(us for _, us in plain):6.3f}")
+        print(line, flush=True)
+
+
 def main(arguments: list[str]) -> None:
     with tempfile.TemporaryDirectory() as data:
         server, uri = start_server(data)
         try:
+            if arguments[:1] == ["--streams"]:
+                seconds = float(arguments[1]) if len(arguments) > 1 else 5.0
+                measure_streams(server, uri, seconds, int(arguments[2]) if len(arguments) > 2 else 3)
+                return
             if arguments[:1] == ["--latency"]:
                 for spec in arguments[1:]:
                     rate, size, segments = map(int, spec.split(","))
