@@ -562,3 +562,70 @@ READER_GROUP_CHECKPOINT_WAIT_SECONDS: Final = 300.0
 #: hundreds of segments must not ask for a full read length at every tail.  Reads while catching up
 #: ask for the client's full read length.
 READER_TAIL_READ_LENGTH_BYTES: Final = 128 * KIB
+
+# --- Large events (transient segments, the byte-stream writer, the large-event reader) -------------
+
+#: One large event (``LargeEventWriter.stream_event``).  PDP-43's figure: room for any video frame or
+#: batch a device writes at once, while one event still fits a segment's life many times over and a
+#: reader streaming it at 100 MB/s finishes in about ten seconds.  The event's length travels as the
+#: i32 of its framing header, so it could not exceed 2 GiB - 1 anyway.
+LARGE_EVENT_LENGTH_MAX_BYTES: Final = 1024 * MIB
+
+#: An ``EventWriter`` holds what it was given in memory up to this much before it creates a transient
+#: segment: a commit at or under it is one plain append through the ordinary writer (no transient
+#: segment, no merge), as PDP-43 asks.  It is the classic event limit, so such an event is exactly
+#: one a classic writer could have written.
+LARGE_EVENT_INLINE_BYTES_MAX: Final = EVENT_LENGTH_MAX_BYTES
+
+#: One conditional append of a large event's bytes to its transient segment.  Large enough that the
+#: per-request cost (a frame, a task, an operation, an acknowledgement) is lost in the bytes, small
+#: enough that a resend after a reconnect re-sends little and the Tier-1 frames it spans (1 MiB each)
+#: flow while the next chunk is on its way.  Well under the wire frame (16 MiB).
+LARGE_EVENT_CHUNK_BYTES_MAX: Final = 2 * MIB
+
+#: Chunks of one ``EventWriter`` (or ``ByteStreamWriter``) sent and not yet acknowledged, in bytes:
+#: they are kept for a resend after a reconnect, so this bounds the writer's memory beyond its inline
+#: buffer.  bandwidth x round trip is ~3 MB (see ``CLIENT_WRITER_UNACKED_BYTES_MAX``); four chunks
+#: keep the pipeline full through a slow fsync.  ``write`` waits while it is reached.
+LARGE_EVENT_UNACKED_BYTES_MAX: Final = 8 * MIB
+
+#: Attributes (one per writer id) a transient segment may hold.  One writer writes it; PDP-43A allows
+#: 16, which covers a writer that reconnected with new ids a few times.  A further writer id is
+#: refused (``TransientSegmentError``).
+TRANSIENT_SEGMENT_ATTRIBUTES_MAX: Final = 16
+
+#: A transient segment whose writer's connection closed is deleted this long after, unless a
+#: connection sets up appends to it (or merges it) meanwhile.  Longer than a writer keeps trying to
+#: reconnect (``CLIENT_RECONNECT_ATTEMPTS_MAX`` attempts, about 40 s), so "reconnect and resend" can
+#: succeed; short enough that an abandoned large event's bytes do not linger.
+TRANSIENT_SEGMENT_DISCONNECT_GRACE_SECONDS: Final = 60.0
+
+#: A transient segment nobody appended to, set up appends to or merged for this long is deleted by the
+#: idle sweep, connected writer or not: an application that stopped streaming an event for five
+#: minutes has abandoned it, and the segment store must not keep its bytes forever.  After a restart
+#: (recovery from the log) every transient segment found starts a fresh idle period, as PDP-43 asks.
+TRANSIENT_SEGMENT_IDLE_SECONDS: Final = 300.0
+
+#: How often the server's sweep looks for transient segments past their grace period or idle time.
+#: Deletion is housekeeping, so a few seconds late costs nothing; the sweep itself is a dictionary
+#: scan (plus, for segments recovered from a log, one listing of each container's segments).
+TRANSIENT_SEGMENT_SWEEP_INTERVAL_SECONDS: Final = 5.0
+
+#: Transient segments one server tracks at once (created and not yet merged or deleted).  Each holds
+#: up to a large event's bytes in Tier 1/2 until it is merged; 4,096 is far more large events in
+#: flight than a 2-core node moves at once.  Beyond it ``CreateTransientSegment`` is refused
+#: (``TransientSegmentError``) until some are merged, aborted or expire.
+TRANSIENT_SEGMENTS_PER_SERVER_MAX: Final = 4096
+
+#: Merged transient segments whose merge the server remembers (name -> target and its length after
+#: the merge), so a ``MergeSegments`` retried after a lost reply is answered as the first one was
+#: instead of "no such segment".  A writer retries within its reconnect window; the oldest are
+#: forgotten first.
+TRANSIENT_SEGMENT_MERGES_REMEMBERED_MAX: Final = 4096
+
+#: A reader's default in-memory limit for one event: ``read_next_event`` returns events up to this
+#: long as values and raises ``EventTooLargeError`` for longer ones, which are read through
+#: ``EventRead.stream_event()`` instead.  The classic event limit, so code written for classic events
+#: behaves exactly as before; a reader may raise it (``ReaderConfig.event_in_memory_bytes_max``) up to
+#: ``LARGE_EVENT_LENGTH_MAX_BYTES`` if it can afford the memory.
+READER_EVENT_IN_MEMORY_BYTES_MAX: Final = EVENT_LENGTH_MAX_BYTES

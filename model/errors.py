@@ -29,12 +29,15 @@ __all__ = [
     "DataCorruptionError",
     "DataLogFencedError",
     "DurableDataLogError",
+    "EventReaderOpenError",
+    "EventTooLargeError",
     "FenceValueError",
     "InternalError",
     "InvalidArgumentError",
     "InvalidEventNumberError",
     "InvalidScaleError",
     "InvalidStreamCutError",
+    "LargeEventFailedError",
     "LeaseExpiredError",
     "LeaseTooLargeError",
     "MillstreamError",
@@ -66,6 +69,7 @@ __all__ = [
     "StreamSegmentTruncatedError",
     "TransactionNotFoundError",
     "TransactionNotOpenError",
+    "TransientSegmentError",
     "TruncatedDataError",
     "WriteFailedError",
     "WrongHostError",
@@ -324,6 +328,45 @@ class LeaseTooLargeError(InvalidArgumentError):
 class FenceValueError(InvalidArgumentError):
     """A fenced multi-commit's fence value is not an integer in [0, 2**63), or its key is not a
     non-empty string within ``limits.FENCE_KEY_LENGTH_MAX``.  Nothing changed."""
+
+
+# --- Large events and transient segments ---------------------------------------------------------
+
+
+class TransientSegmentError(InvalidArgumentError):
+    """An operation that a transient segment (a large event's staging segment,
+    ``<parent>#transient.<hex>``) does not allow: sealing, truncating or updating an attribute of one;
+    creating one by name (only ``CreateTransientSegment`` makes them) or for a parent that is itself a
+    hidden segment; merging into one anything but a sibling transient segment of the same parent, or
+    merging one into anything but its parent or such a sibling; setting up more writer ids on one than
+    ``limits.TRANSIENT_SEGMENT_ATTRIBUTES_MAX``; naming one where a stream segment is expected (the
+    target of a large event or of a byte-stream writer).  Nothing changed."""
+
+
+class LargeEventFailedError(RetryableError):
+    """A large event could not be completed: its transient segment was deleted under it (idle expiry,
+    or its writer's connection stayed down past the grace period), its target segment was sealed
+    (scaling: continuing across a seal is out of scope, as in PDP-43), or reconnecting gave up.
+    Nothing of it was merged -- readers never see any part of it -- and its ``EventWriter`` is closed;
+    write the event again through a new one (the message says why this one failed)."""
+
+
+class EventTooLargeError(CallerError):
+    """``read_next_event`` met an event longer than the reader's in-memory limit
+    (``ReaderConfig.event_in_memory_bytes_max``).  Nothing was consumed: the reader stays before the
+    event and raises this again until the event is read through ``event_read.stream_event()`` (a
+    bounded, file-like ``EventReader`` over exactly its bytes).  ``event_read`` is None when the error
+    crossed the wire."""
+
+    def __init__(self, message: str = "", event_read: object = None) -> None:
+        super().__init__(message)
+        self.event_read = event_read
+
+
+class EventReaderOpenError(InvalidArgumentError):
+    """The reader was asked to advance (``read_next_event``, or another ``stream_event``) while an
+    ``EventReader`` it handed out is still open: a reader does not move past an event that is being
+    streamed.  Nothing changed; close the ``EventReader`` first."""
 
 
 class ProtocolError(MillstreamError):

@@ -70,6 +70,7 @@ The fields of each command, in order (the same order as the command class's attr
        37  SegmentAttributeUpdated   request_id:i64 | success:bool
        38  TruncateSegment           request_id:i64 | segment:str | offset:i64 | token:str
        39  SegmentTruncated          request_id:i64 | segment:str
+       40  CreateTransientSegment    request_id:i64 | writer_id:uuid | parent:str | token:str
        50  WrongHost                 request_id:i64 | segment:str | correct_host:str
        51  SegmentIsSealed           request_id:i64 | segment:str | offset:i64
        52  SegmentAlreadyExists      request_id:i64 | segment:str
@@ -81,6 +82,8 @@ The fields of each command, in order (the same order as the command class's attr
        59  SegmentsMerged            request_id:i64 | target:str | source:str | new_target_length:i64
        60  AuthTokenCheckFailed      request_id:i64 | reason:str
        61  ErrorMessage              request_id:i64 | segment:str | error_code:i32 | message:str
+       89  ConditionalBlockEnd       writer_id:uuid | event_number:i64 | expected_offset:i64 | data:blob
+                                     | request_id:i64
       200  ControllerRequest         request_id:i64 | method:str | body:blob
       201  ControllerReply           request_id:i64 | body:blob
 
@@ -256,6 +259,7 @@ _LAYOUTS: Final[dict[type[Command], str]] = {
     _commands.SegmentAttributeUpdated: "request_id:i64 | success:bool",
     _commands.TruncateSegment: "request_id:i64 | segment:str | offset:i64 | token:str",
     _commands.SegmentTruncated: "request_id:i64 | segment:str",
+    _commands.CreateTransientSegment: "request_id:i64 | writer_id:uuid | parent:str | token:str",
     _commands.WrongHost: "request_id:i64 | segment:str | correct_host:str",
     _commands.SegmentIsSealed: "request_id:i64 | segment:str | offset:i64",
     _commands.SegmentAlreadyExists: "request_id:i64 | segment:str",
@@ -267,6 +271,8 @@ _LAYOUTS: Final[dict[type[Command], str]] = {
     _commands.SegmentsMerged: "request_id:i64 | target:str | source:str | new_target_length:i64",
     _commands.AuthTokenCheckFailed: "request_id:i64 | reason:str",
     _commands.ErrorMessage: "request_id:i64 | segment:str | error_code:i32 | message:str",
+    _commands.ConditionalBlockEnd: "writer_id:uuid | event_number:i64 | expected_offset:i64 | data:blob"
+                                   " | request_id:i64",
     _commands.ControllerRequest: "request_id:i64 | method:str | body:blob",
     _commands.ControllerReply: "request_id:i64 | body:blob",
 }

@@ -50,10 +50,12 @@ __all__ = [
     "AuthTokenCheckFailed",
     "Command",
     "ConditionalAppend",
+    "ConditionalBlockEnd",
     "ConditionalCheckFailed",
     "ControllerReply",
     "ControllerRequest",
     "CreateSegment",
+    "CreateTransientSegment",
     "DataAppended",
     "DeleteSegment",
     "ErrorMessage",
@@ -181,6 +183,22 @@ class ConditionalAppend(Command):
 
 
 @attrs.frozen
+class ConditionalBlockEnd(Command):
+    """Append ``data`` -- raw bytes, not framed events: a large event's chunk, or a byte stream's bytes --
+    only if the segment's length is ``expected_offset``; answered by ``DataAppended`` or
+    ``ConditionalCheckFailed``.  ``event_number`` orders the writer's requests on this connection (it
+    must increase, as for every append) but is not stored: the offset alone guards the append, so a
+    resend after a reconnect is refused exactly when the bytes are there already."""
+
+    TYPE: ClassVar[int] = 89
+    writer_id: UUID
+    event_number: int
+    expected_offset: int
+    data: bytes
+    request_id: int
+
+
+@attrs.frozen
 class AppendBlockPart(Command):
     """Some bytes of a streamed block, held by the store until the writer's ``AppendBlockEnd``."""
 
@@ -284,8 +302,23 @@ class CreateSegment(Command):
 
 
 @attrs.frozen
+class CreateTransientSegment(Command):
+    """Create a transient segment for ``parent`` (a large event's staging segment, in the parent's
+    container, named by the store: ``<parent>#transient.<hex>``) on behalf of ``writer_id``; answered by
+    ``SegmentCreated`` naming it.  It takes appends, reads and a merge into its parent (or a sibling
+    transient segment), never a seal, truncation or attribute update, and the store deletes it if its
+    writer's connection stays down past a grace period or nobody uses it for the idle time."""
+
+    TYPE: ClassVar[int] = 40
+    request_id: int
+    writer_id: UUID
+    parent: str
+    token: str
+
+
+@attrs.frozen
 class SegmentCreated(Command):
-    """The segment was created."""
+    """The segment was created (for ``CreateTransientSegment``: ``segment`` is the name the store chose)."""
 
     TYPE: ClassVar[int] = 21
     request_id: int
@@ -545,6 +578,6 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         SegmentAttribute, UpdateSegmentAttribute, SegmentAttributeUpdated, TruncateSegment, SegmentTruncated,
         WrongHost, SegmentIsSealed, SegmentAlreadyExists, NoSuchSegment, InvalidEventNumber, SegmentIsTruncated,
         OperationUnsupported, MergeSegments, SegmentsMerged, AuthTokenCheckFailed, ErrorMessage,
-        ControllerRequest, ControllerReply,
+        ControllerRequest, ControllerReply, CreateTransientSegment, ConditionalBlockEnd,
     )
 }

@@ -19,11 +19,14 @@ from millstream.errors import (
     CheckpointLimitError,
     ContainerUnavailableError,
     DataCorruptionError,
+    EventReaderOpenError,
+    EventTooLargeError,
     FenceValueError,
     InternalError,
     InvalidArgumentError,
     InvalidScaleError,
     InvalidStreamCutError,
+    LargeEventFailedError,
     LeaseExpiredError,
     LeaseTooLargeError,
     MillstreamError,
@@ -53,6 +56,7 @@ from millstream.errors import (
     StreamSegmentTruncatedError,
     TransactionNotFoundError,
     TransactionNotOpenError,
+    TransientSegmentError,
     TruncatedDataError,
 )
 
@@ -106,6 +110,11 @@ ERROR_CODES: Final[dict[int, type[MillstreamError]]] = {
     38: LeaseExpiredError,
     39: LeaseTooLargeError,
     40: FenceValueError,
+    # Large events and transient segments.
+    41: TransientSegmentError,
+    42: LargeEventFailedError,
+    43: EventTooLargeError,
+    44: EventReaderOpenError,
 }
 
 _CODE_OF: Final = {cls: code for code, cls in ERROR_CODES.items()}

@@ -122,6 +122,10 @@ STRATEGIES: dict[type[c.Command], st.SearchStrategy[c.Command]] = {
                               message=messages),
     c.ControllerRequest: st.builds(c.ControllerRequest, request_id=request_ids, method=messages, body=blobs),
     c.ControllerReply: st.builds(c.ControllerReply, request_id=request_ids, body=blobs),
+    c.CreateTransientSegment: st.builds(c.CreateTransientSegment, request_id=request_ids, writer_id=writer_ids,
+                                        parent=segment_names, token=tokens),
+    c.ConditionalBlockEnd: st.builds(c.ConditionalBlockEnd, writer_id=writer_ids, event_number=event_numbers,
+                                     expected_offset=offsets, data=st.binary(max_size=200), request_id=request_ids),
 }
 
 #: Any command.
@@ -171,7 +175,8 @@ def test_pravega_type_codes_where_pravega_has_the_command() -> None:
                c.SegmentDeleted: 31, c.TruncateSegment: 38, c.SegmentTruncated: 39, c.WrongHost: 50,
                c.SegmentIsSealed: 51, c.SegmentAlreadyExists: 52, c.NoSuchSegment: 53, c.InvalidEventNumber: 55,
                c.SegmentIsTruncated: 56, c.OperationUnsupported: 57, c.MergeSegments: 58, c.SegmentsMerged: 59,
-               c.AuthTokenCheckFailed: 60, c.ErrorMessage: 61, c.KeepAlive: 100}
+               c.AuthTokenCheckFailed: 60, c.ErrorMessage: 61, c.KeepAlive: 100, c.CreateTransientSegment: 40,
+               c.ConditionalBlockEnd: 89}
     assert {cls: cls.TYPE for cls in pravega} == pravega
     attribute_codes = {cls.TYPE for cls in (c.GetSegmentAttribute, c.SegmentAttribute, c.UpdateSegmentAttribute,
                                             c.SegmentAttributeUpdated)}
