@@ -497,6 +497,34 @@ TRANSACTION_COMPLETION_WAIT_SECONDS: Final = 60.0
 #: status; while it is still OPEN the commit is sent again, at most this many times in all.
 TRANSACTION_COMMIT_ATTEMPTS_MAX: Final = 5
 
+# --- The Spark data source (millstream.spark) ------------------------------------------------------
+
+#: A source task hands Spark its events in Arrow record batches of at most this many rows and this
+#: many payload bytes, whichever is reached first: Spark copies each batch into the JVM whole, so the
+#: bytes bound a task's memory beyond one event, and the rows match Spark's own Arrow batch size
+#: (spark.sql.execution.arrow.maxRecordsPerBatch = 10,000) so per-batch overhead stays negligible.
+SPARK_ARROW_BATCH_ROWS_MAX: Final = 10_000
+SPARK_ARROW_BATCH_BYTES_MAX: Final = 16 * MIB
+
+#: A source task reads its range, which was written before the batch was planned; a read that
+#: returns nothing before the range's end means the data is not there (yet: a segment store still
+#: recovering).  The task waits and reads again, at most this many times, waiting this long each time
+#: (about a minute in all: a recovery takes seconds), then fails with the reason.
+SPARK_READ_EMPTY_ATTEMPTS_MAX: Final = 120
+SPARK_READ_EMPTY_WAIT_SECONDS: Final = 0.5
+
+#: The planner moves a batch's end into the successors of sealed segments, round after round while
+#: successors are sealed and empty too (scales in quick succession); each round moves one epoch on, so
+#: this bounds the epochs one planning call crosses -- reaching it is a bug (``InternalError``).
+SPARK_PLAN_SCALE_ROUNDS_MAX: Final = 10_000
+
+#: The lease of the sink's store transactions by default.  A task's transaction stays open from its
+#: first row until the driver commits the batch, and nothing pings it once the task has returned, so
+#: the lease must outlast the batch's slowest task plus the commit (a first batch takes 4-13 s to warm
+#: up; a stateful batch on a busy machine, tens of seconds); a task killed with its executor leaves
+#: its transaction to expire after this long.  ``transactionLeaseSeconds`` overrides it.
+SPARK_SINK_TRANSACTION_LEASE_SECONDS: Final = 300.0
+
 # --- Reader groups (state synchronizer, readers, checkpoints) --------------------------------------
 
 #: A reader group's shared state is one segment of records (a full state, then updates); once this

@@ -1,1 +1,122 @@
-"""millstream.spark: the Spark Structured Streaming source and exactly-once sink (arrives with issue 7)."""
+"""millstream.spark: millstream streams as a Spark Structured Streaming source and exactly-once sink.
+
+``MillstreamDataSource`` is a PySpark Python Data Source (PySpark 4.2 or later, no jars) named
+``millstream``::
+
+    from millstream.spark import MillstreamDataSource
+    spark.dataSource.register(MillstreamDataSource)
+
+    events = (spark.readStream.format("millstream")
+              .option("controller", "tcp://127.0.0.1:9090").option("stream", "sensors/readings")
+              .option("serializer", "json").option("schema", "sensor STRING, ts TIMESTAMP, reading DOUBLE")
+              .option("maxRowsPerBatch", "10000")
+              .load())
+    query = (events.groupBy("sensor").count().selectExpr("sensor AS routing_key", "to_json(struct(*)) AS value")
+             .writeStream.format("millstream").outputMode("update")
+             .option("controller", "tcp://127.0.0.1:9090").option("stream", "sensors/counts")
+             .option("checkpointLocation", "/tmp/ckpt").start())
+
+The source reads micro-batches between stream cuts (its offsets), keeping each routing key's order
+across scaling, with admission control and ``trigger(availableNow=True)``; ``spark.read`` reads the
+events between two cuts.  The sink writes each task's rows into one store transaction and commits a
+batch's transactions in one fenced step keyed by (query id, batch id), so a batch Spark re-runs after
+a crash is written once.  Options: ``_options``; the source: ``_reader`` and ``_planning``; the
+sink: ``_writer``.  Spark's Python workers must import millstream: install it in the interpreter
+``PYSPARK_PYTHON`` names.
+"""
+
+from __future__ import annotations
+
+try:
+    import pyarrow  # noqa: F401  (the source and the sink speak Arrow)
+    import pyspark  # noqa: F401
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(f"millstream.spark needs pyspark>=4.2 and pyarrow: pip install 'millstream[spark]' ({error})"
+                      ) from error
+
+import logging
+
+from millstream.spark._errors import FenceAheadError, OptionError, SchemaMismatchError
+from millstream.spark._offsets import cut_of, offset_of
+from millstream.spark._options import (
+    SinkOptions,
+    SourceOptions,
+    parse_sink_options,
+    parse_source_options,
+    unknown_options,
+)
+from millstream.spark._reader import MillstreamBatchReader, MillstreamStreamReader, SegmentRangePartition
+from millstream.spark._writer import (
+    MillstreamBatchWriter,
+    MillstreamCommitMessage,
+    MillstreamStreamArrowWriter,
+    MillstreamStreamWriter,
+    fence_key,
+)
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter
+from pyspark.sql.types import StructType
+
+__all__ = [
+    "FenceAheadError",
+    "MillstreamBatchReader",
+    "MillstreamBatchWriter",
+    "MillstreamCommitMessage",
+    "MillstreamDataSource",
+    "MillstreamStreamArrowWriter",
+    "MillstreamStreamReader",
+    "MillstreamStreamWriter",
+    "OptionError",
+    "SchemaMismatchError",
+    "SegmentRangePartition",
+    "SinkOptions",
+    "SourceOptions",
+    "cut_of",
+    "fence_key",
+    "offset_of",
+    "parse_sink_options",
+    "parse_source_options",
+]
+
+_log = logging.getLogger("millstream.spark")
+
+
+class MillstreamDataSource(DataSource):
+    """The ``millstream`` format: a stream of a millstream store as a source (``spark.readStream``,
+    ``spark.read``) and as an exactly-once sink (``writeStream``, ``write``).  Options are checked when
+    the DataFrame is loaded or the query starts (``OptionError`` names a bad one); see ``_options``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "millstream"
+
+    def _source_options(self) -> SourceOptions:
+        for name in unknown_options(self.options):
+            _log.warning("option %r of the millstream data source is not one it reads (misspelt?)", name)
+        return parse_source_options(self.options)
+
+    def schema(self) -> str:
+        """``value``, ``stream``, ``segment``, ``offset``, ``routing_key`` (``raw``/``string``), or the
+        ``schema`` option's columns (``json``)."""
+        return self._source_options().ddl()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return MillstreamStreamReader(self._source_options(), schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return MillstreamBatchReader(self._source_options(), schema)
+
+    def _sink_options(self, overwrite: bool) -> SinkOptions:
+        if overwrite:
+            raise OptionError("mode", "a millstream stream is append-only: overwrite is not possible")
+        for name in unknown_options(self.options):
+            _log.warning("option %r of the millstream data source is not one it reads (misspelt?)", name)
+        return parse_sink_options(self.options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        options = self._sink_options(overwrite)
+        if options.writer == "rows":
+            return MillstreamStreamWriter(options, schema)
+        return MillstreamStreamArrowWriter(options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> MillstreamBatchWriter:
+        return MillstreamBatchWriter(self._sink_options(overwrite), schema)

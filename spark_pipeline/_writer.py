@@ -1,0 +1,390 @@
+"""The exactly-once sink: ``MillstreamStreamWriter`` (rows), ``MillstreamStreamArrowWriter`` (Arrow) and
+``MillstreamBatchWriter`` (``df.write``).
+
+Theory of operation (spec/ExactlyOnceSink.tla; DESIGN.md section 7).  Spark commits a micro-batch
+in two phases, and the store's stream transactions and its fenced multi-commit are the two halves:
+
+1. *Tasks* (``write``, in executors): each task reads its batch id and the query id from its task
+   context -- ``write`` is not given them -- and writes its rows, as events, into one store
+   transaction of the output stream, begun at its first row (a task with no rows begins none).  It
+   flushes, leaves the transaction open, and returns a ``MillstreamCommitMessage``: (transaction
+   id, query id, batch id).  Nothing is visible to readers yet.
+2. *The driver* (``commit(messages, batch_id)``, in a Python worker the driver JVM starts, on a
+   fresh writer each time -- so it keeps nothing in memory): one call,
+   ``commit_transactions(stream, ids, fence=("spark/<query id>", batch_id))``, commits every
+   transaction of the batch and records the batch id for the query -- atomically, and only if the
+   recorded batch id is lower.  Otherwise the batch was committed before (Spark re-runs the last
+   batch of its offset log after a crash that came between the sink's commit and its commit log):
+   the call commits nothing, aborts the listed transactions, answers "already committed", and
+   ``commit`` succeeds -- the replay writes nothing twice.  The fence is keyed by the query id, which
+   a checkpoint keeps across restarts, because batch ids start again at 0 with a new checkpoint.
+3. ``abort(messages, batch_id)`` aborts the listed transactions (``None`` slots -- failed tasks --
+   are skipped).  Transactions nobody lists (a task killed with its executor or with the driver)
+   expire when their lease (``transactionLeaseSeconds``) lapses.
+
+``commit`` then waits, within a bound, until the store has merged the batch's transactions, so the
+batch's events are readable when Spark records it committed.  A transaction whose lease lapsed
+before the driver committed makes the store refuse the whole batch (``TransactionNotOpenError``,
+nothing committed); Spark fails the query, and a restart re-runs the batch.
+
+A row becomes an event by ``serializer``: ``raw`` takes the ``value`` column (binary, or a string as
+UTF-8), ``json`` the whole row as a JSON object; the routing key is the ``routingKeyColumn`` column
+(default ``routing_key``) when the DataFrame has it.  The Arrow writer (the default) takes Spark's
+record batches column by column; the row writer, Spark's ``Row``s.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import decimal
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import pyarrow as pa
+from millstream import limits
+from millstream.client import CommitOutcome, TransactionStatus
+from millstream.errors import (
+    InternalError,
+    InvalidArgumentError,
+    TransactionNotFoundError,
+    TransactionNotOpenError,
+)
+from millstream.spark._errors import FenceAheadError, OptionError, SchemaMismatchError
+from millstream.spark._options import SinkOptions
+from millstream.spark._store import StoreSession
+from pyspark import TaskContext
+from pyspark.sql import Row
+from pyspark.sql.datasource import (
+    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+__all__ = [
+    "MillstreamBatchWriter",
+    "MillstreamCommitMessage",
+    "MillstreamStreamArrowWriter",
+    "MillstreamStreamWriter",
+    "TaskIdentity",
+    "fence_key",
+]
+
+_log = logging.getLogger("millstream.spark")
+
+#: Spark's task-context properties carrying the batch id and the query id (reference, pitfall 4).
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def fence_key(query_id: str) -> str:
+    """The fence key of a query's batches on its output stream."""
+    return f"spark/{query_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MillstreamCommitMessage(WriterCommitMessage):
+    """What a task reports to the driver: its transaction (None: it had no rows), the query and batch
+    it wrote for, and which attempt of which partition it was, with its event count (for logs)."""
+
+    txn_id: str | None
+    query_id: str
+    batch_id: int
+    partition_id: int
+    attempt: int
+    events: int
+
+
+@attrs.frozen
+class TaskIdentity:
+    """Which task is writing: its query id and batch id (from the task context), partition, attempt."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    attempt: int
+
+
+def current_task(*, streaming: bool) -> TaskIdentity:
+    """The running Spark task's identity.  Raises ``InternalError`` outside a task, or (``streaming``)
+    in a task that is not part of a micro-batch."""
+    context = TaskContext.get()
+    if context is None:
+        raise InternalError("the millstream sink's write() runs only inside a Spark task")
+    if not streaming:
+        return TaskIdentity("", -1, context.partitionId(), context.attemptNumber())
+    batch = context.getLocalProperty(BATCH_ID_PROPERTY)
+    query = context.getLocalProperty(QUERY_ID_PROPERTY)
+    if batch is None or not query:
+        raise InternalError(f"the task context lacks {BATCH_ID_PROPERTY!r}/{QUERY_ID_PROPERTY!r}: the sink's "
+                            "streaming write ran outside a micro-batch")
+    return TaskIdentity(str(query), int(batch), context.partitionId(), context.attemptNumber())
+
+
+# --- Rows to events --------------------------------------------------------------------------------
+
+
+def _json_value(value: Any) -> Any:
+    """A value JSON cannot hold as it is, in the form the source's json mode reads back."""
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.UTC).replace(tzinfo=None)
+        return value.isoformat() + "Z"
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Row):
+        return value.asDict(recursive=True)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _json_payload(row: dict[str, Any]) -> bytes:
+    return json.dumps(row, default=_json_value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+@attrs.frozen
+class _Encoding:
+    """Where an event's payload and routing key come from in the DataFrame's schema."""
+
+    serializer: str
+    value_index: int | None
+    routing_key_index: int | None
+
+    @classmethod
+    def of(cls, options: SinkOptions, schema: StructType) -> _Encoding:
+        names = schema.fieldNames()
+        key_index = names.index(options.routing_key_column) if options.routing_key_column in names else None
+        if key_index is None and options.routing_key_column_required:
+            raise OptionError("routingKeyColumn", f"the DataFrame has no column {options.routing_key_column!r} "
+                                                  f"(its columns: {names})")
+        if key_index is not None and not isinstance(schema.fields[key_index].dataType, StringType):
+            raise SchemaMismatchError(f"option 'routingKeyColumn': column {options.routing_key_column!r} is "
+                                      f"{schema.fields[key_index].dataType.simpleString()}, not a string")
+        value_index = None
+        if options.serializer == "raw":
+            if "value" not in names:
+                raise SchemaMismatchError(f"option 'serializer' is raw: the DataFrame needs a 'value' column (binary "
+                                          f"or string) holding each event; its columns are {names} (or use "
+                                          "serializer=json to write whole rows)")
+            value_index = names.index("value")
+            if not isinstance(schema.fields[value_index].dataType, (BinaryType, StringType)):
+                raise SchemaMismatchError(f"option 'serializer' is raw: column 'value' must be binary or string, "
+                                          f"not {schema.fields[value_index].dataType.simpleString()}")
+        return cls(options.serializer, value_index, key_index)
+
+    def rows(self, rows: Iterable[Row]) -> Iterator[tuple[bytes, str | None]]:
+        for row in rows:
+            key = None if self.routing_key_index is None else row[self.routing_key_index]
+            if self.value_index is None:
+                yield _json_payload(row.asDict(recursive=True)), key
+            else:
+                yield _payload(row[self.value_index]), key
+
+    def batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[bytes, str | None]]:
+        for batch in batches:
+            keys = [None] * batch.num_rows if self.routing_key_index is None \
+                else batch.column(self.routing_key_index).to_pylist()
+            if self.value_index is None:
+                yield from zip((_json_payload(r) for r in batch.to_pylist()), keys, strict=True)
+            else:
+                values = batch.column(self.value_index).to_pylist()
+                yield from zip((_payload(v) for v in values), keys, strict=True)
+
+
+def _payload(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if value is None:
+        raise SchemaMismatchError("option 'serializer' is raw: a row's 'value' is null (an event needs bytes)")
+    raise SchemaMismatchError(f"option 'serializer' is raw: a row's 'value' is {type(value).__name__}")
+
+
+# --- The protocol ----------------------------------------------------------------------------------
+
+
+class _SinkProtocol:
+    """The task side and the driver side of the commit, shared by the three writers."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self._options = options
+        self._encoding = _Encoding.of(options, schema)
+
+    @property
+    def options(self) -> SinkOptions:
+        return self._options
+
+    def write_events(self, events: Iterable[tuple[bytes, str | None]], task: TaskIdentity) -> MillstreamCommitMessage:
+        """Write ``events`` into one new store transaction (none if there are none) and report it."""
+        session = StoreSession(self._options.store)
+        txn = None
+        count = 0
+        try:
+            writer = session.client.transactional_writer(self._options.store.stream,
+                                                         lease_seconds=self._options.transaction_lease_seconds)
+            for payload, key in events:
+                if txn is None:
+                    txn = writer.begin()
+                txn.write_event(payload, routing_key=key)
+                count += 1
+            if txn is not None:
+                txn.flush()
+        except BaseException:
+            if txn is not None:
+                try:
+                    txn.abort()
+                except Exception:  # the lease expires it; the task's own error is the one to report
+                    _log.warning("could not abort transaction %s of a failed task", txn.txn_id, exc_info=True)
+            raise
+        finally:
+            session.close()  # flushes and stops pinging; the transaction stays open for the driver
+        return MillstreamCommitMessage(None if txn is None else str(txn.txn_id), task.query_id, task.batch_id,
+                                       task.partition_id, task.attempt, count)
+
+    def _listed(self, messages: Sequence[WriterCommitMessage | None], batch_id: int, *,
+                tolerate_missing: bool) -> list[MillstreamCommitMessage]:
+        listed = []
+        for message in messages:
+            if message is None:
+                if not tolerate_missing:
+                    raise InternalError(f"batch {batch_id} is committed with a task's commit message missing")
+                continue
+            if not isinstance(message, MillstreamCommitMessage):
+                raise InternalError(f"batch {batch_id}: a commit message of another sink: {message!r}")
+            if message.batch_id != batch_id:
+                raise InternalError(f"batch {batch_id}: a commit message of batch {message.batch_id}: {message!r}")
+            listed.append(message)
+        if len({m.query_id for m in listed}) > 1:
+            raise InternalError(f"batch {batch_id}: commit messages of several queries: {listed!r}")
+        return listed
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int, *, fenced: bool = True) -> None:
+        """The driver's commit: the fenced multi-commit of every task's transaction."""
+        listed = self._listed(messages, batch_id, tolerate_missing=False)
+        txns = [m.txn_id for m in listed if m.txn_id is not None]
+        if not txns:
+            _log.info("batch %s wrote no rows to %s: nothing to commit", batch_id, self._options.store.stream)
+            return
+        if len(txns) > limits.TRANSACTIONS_PER_COMMIT_MAX:
+            raise InvalidArgumentError(f"batch {batch_id} has {len(txns)} tasks with rows; one commit takes at most "
+                                       f"{limits.TRANSACTIONS_PER_COMMIT_MAX} transactions (fewer partitions, please)")
+        stream = self._options.store.stream
+        fence = (fence_key(listed[0].query_id), batch_id) if fenced else None
+        session = StoreSession(self._options.store)
+        try:
+            result = session.client.commit_transactions(stream, txns, fence=fence)
+            if result.outcome is CommitOutcome.ALREADY_COMMITTED:
+                assert result.recorded is not None
+                if result.recorded > batch_id:
+                    raise FenceAheadError(
+                        f"{stream} records batch {result.recorded} of query {listed[0].query_id} as committed, but "
+                        f"Spark asks to commit batch {batch_id}: the query's checkpoint is older than its output "
+                        "(nothing was committed; the batch's transactions were aborted)")
+                _log.info("batch %s of query %s was committed to %s before (a replay): its %s new transactions were "
+                          "aborted", batch_id, listed[0].query_id, stream, len(txns))
+                return
+            self._wait_merged(session, txns)
+        finally:
+            session.close()
+
+    def _wait_merged(self, session: StoreSession, txns: Sequence[str]) -> None:
+        """Wait (bounded) until the store has merged the committed transactions, so the batch is readable
+        once Spark logs it committed.  Merging follows from the decision, so a timeout only logs."""
+        controller = session.client.async_client.controller()
+        scope, name = self._options.store.scope, self._options.store.stream_name
+        deadline = time.monotonic() + limits.TRANSACTION_COMPLETION_WAIT_SECONDS
+        delay = limits.TRANSACTION_STATUS_POLL_INITIAL_SECONDS
+        waiting = list(txns)
+        while waiting:
+            waiting = [t for t in waiting if session.run(controller.get_transaction(scope, name, t)).status
+                       is not TransactionStatus.COMMITTED]
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                _log.warning("transactions %s of %s are committed but not merged yet after %s s", waiting,
+                             self._options.store.stream, limits.TRANSACTION_COMPLETION_WAIT_SECONDS)
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, limits.TRANSACTION_STATUS_POLL_MAX_SECONDS)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
+        """Abort the listed transactions; failed tasks' slots are None (their transactions expire)."""
+        listed = self._listed(messages, batch_id, tolerate_missing=True)
+        txns = [m.txn_id for m in listed if m.txn_id is not None]
+        if not txns:
+            return
+        session = StoreSession(self._options.store)
+        controller = session.client.async_client.controller()
+        scope, name = self._options.store.scope, self._options.store.stream_name
+        try:
+            for txn in txns:
+                try:
+                    session.run(controller.abort_transaction(scope, name, txn))
+                except (TransactionNotOpenError, TransactionNotFoundError) as error:
+                    # Committed by an earlier call for this batch, aborted already, or long forgotten.
+                    _log.info("batch %s: transaction %s is not open to abort (%s)", batch_id, txn, error)
+        finally:
+            session.close()
+
+
+class MillstreamStreamWriter(DataSourceStreamWriter):
+    """The sink for ``writer=rows``: Spark ``Row``s in (see the module docstring)."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self._protocol = _SinkProtocol(options, schema)
+
+    def write(self, iterator: Iterator[Row]) -> MillstreamCommitMessage:
+        task = current_task(streaming=True)
+        return self._protocol.write_events(self._protocol._encoding.rows(iterator), task)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._protocol.commit(messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._protocol.abort(messages, batchId)
+
+
+class MillstreamStreamArrowWriter(DataSourceStreamArrowWriter):
+    """The sink for ``writer=arrow`` (the default): Arrow record batches in (see the module docstring)."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self._protocol = _SinkProtocol(options, schema)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:
+        task = current_task(streaming=True)
+        return self._protocol.write_events(self._protocol._encoding.batches(iterator), task)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._protocol.commit(messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._protocol.abort(messages, batchId)
+
+
+class MillstreamBatchWriter(DataSourceWriter):
+    """``df.write.format("millstream")``: every task's transaction committed in one atomic step
+    (no fence: a batch job that is run again writes again)."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self._protocol = _SinkProtocol(options, schema)
+
+    def write(self, iterator: Iterator[Row]) -> MillstreamCommitMessage:
+        task = current_task(streaming=False)
+        return self._protocol.write_events(self._protocol._encoding.rows(iterator), task)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._protocol.commit(messages, -1, fenced=False)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._protocol.abort(messages, -1)
