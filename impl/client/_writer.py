@@ -49,9 +49,9 @@ thread routed to it a moment before the step is sent back to be routed again (``
 acknowledged, for this re-routing.
 
 Memory.  Bytes written and not yet acknowledged (all segments of a writer; an event counts its framed
-bytes, and once its block closes its routing key's characters too) are bounded by the config's
-``writer_unacked_bytes_max``: beyond it ``write_event`` waits until acknowledgements bring them
-under half of it.
+bytes and its routing key's characters, which also count toward its block's size) are bounded by the
+config's ``writer_unacked_bytes_max``: beyond it ``write_event`` waits until acknowledgements bring
+them under half of it.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ class SegmentWriter:
         # Producer side: under shared.lock, any thread.
         self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
         self._keys: list[str | None] = []  # the open block's routing keys, one per event
-        self._open_bytes = 0  # the open block's framed bytes
+        self._open_bytes = 0  # the open block's charge: framed bytes plus key characters
         self._open_count = 0
         self._open_future: Completion | None = None  # shared by the open block's tracked events
         self._last_assigned = 0  # the last event number given to a closed block
@@ -356,8 +356,10 @@ class SegmentWriter:
             parts = self._parts
             parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
             parts.append(payload)
-            self._keys.append(routing_key)  # (its characters are charged when the block closes)
+            self._keys.append(routing_key)
             length += _HEADER_LENGTH
+            if routing_key is not None:
+                length += len(routing_key)  # the key is kept until acknowledged: it is charged too
             self._open_bytes += length
             self._open_count += 1
             shared.unacked_bytes += length
@@ -385,12 +387,7 @@ class SegmentWriter:
         """Number the open block's events and queue it for sending.  Caller holds the lock."""
         count = self._open_count
         self._last_assigned += count
-        keys = self._keys
-        # The keys stay with the block until it is acknowledged, so the budget counts them too -- from
-        # now (summed in C once per block, rather than one len() per event on the per-event path).
-        key_chars = sum(map(len, filter(None, keys)))
-        self._shared.unacked_bytes += key_chars
-        block = _Block(b"".join(self._parts), keys, self._open_bytes + key_chars, count, self._last_assigned,
+        block = _Block(b"".join(self._parts), self._keys, self._open_bytes, count, self._last_assigned,
                        self._open_future)
         self._parts = []
         self._keys = []
@@ -750,7 +747,7 @@ class SegmentWriter:
         self._parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
         self._parts.append(payload)
         self._keys.append(routing_key)
-        length += _HEADER_LENGTH
+        length += _HEADER_LENGTH + (0 if routing_key is None else len(routing_key))
         self._open_bytes += length
         self._open_count += 1
         self._shared.unacked_bytes += length
@@ -789,7 +786,8 @@ class SegmentWriter:
             assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
                 self._close_at, self._blocks_unacked, self._target_bytes)
             assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys)
-            assert self._open_bytes == sum(len(part) for part in self._parts)
+            assert self._open_bytes == sum(len(part) for part in self._parts) + sum(
+                len(key) for key in self._keys if key is not None)
             for block in blocks:
                 assert len(block.keys) == block.event_count
                 assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)

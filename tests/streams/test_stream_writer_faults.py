@@ -399,3 +399,33 @@ def test_an_event_routed_by_a_stale_view_is_routed_again() -> None:
             assert sorted(stored) == [b"meets the seal", b"stale"]
             assert server.payloads(only.name) == [b"before"]
     run(scenario)
+
+
+def test_routing_keys_count_against_the_unacknowledged_bytes_budget() -> None:
+    """Each unacknowledged event keeps its key (to re-route it after a seal): a writer of tiny events
+    with long keys must still stop at its budget."""
+    async def scenario() -> None:
+        controller = FakeController()
+        async with ControllerFakeServer(controller, faults=Faults(hold_acks=True)) as server, client(
+                server.uri, append_ack_timeout_seconds=10.0, writer_unacked_bytes_max=20_000) as c:
+            controller.create_stream(STREAM, 2, server)
+            writer = c.event_writer(STREAM)
+            written = 0
+
+            async def write_many() -> None:
+                nonlocal written
+                for i in range(200):  # 200 x (10 + 8) framed bytes alone would fit 5 times over
+                    await writer.write_event(b"e%09d" % i, routing_key=f"{i:04d}" + "k" * 996)
+                    written += 1
+
+            task = asyncio.ensure_future(write_many())
+            await until(lambda: written >= 15, "some events were written")
+            await asyncio.sleep(0.2)  # several batch windows: every open block closed and was charged
+            assert not task.done() and written < 40, f"{written} events of 1,010 charged bytes under 20,000"
+            writer.check_invariants()
+            server.release_acks()
+            await asyncio.wait_for(task, 10)
+            await writer.close()
+            stored = [p for s in segments_of(controller) for p in server.payloads(s.name)]
+            assert sorted(stored) == [b"e%09d" % i for i in range(200)]
+    run(scenario)
