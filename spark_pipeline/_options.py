@@ -176,17 +176,22 @@ def parse_store_options(options: Mapping[str, str]) -> StoreOptions:
 
 @attrs.frozen
 class CutOption:
-    """A ``start`` or ``end`` option: a keyword (``head``, ``tail``, ``latest``) or a stream cut."""
+    """A ``start`` or ``end`` option: a keyword (``head``, ``tail``, ``latest``) or a stream cut (kept
+    as its JSON text, so the options pickle as plain values)."""
 
     keyword: str | None = None
-    cut: StreamCut | None = None
+    cut_json: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        if (self.keyword is None) == (self.cut is None):
+        if (self.keyword is None) == (self.cut_json is None):
             raise InvalidArgumentError("a cut option is a keyword or a stream cut")
 
+    @property
+    def cut(self) -> StreamCut | None:
+        return None if self.cut_json is None else StreamCut.from_json(self.cut_json)
+
     def __str__(self) -> str:
-        return self.keyword if self.keyword is not None else self.cut.to_json()  # type: ignore[union-attr]
+        return self.keyword if self.keyword is not None else str(self.cut_json)
 
 
 def _cut_option(options: Mapping[str, str], name: str, default: str, stream: str) -> CutOption:
@@ -204,7 +209,7 @@ def _cut_option(options: Mapping[str, str], name: str, default: str, stream: str
         raise OptionError(name, f"is not a stream cut: {error}") from None
     if cut.stream != stream:
         raise OptionError(name, f"is a position of stream {cut.stream!r}, but option 'stream' is {stream!r}")
-    return CutOption(cut=cut)
+    return CutOption(cut_json=cut.to_json())
 
 
 #: A column name in DDL: plain, or quoted with backticks (`` `a``b` `` holds a backtick).
@@ -352,9 +357,9 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     store = parse_store_options(options)
     options = lowered(options)
     serializer = _choice(options, "serializer", _SINK_SERIALIZERS, "raw")
-    for source_only in ("start", "end", "maxrowsperbatch", "maxbytesperbatch", "schema", "metadatacolumns",
-                        "routingkeyfield", "readergroup"):
-        if source_only in options:
+    for source_only in ("start", "end", "maxRowsPerBatch", "maxBytesPerBatch", "schema", "metadataColumns",
+                        "routingKeyField", "readerGroup"):
+        if source_only.lower() in options:
             raise OptionError(source_only, "is an option of the source (spark.readStream), not of the sink")
     column = options.get("routingkeycolumn")
     lease_raw = options.get("transactionleaseseconds")
