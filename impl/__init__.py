@@ -13,7 +13,10 @@ to the segment store (``millstream.controller``).  Reader groups (``client.reade
 segment of the store.  Stream transactions (``client.transactional_writer("scope/stream")``:
 ``Transaction``s with leases, committed atomically in commit order and across scaling, resumed by id
 with ``client.transaction(...)``; the fenced multi-commit ``client.commit_transactions``) commit
-through the controller too.  Tokens for an authenticating server come from ``issue_token``
+through the controller too.  Large events, up to 1 GiB, are streamed without being held in memory
+(``client.large_event_writer(stream).stream_event(key)`` returns a file-like ``EventWriter``;
+readers stream them through ``EventRead.stream_event()``), and ``client.byte_stream_writer`` writes
+raw bytes.  Tokens for an authenticating server come from ``issue_token``
 (``millstream.auth``).  Streams, readers and the Spark pipeline build on it.  Errors live in
 ``millstream.errors``.
 """
@@ -21,18 +24,27 @@ through the controller too.  Tokens for an authenticating server come from ``iss
 from millstream import auth, client, errors
 from millstream.auth import Permission, issue_token
 from millstream.client import (
+    AsyncByteStreamWriter,
     AsyncClient,
+    AsyncEventReader,
     AsyncEventStreamReader,
+    AsyncEventWriter,
+    AsyncLargeEventWriter,
     AsyncReaderGroup,
     AsyncStreamManager,
     BytesSerializer,
+    ByteStreamWriter,
     Checkpoint,
     Client,
     CommitOutcome,
     ControllerClient,
     EventRead,
+    EventReader,
     EventStreamReader,
+    EventWriter,
     JsonSerializer,
+    LargeEventConfig,
+    LargeEventWriter,
     Position,
     ReaderConfig,
     ReaderGroup,
@@ -62,10 +74,15 @@ from millstream.standalone import StandaloneNode, standalone
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncByteStreamWriter",
     "AsyncClient",
+    "AsyncEventReader",
     "AsyncEventStreamReader",
+    "AsyncEventWriter",
+    "AsyncLargeEventWriter",
     "AsyncReaderGroup",
     "AsyncStreamManager",
+    "ByteStreamWriter",
     "BytesSerializer",
     "Checkpoint",
     "ChunkStorage",
@@ -75,10 +92,14 @@ __all__ = [
     "ControllerClient",
     "DurableDataLog",
     "EventRead",
+    "EventReader",
     "EventStreamReader",
+    "EventWriter",
     "FileChunkStorage",
     "FileLog",
     "JsonSerializer",
+    "LargeEventConfig",
+    "LargeEventWriter",
     "Permission",
     "Position",
     "ReadResult",

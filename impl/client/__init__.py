@@ -18,7 +18,10 @@ block-size rule), ``_readers`` (tail reads, event decoding), ``_blocking`` (the 
 ``_streams`` (stream configurations, stream cuts, the ``StreamManager``), ``_controller`` (the
 controller's RPC, ``ControllerClient``), ``_state_synchronizer`` (state shared through a segment),
 ``_reader_group`` (reader groups' state and handle), ``_event_reader`` (readers in groups) and
-``_stream_writer`` (``event_writer("scope/stream")``: a writer that follows the stream's epochs; the
+``_large_events`` (``large_event_writer``: events up to 1 GiB streamed through transient segments,
+and the reader's ``EventReader`` for events too large to hold), ``_byte_stream`` (raw bytes exactly
+once: ``byte_stream_writer`` and the chunk pipeline under both), ``_stream_writer``
+(``event_writer("scope/stream")``: a writer that follows the stream's epochs; the
 routing is ``_routing.StreamRouter``, the hand-over to successors ``_writer``) and ``_transactions``
 (``transactional_writer("scope/stream")``: stream transactions with leases, resumed by id, and the
 fenced multi-commit ``commit_transactions``).
@@ -33,6 +36,7 @@ from millstream.client._blocking import (
     Segments,
     connect,
 )
+from millstream.client._byte_stream import AsyncByteStreamWriter, ByteStreamWriter
 from millstream.client._client import AsyncClient
 from millstream.client._config import (
     Backoff,
@@ -46,9 +50,19 @@ from millstream.client._controller import CONTROLLER_METHODS, ControllerClient, 
 from millstream.client._event_reader import (
     AsyncEventStreamReader,
     EventRead,
+    EventReader,
     EventStreamReader,
     Position,
     ReaderConfig,
+)
+from millstream.client._large_events import (
+    AsyncEventReader,
+    AsyncEventWriter,
+    AsyncLargeEventWriter,
+    EventWriter,
+    EventWriterPhase,
+    LargeEventConfig,
+    LargeEventWriter,
 )
 from millstream.client._pool import FixedLocator, SegmentLocator
 from millstream.client._reader_group import AsyncReaderGroup, Checkpoint, ReaderGroup, ReaderGroupState
@@ -89,9 +103,13 @@ from millstream.client._writer import AsyncEventStreamWriter
 
 __all__ = [
     "AsyncByteStreamReader",
+    "AsyncByteStreamWriter",
     "AsyncClient",
+    "AsyncEventReader",
     "AsyncEventStreamReader",
     "AsyncEventStreamWriter",
+    "AsyncEventWriter",
+    "AsyncLargeEventWriter",
     "AsyncReaderGroup",
     "AsyncSegmentReader",
     "AsyncSegments",
@@ -101,6 +119,7 @@ __all__ = [
     "Backoff",
     "BlockSizeTracker",
     "ByteStreamReader",
+    "ByteStreamWriter",
     "BytesSerializer",
     "CONTROLLER_METHODS",
     "Checkpoint",
@@ -111,11 +130,16 @@ __all__ = [
     "ControllerSegmentLocator",
     "Endpoint",
     "EventRead",
+    "EventReader",
     "EventStreamReader",
     "EventStreamWriter",
+    "EventWriter",
+    "EventWriterPhase",
     "FixedLocator",
     "JsonSerializer",
     "KeySpaceRouter",
+    "LargeEventConfig",
+    "LargeEventWriter",
     "MultiCommitResult",
     "Position",
     "RandomSource",

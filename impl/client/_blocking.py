@@ -25,8 +25,10 @@ from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from millstream import limits
+from millstream.client._byte_stream import AsyncByteStreamWriter, ByteStreamWriter
 from millstream.client._client import AsyncClient
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, parse_uri
+from millstream.client._large_events import AsyncLargeEventWriter, LargeEventConfig, LargeEventWriter
 from millstream.client._pool import SegmentLocator
 from millstream.client._reader_group import ReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader, SegmentEvent
@@ -401,10 +403,27 @@ class Client:
         return self._runner.run(self._core.get_fence(stream, key))
 
     def byte_stream_reader(self, segment: str, *, offset: int = 0) -> ByteStreamReader:
-        """A blocking reader of ``segment``'s raw bytes from ``offset`` on."""
+        """A blocking reader of ``segment``'s raw bytes from ``offset`` on -- or of a byte stream's, for
+        ``"scope/stream"`` (a stream with one segment)."""
         async def build() -> AsyncByteStreamReader:
+            if segment.count("/") == 1:
+                return await self._core.open_byte_stream_reader(segment, offset=offset)
             return self._core.byte_stream_reader(segment, offset=offset)
         return ByteStreamReader(self._runner.run(build()), self._runner)
+
+    def byte_stream_writer(self, target: str) -> ByteStreamWriter:
+        """A blocking writer of raw bytes at the end of byte stream ``target`` (see
+        ``AsyncClient.byte_stream_writer``)."""
+        async def build() -> AsyncByteStreamWriter:
+            return await self._core.byte_stream_writer(target)
+        return ByteStreamWriter(self._runner.run(build()), self._runner.run)
+
+    def large_event_writer(self, target: str | Sequence[str] | Router, serializer: Serializer[Any] | None = None, /,
+                           *, config: LargeEventConfig | None = None) -> LargeEventWriter[Any]:
+        """A blocking writer of large events and ordinary ones (see ``AsyncClient.large_event_writer``)."""
+        async def build() -> AsyncLargeEventWriter[Any]:
+            return self._core.large_event_writer(target, serializer, config=config)
+        return LargeEventWriter(self._runner.run(build()), self._runner.run)
 
     @overload
     def segment_reader(self, segment: str, *, offset: int = ...) -> SegmentReader[bytes]: ...

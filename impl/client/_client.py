@@ -15,15 +15,17 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+from millstream.client._byte_stream import AsyncByteStreamWriter, byte_stream_segment
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
 from millstream.client._controller import ControllerClient, ControllerSegmentLocator
+from millstream.client._large_events import AsyncLargeEventWriter, LargeEventConfig
 from millstream.client._pool import ConnectionPool, FixedLocator, SegmentLocator
 from millstream.client._reader_group import AsyncReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import KeySpaceRouter, Router
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import BytesSerializer, Serializer
-from millstream.client._stream_writer import stream_event_writer
+from millstream.client._stream_writer import ControllerStreamBinding, stream_event_writer
 from millstream.client._streams import AsyncStreamManager, ReaderGroupConfig, split_stream_name
 from millstream.client._transactions import (
     AsyncTransaction,
@@ -33,7 +35,8 @@ from millstream.client._transactions import (
 )
 from millstream.client._writer import AsyncEventStreamWriter
 from millstream.clock import Clock, SystemClock
-from millstream.errors import InvalidArgumentError, ObjectClosedError
+from millstream.errors import InvalidArgumentError, ObjectClosedError, TransientSegmentError
+from millstream.naming import is_hidden_segment
 
 __all__ = ["AsyncClient"]
 
@@ -72,6 +75,8 @@ class AsyncClient:
         self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()
         self._reader_groups: weakref.WeakSet[AsyncReaderGroup] = weakref.WeakSet()
         self._transactional_writers: weakref.WeakSet[AsyncTransactionalEventStreamWriter[Any]] = weakref.WeakSet()
+        self._large_writers: weakref.WeakSet[AsyncLargeEventWriter[Any]] = weakref.WeakSet()
+        self._byte_writers: weakref.WeakSet[AsyncByteStreamWriter] = weakref.WeakSet()
         self._closed = False
 
     @property
@@ -184,6 +189,57 @@ class AsyncClient:
         scope, name = split_stream_name(stream)
         return await self._controller.get_fence(scope, name, key)
 
+    def large_event_writer(self, target: str | Sequence[str] | Router, serializer: Serializer[Any] | None = None, /,
+                           *, config: LargeEventConfig | None = None) -> AsyncLargeEventWriter[Any]:
+        """A writer of large events (up to 1 GiB, streamed: ``stream_event(routing_key)`` returns a
+        file-like ``EventWriter``) and of ordinary ones (``write_event``, through ``serializer``), in one
+        order per routing key.  ``target`` as for ``event_writer``; ``config`` shrinks its sizes (tests).
+        See ``_large_events``.  Call it on the client's event loop."""
+        self._check_open()
+        if isinstance(target, str):
+            split_stream_name(target)
+            locator: SegmentLocator = ControllerSegmentLocator(self._controller)
+            segments = AsyncSegments(pool=self._pool, locator=locator, token=self._token, rng=self._rng)
+            ordinary = self.event_writer(target)
+            writer: AsyncLargeEventWriter[Any] = AsyncLargeEventWriter(
+                ordinary=ordinary, serializer=serializer or BytesSerializer(),
+                binding=ControllerStreamBinding(target, controller=self._controller, segments=segments),
+                router=None, pool=self._pool, locator=locator, segments=segments, token=self._token,
+                config=self._config, rng=self._rng, large_config=config)
+        else:
+            if isinstance(target, Sequence):
+                hidden = [name for name in target if isinstance(name, str) and is_hidden_segment(name)]
+                if hidden:
+                    raise TransientSegmentError(f"a large event's target must be a stream segment, not hidden "
+                                                f"segment {hidden[0]!r}")
+            router = _router_of(target)
+            writer = AsyncLargeEventWriter(
+                ordinary=self.event_writer(router), serializer=serializer or BytesSerializer(), binding=None,
+                router=router, pool=self._pool, locator=self._locator, segments=self._segments, token=self._token,
+                config=self._config, rng=self._rng, large_config=config)
+        self._large_writers.add(writer)
+        return writer
+
+    async def byte_stream_writer(self, target: str, *, chunk_bytes: int | None = None,
+                                 unacked_bytes_max: int | None = None) -> AsyncByteStreamWriter:
+        """A writer of raw bytes (no event framing) at the end of byte stream ``target``: a stream with one
+        segment (``"scope/stream"``) or a segment name.  ``chunk_bytes``/``unacked_bytes_max`` shrink its
+        sizes (tests).  See ``_byte_stream``."""
+        self._check_open()
+        options = {name: value for name, value in (("chunk_bytes", chunk_bytes),
+                                                   ("unacked_bytes_max", unacked_bytes_max)) if value is not None}
+        writer = await AsyncByteStreamWriter.open(target, controller=self._controller, pool=self._pool,
+                                                  locator=self._locator, token=self._token, config=self._config,
+                                                  rng=self._rng, **options)
+        self._byte_writers.add(writer)
+        return writer
+
+    async def open_byte_stream_reader(self, target: str, *, offset: int = 0) -> AsyncByteStreamReader:
+        """``byte_stream_reader`` of byte stream ``target``: a stream with one segment (``"scope/stream"``)
+        or a segment name."""
+        self._check_open()
+        return self.byte_stream_reader(await byte_stream_segment(self._controller, target), offset=offset)
+
     def byte_stream_reader(self, segment: str, *, offset: int = 0) -> AsyncByteStreamReader:
         """A reader of ``segment``'s raw bytes from ``offset`` on."""
         self._check_open()
@@ -230,6 +286,16 @@ class AsyncClient:
         for transactional in list(self._transactional_writers):
             try:
                 await transactional.close()
+            except Exception as error:  # collected, as for the writers below
+                errors.append(error)
+        for large in list(self._large_writers):  # (aborts their open events, then closes their ordinary writers)
+            try:
+                await large.close()
+            except Exception as error:  # collected, as for the writers below
+                errors.append(error)
+        for byte_writer in list(self._byte_writers):
+            try:
+                await byte_writer.close()
             except Exception as error:  # collected, as for the writers below
                 errors.append(error)
         for writer in list(self._writers):

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, NoReturn, Typ
 
 import attrs
 from millstream import limits
+from millstream.client._large_events import AsyncEventReader
 from millstream.client._reader_group import (
     AcquireSegment,
     AddReader,
@@ -72,6 +73,8 @@ from millstream.client._serializers import Serializer
 from millstream.client._state_synchronizer import StateSynchronizer
 from millstream.client._streams import canonical_json, split_stream_name
 from millstream.errors import (
+    EventReaderOpenError,
+    EventTooLargeError,
     InvalidArgumentError,
     MillstreamError,
     ObjectClosedError,
@@ -89,7 +92,7 @@ from millstream.wire.codec import MalformedEventError
 if TYPE_CHECKING:
     from millstream.client._reader_group import AsyncReaderGroup
 
-__all__ = ["AsyncEventStreamReader", "EventRead", "EventStreamReader", "Position", "ReaderConfig"]
+__all__ = ["AsyncEventStreamReader", "EventRead", "EventReader", "EventStreamReader", "Position", "ReaderConfig"]
 
 log = logging.getLogger("millstream.client.reader")
 
@@ -111,14 +114,21 @@ class ReaderConfig:
     """A reader's timers.  ``time_unit_seconds``: the rebalancing unit (Pravega's 1 s; tests shorten
     it); ``heartbeat_seconds``: how often the reader tells the group it is alive;
     ``offline_timeout_seconds``: how long another reader may stay silent before this one declares it
-    offline (0: never); ``tail_wait_seconds``: the long polls' length."""
+    offline (0: never); ``tail_wait_seconds``: the long polls' length; ``event_in_memory_bytes_max``:
+    the longest event ``read_next_event`` returns as a value (a longer one raises
+    ``EventTooLargeError`` and is read through ``EventRead.stream_event()``)."""
 
     time_unit_seconds: float = limits.READER_TIME_UNIT_SECONDS
     heartbeat_seconds: float = limits.READER_HEARTBEAT_SECONDS
     offline_timeout_seconds: float = limits.READER_OFFLINE_TIMEOUT_SECONDS
     tail_wait_seconds: float = limits.READER_TAIL_WAIT_SECONDS
+    event_in_memory_bytes_max: int = limits.READER_EVENT_IN_MEMORY_BYTES_MAX
 
     def __attrs_post_init__(self) -> None:
+        limit = self.event_in_memory_bytes_max
+        if type(limit) is not int or not 0 <= limit <= limits.LARGE_EVENT_LENGTH_MAX_BYTES:
+            raise InvalidArgumentError(f"event_in_memory_bytes_max must be an int in [0, "
+                                       f"{limits.LARGE_EVENT_LENGTH_MAX_BYTES}], not {limit!r}")
         _seconds(self.time_unit_seconds, "time_unit_seconds")
         _seconds(self.heartbeat_seconds, "heartbeat_seconds")
         _seconds(self.offline_timeout_seconds, "offline_timeout_seconds", zero=True)
@@ -185,7 +195,9 @@ class EventRead(NamedTuple, Generic[T]):
     ``offset`` where it starts and ``next_offset`` where the segment's next event starts), or no
     event because a checkpoint was reached (``checkpoint_name``), every segment of the group was read
     to its end (``end_of_stream``: sealed streams or bounded reads), or the timeout passed (none of
-    them).  ``event`` is None only then.  (A named tuple: one is made per event, cheaply.)"""
+    them).  ``event`` is None only then -- or for an event too large to return as a value: the
+    ``EventRead`` an ``EventTooLargeError`` carries names it (``segment``, ``offset``, ``next_offset``),
+    and its ``stream_event()`` opens it.  (A named tuple: one is made per event, cheaply.)"""
 
     event: T | None
     stream: str | None = None
@@ -194,10 +206,30 @@ class EventRead(NamedTuple, Generic[T]):
     next_offset: int = -1
     checkpoint_name: str | None = None
     end_of_stream: bool = False
+    #: The reader that can still stream this event (set only on an ``EventTooLargeError``'s).
+    source: Any = None
 
     @property
     def is_checkpoint(self) -> bool:
         return self.checkpoint_name is not None
+
+    @property
+    def length(self) -> int:
+        """The event's payload length (-1 when this holds no event)."""
+        return -1 if self.segment is None else self.next_offset - self.offset - _HEADER.size
+
+    def stream_event(self) -> Any:
+        """A bounded, file-like ``EventReader`` over exactly this event's bytes (an
+        ``AsyncEventReader``, or an ``EventReader`` from the blocking reader).  Opening it consumes the
+        event: neither ``read_next_event`` nor another ``stream_event`` serves it again, and the reader
+        does not advance until it is closed (``EventReaderOpenError``).  Raises
+        ``InvalidArgumentError`` for an event already served (every event ``read_next_event`` returned
+        as a value was) or no longer the reader's next one."""
+        if self.source is None or self.segment is None:
+            raise InvalidArgumentError(
+                "this event was served already (read_next_event returned it as a value) or this EventRead holds "
+                "no event; stream_event() opens only an event an EventTooLargeError names")
+        return self.source.open_event_reader(self)
 
 
 _NOTHING: Final[EventRead[Any]] = EventRead(None)
@@ -208,10 +240,11 @@ class _SegmentFetcher:
     """One segment this reader holds: its position, the events fetched and not yet returned, and at
     most one read in flight."""
 
-    __slots__ = ("at_tail", "decoded", "end_offset", "events", "fetch_offset", "name", "offset", "queued", "raw",
-                 "sealed_end", "stream", "tail_since", "task")
+    __slots__ = ("at_tail", "decoded", "end_offset", "events", "fetch_offset", "in_memory_max", "name", "offset",
+                 "queued", "raw", "sealed_end", "stream", "tail_since", "task")
 
-    def __init__(self, name: str, offset: int, end_offset: int | None, now: float) -> None:
+    def __init__(self, name: str, offset: int, end_offset: int | None, now: float,
+                 in_memory_max: int = limits.READER_EVENT_IN_MEMORY_BYTES_MAX) -> None:
         scope, stream, _ = parse_stream_segment_name(name)
         self.name = name
         self.stream = f"{scope}/{stream}"
@@ -219,7 +252,10 @@ class _SegmentFetcher:
         self.decoded = offset  # where ``raw`` starts (events before it are in ``events``)
         self.fetch_offset = offset  # where the next read starts
         self.raw = bytearray()
-        self.events: deque[tuple[int, bytes, int]] = deque()  # (offset, payload, next offset)
+        # (offset, payload, next offset); payload None: an event over ``in_memory_max``, whose bytes are
+        # skipped here (they are streamed by an EventReader, or never fetched).
+        self.events: deque[tuple[int, bytes | None, int]] = deque()
+        self.in_memory_max = in_memory_max
         self.task: asyncio.Task[ReadResult] | None = None
         self.at_tail = False
         self.sealed_end = False
@@ -250,10 +286,21 @@ class _SegmentFetcher:
         size = len(raw)
         while size - position >= _HEADER.size:
             kind, length = _HEADER.unpack_from(raw, position)
-            if kind != 0 or not 0 <= length <= limits.EVENT_LENGTH_MAX_BYTES:
+            if kind != 0 or not 0 <= length <= limits.LARGE_EVENT_LENGTH_MAX_BYTES:
                 raise MalformedEventError(f"the bytes of segment {self.name!r} at offset {self.decoded + position} "
                                           f"are not an event (type {kind}, length {length})")
             end = position + _HEADER.size + length
+            if length > self.in_memory_max:
+                # Too large to hold: note where it lies and skip its bytes (what was read of them is
+                # dropped, what was not is never fetched here); it is streamed or not at all.
+                self.events.append((self.decoded + position, None, self.decoded + end))
+                if end > size:
+                    self.raw = bytearray()
+                    self.decoded += end
+                    self.fetch_offset = self.decoded
+                    return
+                position = end
+                continue
             if end > size:
                 break
             self.events.append((self.decoded + position, bytes(raw[position + _HEADER.size:end]), self.decoded + end))
@@ -305,6 +352,7 @@ class AsyncEventStreamReader(Generic[T]):
         self._busy = False
         self._removed = False
         self._closed = False
+        self._event_reader: AsyncEventReader | None = None  # an event being streamed: no advancing meanwhile
 
     # --- Joining -----------------------------------------------------------------------------------
 
@@ -337,6 +385,9 @@ class AsyncEventStreamReader(Generic[T]):
             timeout = _seconds(timeout, "timeout", zero=True)
         if self._busy:
             raise InvalidArgumentError(f"reader {self.reader_id!r}: read_next_event is already running")
+        if self._event_reader is not None:
+            raise EventReaderOpenError(f"reader {self.reader_id!r} has an EventReader open ({self._event_reader!r}); "
+                                       "close it before reading on")
         # The hot path: an event already fetched, and nothing to do first (no checkpoint to record or
         # return, no change of the group's state to take in, no rebalancing timer due).
         if self._ready and self._at_checkpoint is None and self._quiet():
@@ -403,6 +454,8 @@ class AsyncEventStreamReader(Generic[T]):
                 fetcher.queued = False
                 continue
             offset, payload, next_offset = fetcher.events[0]
+            if payload is None:  # too large to return: it stays, and raises again until it is streamed
+                self._too_large(fetcher, offset, next_offset)
             value = self._serializer.deserialize(payload)  # (a refused payload stays, and raises again)
             fetcher.events.popleft()
             fetcher.offset = next_offset
@@ -414,6 +467,42 @@ class AsyncEventStreamReader(Generic[T]):
                 self._start_fetch(fetcher)
             return EventRead(value, fetcher.stream, fetcher.name, offset, next_offset)
         return None
+
+    def _too_large(self, fetcher: _SegmentFetcher, offset: int, next_offset: int) -> NoReturn:
+        length = next_offset - offset - _HEADER.size
+        read = EventRead(None, fetcher.stream, fetcher.name, offset, next_offset, source=self)
+        raise EventTooLargeError(
+            f"the event of {length} bytes at offset {offset} of {fetcher.name!r} exceeds reader {self.reader_id!r}'s "
+            f"in-memory limit of {self._config.event_in_memory_bytes_max} bytes; read it with "
+            "error.event_read.stream_event() (the reader stays before it until then)", read)
+
+    def open_event_reader(self, read: EventRead[Any]) -> AsyncEventReader:
+        """``EventRead.stream_event()``: consume the event ``read`` names -- it must be this reader's next
+        event in its segment -- and return an ``AsyncEventReader`` over its bytes.  The reader does not
+        advance until that is closed."""
+        if self._closed:
+            raise ObjectClosedError(f"reader {self.reader_id!r} is closed")
+        if self._event_reader is not None:
+            raise EventReaderOpenError(f"reader {self.reader_id!r} has an EventReader open already")
+        if self._busy:
+            raise EventReaderOpenError(f"reader {self.reader_id!r}: read_next_event is running")
+        fetcher = self._fetchers.get(read.segment) if read.segment is not None else None
+        if fetcher is None or not fetcher.events or fetcher.events[0][0] != read.offset \
+                or fetcher.events[0][2] != read.next_offset:
+            raise InvalidArgumentError(
+                f"the event at offset {read.offset} of {read.segment!r} is no longer reader {self.reader_id!r}'s next "
+                "event (it was served already, or its segment moved to another reader or the group was reset)")
+        fetcher.events.popleft()
+        fetcher.offset = read.next_offset
+        start = read.offset + _HEADER.size
+        reader = AsyncEventReader(self._segments, fetcher.name, start, read.next_offset - start,
+                                  read_length_bytes=self._read_length, on_close=self._event_reader_closed)
+        self._event_reader = reader
+        return reader
+
+    def _event_reader_closed(self, reader: AsyncEventReader) -> None:
+        if self._event_reader is reader:
+            self._event_reader = None
 
     def _quiet(self) -> bool:
         """Nothing to do before returning a fetched event: the state long poll and the heartbeat are
@@ -496,7 +585,8 @@ class AsyncEventStreamReader(Generic[T]):
             self._drop(name)
         for name, offset in mine.items():
             if name not in self._fetchers:
-                self._fetchers[name] = _SegmentFetcher(name, offset, state.end_offsets.get(name), now)
+                self._fetchers[name] = _SegmentFetcher(name, offset, state.end_offsets.get(name), now,
+                                                       self._config.event_in_memory_bytes_max)
         self._state = state
         self._owed = state.pending_checkpoint(self.reader_id)
         self._free = self._owed is None
@@ -615,8 +705,10 @@ class AsyncEventStreamReader(Generic[T]):
     def _start_fetch(self, fetcher: _SegmentFetcher) -> None:
         """Start the segment's next read if it needs one: a read-ahead while behind, a long poll at the
         tail once its events are all returned."""
-        if fetcher.task is not None or fetcher.done_fetching or fetcher.buffered_bytes >= self._read_length:
+        if fetcher.task is not None or fetcher.done_fetching:
             return
+        if fetcher.buffered_bytes >= self._read_length and fetcher.events:
+            return  # a read's worth ahead already (an event longer than that is fetched until it is whole)
         if fetcher.at_tail and fetcher.events:
             return
         length = min(self._read_length, limits.READER_TAIL_READ_LENGTH_BYTES) if fetcher.at_tail else self._read_length
@@ -863,13 +955,30 @@ class EventStreamReader(Generic[T]):
         return self._core
 
     def read_next_event(self, timeout: float) -> EventRead[T]:
-        """As ``AsyncEventStreamReader.read_next_event``."""
+        """As ``AsyncEventStreamReader.read_next_event``; an ``EventTooLargeError``'s ``event_read``
+        opens a blocking ``EventReader`` here (``stream_event()``)."""
         if self._pending:
             return self._pending.popleft()
-        batch: list[EventRead[T]] = self._run(_read_batch(self._core, timeout))
+        try:
+            batch: list[EventRead[T]] = self._run(_read_batch(self._core, timeout))
+        except EventTooLargeError as error:
+            read = error.event_read
+            if isinstance(read, EventRead):
+                error.event_read = read._replace(source=self)
+            raise
         first = batch[0]
         self._pending.extend(batch[1:])
         return first
+
+    def open_event_reader(self, read: EventRead[Any]) -> EventReader:
+        """``EventRead.stream_event()`` for the blocking reader: a blocking ``EventReader``."""
+        if self._pending:
+            raise InvalidArgumentError(f"the event at offset {read.offset} of {read.segment!r} is not reader "
+                                       f"{self.reader_id!r}'s next event")
+
+        async def open_() -> AsyncEventReader:
+            return self._core.open_event_reader(read)
+        return EventReader(self._run(open_()), self._run)
 
     def position(self) -> Position:
         """The next offset, in every segment held, after the events returned so far."""
@@ -907,8 +1016,55 @@ async def _read_batch(reader: AsyncEventStreamReader[T], timeout: float) -> list
     if first.event is None:
         return batch
     while len(batch) < limits.READER_BLOCKING_BATCH_EVENTS_MAX and reader._quiet():
-        event = reader._next_event()
+        try:
+            event = reader._next_event()
+        except EventTooLargeError:
+            break  # (raised again by the next call, once the events before it are handed out)
         if event is None:
             break
         batch.append(event)
     return batch
+
+
+class EventReader:
+    """The blocking ``AsyncEventReader``: a bounded, file-like reader over exactly one event's bytes."""
+
+    def __init__(self, core: AsyncEventReader, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self._core = core
+        self._run = run
+
+    @property
+    def length(self) -> int:
+        return self._core.length
+
+    @property
+    def remaining(self) -> int:
+        return self._core.remaining
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def tell(self) -> int:
+        return self._core.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return self._run(self._core.read(size))  # type: ignore[no-any-return]
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        return self._run(self._core.readinto(buffer))  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._run(self._core.close())
+
+    def __enter__(self) -> EventReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EventReader({self._core!r})"

@@ -128,11 +128,14 @@ class PendingBlock:
     in-flight limits (the connection releases it when the block is answered or dropped)."""
 
     __slots__ = ("after_unfinished", "charge", "comparison", "data", "expected_offset", "last_event_number",
-                 "reply", "request_id", "state")
+                 "raw", "reply", "request_id", "state")
 
     def __init__(self, request_id: int, last_event_number: int, data: bytes | memoryview,
-                 expected_offset: int | None, charge: int) -> None:
+                 expected_offset: int | None, charge: int, *, raw: bool = False) -> None:
         self.request_id = request_id
+        #: Raw bytes (``ConditionalBlockEnd``): appended with no event-number compare-and-set; the
+        #: expected offset alone guards them.
+        self.raw = raw
         self.last_event_number = last_event_number
         self.data = data
         self.expected_offset = expected_offset

@@ -54,6 +54,13 @@ class ServerConfig:
     shutdown_drain_seconds: float = attrs.field(default=limits.SERVER_SHUTDOWN_DRAIN_SECONDS, validator=_positive)
     tls_handshake_timeout_seconds: float = attrs.field(
         default=limits.SERVER_TLS_HANDSHAKE_TIMEOUT_SECONDS, validator=_positive)
+    #: Transient segments (large events): deleted this long after their writer's connection closed,
+    #: after this long unused, looked for this often (``_transient``).
+    transient_disconnect_grace_seconds: float = attrs.field(
+        default=limits.TRANSIENT_SEGMENT_DISCONNECT_GRACE_SECONDS, validator=_positive)
+    transient_idle_seconds: float = attrs.field(default=limits.TRANSIENT_SEGMENT_IDLE_SECONDS, validator=_positive)
+    transient_sweep_interval_seconds: float = attrs.field(
+        default=limits.TRANSIENT_SEGMENT_SWEEP_INTERVAL_SECONDS, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:

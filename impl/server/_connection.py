@@ -59,10 +59,13 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
     StreamSegmentTruncatedError,
+    TransientSegmentError,
     WrongHostError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
+from millstream.naming import is_transient_segment
 from millstream.server._appends import Failure, PendingBlock, WriterSession, scan_events
+from millstream.server._transient import check_merge
 from millstream.wire import (
     FRAME_HEADER_LENGTH,
     FRAME_LENGTH_MAX,
@@ -75,9 +78,11 @@ from millstream.wire import (
     AuthTokenCheckFailed,
     Command,
     ConditionalAppend,
+    ConditionalBlockEnd,
     ControllerReply,
     ControllerRequest,
     CreateSegment,
+    CreateTransientSegment,
     Decoder,
     DeleteSegment,
     ErrorMessage,
@@ -395,6 +400,7 @@ class Connection(asyncio.BufferedProtocol):
             self._server.on_released()
 
     def _release_all(self) -> None:
+        self._server.transients.connection_closed(self, self._clock.monotonic())
         held = self._in_flight_bytes
         self._writers.clear()
         self._parts.clear()
@@ -525,6 +531,12 @@ class Connection(asyncio.BufferedProtocol):
         except Exception as error:
             self._send(self._error_reply(request_id, segment, error))
             return
+        if is_transient_segment(segment):
+            try:  # (re-)attaches this connection: a writer that reconnected in time carries on
+                self._server.transients.attach(segment, self, command.writer_id, self._clock.monotonic())
+            except TransientSegmentError as error:
+                self._send(self._error_reply(request_id, segment, error))
+                return
         # A sealed segment still gets AppendSetup: the writer learns what is stored, and its next
         # block is answered SegmentIsSealed.
         last = info.attributes.get(command.writer_id.int, NULL_ATTRIBUTE_VALUE)
@@ -548,12 +560,25 @@ class Connection(asyncio.BufferedProtocol):
                            command.data, None)
 
     def _accept_block(self, session: WriterSession, request_id: int, last_event_number: int,
-                      event_count: int | None, data: bytes, expected_offset: int | None) -> None:
+                      event_count: int | None, data: bytes, expected_offset: int | None, *, raw: bool = False) -> None:
         writer_id = session.writer_id
         if last_event_number <= session.last_received:
             self._fail_protocol(
                 f"writer {writer_id}: event number {last_event_number} does not follow {session.last_received}",
                 InvalidEventNumber(request_id, writer_id, last_event_number))
+        if raw:  # a large event's chunk or a byte stream's bytes: not events, so nothing to scan
+            if is_transient_segment(session.segment):
+                self._server.transients.touch(session.segment, self._clock.monotonic())
+            else:
+                self._server.statistics.record(session.segment, len(data), 0)
+            charge = len(data) + self._config.append_overhead_bytes
+            block = PendingBlock(request_id, last_event_number, data, expected_offset, charge, raw=True)
+            self._charge(charge)
+            if session.accept(block):
+                self._submit(session, block)
+            else:
+                self._answer(session)
+            return
         try:
             count, longest = scan_events(data)
         except WireProtocolError as error:
@@ -584,10 +609,10 @@ class Connection(asyncio.BufferedProtocol):
         self._spawn(self._append(container, session, block))
 
     async def _append(self, container: SegmentContainer, session: WriterSession, block: PendingBlock) -> None:
-        update = AttributeUpdate(session.writer_id.int, _REPLACE_IF_EQUALS, block.last_event_number,
-                                 block.comparison)
+        updates = () if block.raw else (AttributeUpdate(session.writer_id.int, _REPLACE_IF_EQUALS,
+                                                        block.last_event_number, block.comparison),)
         try:
-            offset = await container.append(session.segment, block.data, (update,),
+            offset = await container.append(session.segment, block.data, updates,
                                             expected_offset=block.expected_offset)
         except BadAttributeUpdateError:
             session.failed(block, Failure.COMPARISON)
@@ -641,6 +666,15 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._accept_block(session, command.request_id, command.event_number, None, command.data,
                            command.expected_offset)
+
+    def _on_conditional_block_end(self, command: ConditionalBlockEnd) -> None:
+        session = self._session(command.writer_id, command.request_id)
+        if command.expected_offset < 0:
+            self._send(ErrorMessage(command.request_id, session.segment, error_code_of(InvalidArgumentError()),
+                                    f"expected_offset {command.expected_offset} is negative"))
+            return
+        self._accept_block(session, command.request_id, command.event_number, None, command.data,
+                           command.expected_offset, raw=True)
 
     def _on_append_block_part(self, command: AppendBlockPart) -> None:
         session = self._session(command.writer_id, -1)
@@ -757,12 +791,39 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_create_segment(self, command: CreateSegment) -> None:
         async def create() -> Command:
+            if is_transient_segment(command.segment):
+                raise TransientSegmentError(f"{command.segment!r} is a transient segment's name: only "
+                                            "CreateTransientSegment makes those")
             await self._server.container_for(command.segment).create_segment(command.segment)
             return SegmentCreated(command.request_id, command.segment)
         self._administer(command.request_id, command.segment, command.token, create())
 
+    def _on_create_transient_segment(self, command: CreateTransientSegment) -> None:
+        parent, writer_id = command.parent, command.writer_id
+        transients = self._server.transients
+
+        async def create() -> Command:
+            container = self._server.container_for(parent)
+            info = container.get_info(parent)  # (raises: no such segment)
+            if info.sealed:
+                raise StreamSegmentSealedError(f"segment {parent!r} is sealed: it takes no large events")
+            for _ in range(limits.TRANSIENT_SEGMENT_ATTRIBUTES_MAX):
+                name = transients.new_name(parent, writer_id)
+                try:
+                    await container.create_segment(name)
+                except StreamSegmentExistsError:
+                    continue  # a leftover of an earlier run under that name: take the next one
+                if not self._closing:
+                    transients.created(name, parent, writer_id, self, self._clock.monotonic())
+                else:  # the writer is gone already: its grace period starts now
+                    transients.adopt(name, self._clock.monotonic())
+                return SegmentCreated(command.request_id, name)
+            raise TransientSegmentError(f"no free transient segment name for {parent!r}")
+        self._administer(command.request_id, parent, command.token, create())
+
     def _on_seal_segment(self, command: SealSegment) -> None:
         async def seal() -> Command:
+            _refuse_transient(command.segment, "sealed")
             with contextlib.suppress(StreamSegmentSealedError):  # sealing is idempotent on the wire
                 await self._server.container_for(command.segment).seal(command.segment)
             return SegmentSealed(command.request_id, command.segment)
@@ -770,14 +831,23 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_truncate_segment(self, command: TruncateSegment) -> None:
         async def truncate() -> Command:
+            _refuse_transient(command.segment, "truncated")
             await self._server.container_for(command.segment).truncate(command.segment, command.offset)
             return SegmentTruncated(command.request_id, command.segment)
         self._administer(command.request_id, command.segment, command.token, truncate())
 
     def _on_delete_segment(self, command: DeleteSegment) -> None:
         async def delete() -> Command:
-            await self._server.container_for(command.segment).delete(command.segment)
-            return SegmentDeleted(command.request_id, command.segment)
+            segment = command.segment
+            try:
+                await self._server.container_for(segment).delete(segment)
+            except StreamSegmentNotExistsError:
+                if is_transient_segment(segment):
+                    self._server.transients.deleted(segment)  # (gone anyway: forget it)
+                raise
+            if is_transient_segment(segment):
+                self._server.transients.deleted(segment)  # an abort
+            return SegmentDeleted(command.request_id, segment)
         self._administer(command.request_id, command.segment, command.token, delete())
 
     def _on_merge_segments(self, command: MergeSegments) -> None:
@@ -791,15 +861,33 @@ class Connection(asyncio.BufferedProtocol):
             if self._server.container_for(source) is not container:
                 raise InvalidArgumentError(f"{source!r} and {target!r} live in different containers; "
                                            "only a segment's own hidden segments can be merged into it")
-            with contextlib.suppress(StreamSegmentSealedError):
-                await container.seal(source)
-            source_length = container.get_info(source).length
-            offset = await container.merge(target, source)
+            check_merge(target, source)
+            transients = self._server.transients
+            transient = is_transient_segment(source)
+            if transient:
+                done = transients.merge_outcome(source)
+                if done is not None and done[0] == target:  # a retry after a lost reply
+                    return SegmentsMerged(request_id, target, source, done[1])
+                if is_transient_segment(target):
+                    transients.touch(target, self._clock.monotonic())
+            try:
+                with contextlib.suppress(StreamSegmentSealedError):
+                    await container.seal(source)
+                source_length = container.get_info(source).length
+                offset = await container.merge(target, source)
+            except StreamSegmentNotExistsError:
+                done = transients.merge_outcome(source) if transient else None
+                if done is not None and done[0] == target:  # the first attempt won the race
+                    return SegmentsMerged(request_id, target, source, done[1])
+                raise
+            if transient:
+                transients.merged(source, target, offset + source_length)
             return SegmentsMerged(request_id, target, source, offset + source_length)
         self._administer(request_id, target, command.token, merge())
 
     def _on_update_segment_attribute(self, command: UpdateSegmentAttribute) -> None:
         async def update() -> Command:
+            _refuse_transient(command.segment, "given attribute updates")
             container = self._server.container_for(command.segment)
             try:
                 await container.update_attributes(command.segment, (AttributeUpdate(
@@ -893,6 +981,13 @@ def _length_or_zero(container: SegmentContainer | None, segment: str) -> int:
 
 _PAYLOAD_TOO_LARGE = PayloadTooLargeError()
 
+
+def _refuse_transient(segment: str, what: str) -> None:
+    """Transient segments are never sealed, truncated or given attribute updates by request (PDP-43):
+    their writer owns their bytes, and a merge seals them itself."""
+    if is_transient_segment(segment):
+        raise TransientSegmentError(f"transient segment {segment!r} cannot be {what}")
+
 _HANDLERS: dict[type[Command], Any] = {
     KeepAlive: Connection._on_keep_alive,
     SetupAppend: Connection._on_setup_append,
@@ -908,6 +1003,8 @@ _HANDLERS: dict[type[Command], Any] = {
     TruncateSegment: Connection._on_truncate_segment,
     DeleteSegment: Connection._on_delete_segment,
     MergeSegments: Connection._on_merge_segments,
+    CreateTransientSegment: Connection._on_create_transient_segment,
+    ConditionalBlockEnd: Connection._on_conditional_block_end,
     UpdateSegmentAttribute: Connection._on_update_segment_attribute,
     ControllerRequest: Connection._on_controller_request,
 }

@@ -15,10 +15,12 @@ from millstream.clock import Clock, SystemClock
 from millstream.errors import (
     InternalError,
     InvalidArgumentError,
+    MillstreamError,
     ObjectClosedError,
+    StreamSegmentNotExistsError,
     WrongHostError,
 )
-from millstream.naming import container_of
+from millstream.naming import container_of, is_transient_segment
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
@@ -26,6 +28,7 @@ from millstream.segmentstore.host import ContainerHost
 from millstream.server._config import IngressBudget, ServerConfig
 from millstream.server._connection import Connection
 from millstream.server._stats import SegmentStatistics
+from millstream.server._transient import TransientSegments
 
 __all__ = ["SERVER_LIFECYCLE", "ControllerEndpoint", "SegmentStoreServer", "ServerState"]
 
@@ -112,6 +115,10 @@ class SegmentStoreServer:
         #: The controller this node hosts (``attach_controller``); without one, ``ControllerRequest``s
         #: are answered ``OperationUnsupported``.
         self.controller: ControllerEndpoint | None = None
+        #: The transient segments of large events (``_transient``), swept on ``clock`` by ``_sweeper``.
+        self.transients = TransientSegments(idle_seconds=self.config.transient_idle_seconds,
+                                            grace_seconds=self.config.transient_disconnect_grace_seconds)
+        self._sweeper: asyncio.Task[None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -138,6 +145,8 @@ class SegmentStoreServer:
             self._transition("failed_to_start")
             raise
         self._port = self._listener.sockets[0].getsockname()[1]
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_transients(),
+                                                               name="millstream-transient-sweep")
         log.info("segment store listening on %s (containers %s of %d)", self.uri,
                  sorted(self.config.containers), self.config.container_count)
 
@@ -154,6 +163,10 @@ class SegmentStoreServer:
             self._transition("stop")
             return
         self._transition("stop")
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         if self._listener is not None:
             self._listener.close()
         connections = list(self._connections)
@@ -256,6 +269,48 @@ class SegmentStoreServer:
         """Serve ``ControllerRequest``s with ``controller`` from now on (None: stop serving them)."""
         self.controller = controller
 
+    # --- transient segments (large events) ----------------------------------------------------------------------
+
+    async def _sweep_transients(self) -> None:
+        """Every ``transient_sweep_interval_seconds`` (on the server's clock), delete the transient
+        segments whose writer went away or that stayed idle (``expire_transient_segments``)."""
+        interval = self.config.transient_sweep_interval_seconds
+        while True:
+            await self.clock.sleep(interval)
+            try:
+                await self.expire_transient_segments()
+            except MillstreamError as error:  # a container restarting: the next sweep tries again
+                log.info("transient-segment sweep: %s", error)
+
+    async def expire_transient_segments(self) -> list[str]:
+        """One sweep: adopt transient segments the containers hold without a record (recovered from
+        their logs), then delete those past their grace period or idle time.  Returns the names
+        deleted.  Tests call it after advancing a manual clock."""
+        now = self.clock.monotonic()
+        for host in list(self._hosts.values()):
+            try:
+                container = host.container
+            except MillstreamError:
+                continue  # restarting: its segments are adopted by a later sweep
+            for name in container.segment_names():
+                if is_transient_segment(name):
+                    self.transients.adopt(name, now)
+        deleted = []
+        for name, cause in self.transients.due(now):
+            try:
+                await self.container_for(name).delete(name)
+            except StreamSegmentNotExistsError:
+                pass  # merged or deleted meanwhile (or lost with a container that recovered without it)
+            except MillstreamError as error:
+                log.info("transient segment %s: deletion deferred (%s)", name, error)
+                continue
+            if self.transients.get(name) is not None:
+                self.transients.deleted(name, cause)
+                deleted.append(name)
+                log.info("deleted transient segment %s (%s)", name,
+                         "its writer's connection stayed closed" if cause == "disconnect" else "idle")
+        return deleted
+
     # --- connections (called by Connection) ---------------------------------------------------------------------
 
     @property
@@ -299,6 +354,7 @@ class SegmentStoreServer:
         for connection in self._connections:
             connection.check_invariants()
         self.statistics.check_invariants()
+        self.transients.check_invariants()
 
 
 async def _all_quiet(connections: list[Connection]) -> None:
