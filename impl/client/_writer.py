@@ -119,10 +119,11 @@ REROUTE: Final = 4  # nothing added: the segment was sealed and its keys moved o
 SealedHandler = Callable[["SegmentWriter"], Awaitable[None]]
 
 
-class RouterNotReadyError(Exception):
+class RouterNotReadyError(InternalError):
     """Raised by a stream writer's router before the writer has learned the stream's segments: the
     async per-event path catches it (free in Python 3.11 until raised), awaits ``ready()`` and routes
-    again.  Never reaches a caller."""
+    again.  It never reaches a caller (the blocking flavour is made ready before its first event), so
+    one that does is a bug: an ``InternalError``."""
 
 
 def _router_not_ready(routing_key: str | None) -> str:
