@@ -122,7 +122,9 @@ class ChunkPipeline:
         self._task: asyncio.Task[None] | None = None
         self._phase = _RUNNING
         self._error: BaseException | None = None
-        #: Connections after the first; chunks acknowledged by a refused resend (evidence for tests).
+        #: Sessions set up (AppendSetup received), reconnects started, chunks acknowledged by a refused
+        #: resend (evidence for tests, and what a stateful test maps onto the spec's Reconnect).
+        self.sessions = 0
         self.reconnects = 0
         self.refused_resends = 0
 
@@ -351,6 +353,7 @@ class ChunkPipeline:
         if reply.writer_id != self._writer_id or self._ready:
             raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
         self._ready = True
+        self.sessions += 1
         self._sent = 0
         for chunk in self._chunks:
             self._send(chunk)

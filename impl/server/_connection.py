@@ -857,11 +857,11 @@ class Connection(asyncio.BufferedProtocol):
             return
 
         async def merge() -> Command:
+            check_merge(target, source)
             container = self._server.container_for(target)
             if self._server.container_for(source) is not container:
                 raise InvalidArgumentError(f"{source!r} and {target!r} live in different containers; "
                                            "only a segment's own hidden segments can be merged into it")
-            check_merge(target, source)
             transients = self._server.transients
             transient = is_transient_segment(source)
             if transient:
