@@ -906,7 +906,8 @@ class FileLog(DurableDataLog):
         self._wake.acquire()
         # The writer's messages to the loop (see _post): callbacks run in order by _run_messages,
         # which the loop calls when _signal_fd (an eventfd) becomes readable.  _signalled says a
-        # signal is on its way, so a burst of messages costs one system call.
+        # signal is on its way, so a burst of messages costs one system call.  Bounded: one message
+        # per group the writer completes (groups are bounded by in_flight_bytes_max) and one at exit.
         self._messages: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
         self._signal_fd = -1  # -1: the loop cannot watch a descriptor; messages go by call_soon_threadsafe
         self._signalled = False
