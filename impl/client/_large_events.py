@@ -509,7 +509,8 @@ class AsyncLargeEventWriter(Generic[T]):
     async def create_transient(self, parent: str, writer_id: UUID) -> str:
         """``CreateTransientSegment`` for ``parent``; the store's name for it.  A lost reply is retried
         (the transient segment it may have created is the store's to delete: its connection closed).
-        Raises ``LargeEventFailedError`` if ``parent`` is sealed or gone."""
+        Raises ``StreamSegmentSealedError`` if ``parent`` is sealed (the stream scaled),
+        ``StreamSegmentNotExistsError`` if it is gone: the EventWriter fails the event with them."""
         backoff = self._config.backoff(self._pool.rng)
         failures = 0
         while True:
@@ -526,9 +527,6 @@ class AsyncLargeEventWriter(Generic[T]):
                     raise
                 _log.info("creating a transient segment of %s: %s; again in %.3f s", parent, error, delay)
                 await self._pool.clock.sleep(delay)
-            except (StreamSegmentSealedError, StreamSegmentNotExistsError) as error:
-                raise LargeEventFailedError(f"segment {parent!r} takes no large event now ({error}); the stream "
-                                            "may have scaled -- write the event again") from error
 
     def pipeline(self, segment: str, writer_id: UUID) -> ChunkPipeline:
         return ChunkPipeline(segment, pool=self._pool, locator=self._locator, token=self._token,

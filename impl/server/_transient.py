@@ -124,7 +124,8 @@ class TransientSegments:
         self._merges: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._merges_max = merges_remembered
         self._counter = 0
-        #: What the server deleted, by cause (evidence for tests and the log).
+        #: What the server created, and deleted by cause (evidence for tests and the log).
+        self.created_total = 0
         self.deleted_by: dict[str, int] = {"abort": 0, "disconnect": 0, "idle": 0}
 
     # --- queries ---------------------------------------------------------------------------------
@@ -163,6 +164,7 @@ class TransientSegments:
         if name in self._active:
             raise InternalError(f"transient segment {name!r} created twice")
         record = self._active[name] = TransientRecord(name, parent, now)
+        self.created_total += 1
         self.attach(name, user, writer_id, now)
         return record
 
