@@ -22,7 +22,18 @@ event may be seen again.  A pass is *complete* when the reader read to the end o
   event between them was not (seen at all, or seen but outside the window ``i..j``): a hole that a
   reader that "polled past" an acknowledged write would leave;
 * **partial transaction** -- in a complete pass, some but not all events of a committed transaction;
-  in any pass, an event of a transaction whose outcome is still open.
+  in any pass, an event of a transaction whose outcome is still open;
+* **reread** -- in a pass that resumed from a checkpoint (``resume``), an event the application had
+  processed before that checkpoint: exactly once after a reset means none of those again, and (in a
+  complete pass) every other event that must appear.
+
+Reader groups.  A pass is the group's delivery order -- every reader's events in the order the group
+handed them out -- from its start, or from the checkpoint it was reset to, until the next reset; so
+"reordered" and "gap" are per-routing-key order across the readers and across scaling (a key's events
+move to a successor segment, read perhaps by another reader), and "duplicated" is an event handed out
+twice between a checkpoint and the next reset.  A reader that crashes loses the events it returned
+after its application last persisted its position: the group hands them out again, and ``forget``
+takes the lost reads out of the pass so that their second delivery is not a duplicate.
 
 Events carry their identity in their payload (``EventTag``), so a checker needs nothing but bytes
 read back.  Unknown-outcome writes may appear or not, but at most once per pass and in order.
@@ -122,18 +133,19 @@ class CheckReport:
     reordered: list[tuple[EventTag, EventTag]]
     gaps: list[EventTag]
     partial_transactions: list[str]
+    reread: list[EventTag] = attrs.field(factory=list)
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.duplicated or self.phantom or self.resurrected or self.reordered
-                    or self.gaps or self.partial_transactions)
+                    or self.gaps or self.partial_transactions or self.reread)
 
     def summary(self) -> str:
         return (f"{self.written} written ({self.acked} acked, {self.failed} failed, {self.unknown} unknown), "
                 f"{self.reads} read in {self.passes} pass(es): {len(self.lost)} lost, "
                 f"{len(self.duplicated)} duplicated, {len(self.phantom)} phantom, "
                 f"{len(self.resurrected)} resurrected, {len(self.reordered)} reordered, {len(self.gaps)} gaps, "
-                f"{len(self.partial_transactions)} partial transactions")
+                f"{len(self.partial_transactions)} partial transactions, {len(self.reread)} reread after a reset")
 
 
 class History:
@@ -144,6 +156,7 @@ class History:
         self._transactions: dict[str, TransactionOutcome] = {}
         self._passes: dict[str, list[bytes]] = {}
         self._complete: set[str] = set()
+        self._processed: dict[str, frozenset[EventTag]] = {}
 
     # --- writes --------------------------------------------------------------------------------------
 
@@ -182,6 +195,33 @@ class History:
         if complete:
             self.pass_complete(pass_name)
 
+    def forget(self, pass_name: str, payload: bytes) -> None:
+        """A read of ``pass_name`` was lost with a crashed reader before its application processed
+        it: the group hands the event out again, so its next read in the pass is not a duplicate.
+        Removes the last read of ``payload`` from the pass; ``InvalidArgumentError`` if there is none."""
+        reads = self._passes.get(pass_name, [])
+        for index in range(len(reads) - 1, -1, -1):
+            if reads[index] == payload:
+                del reads[index]
+                return
+        raise InvalidArgumentError(f"pass {pass_name!r} has no read of {payload[:40]!r} to forget")
+
+    def resume(self, pass_name: str, processed: Iterable[bytes]) -> None:
+        """Pass ``pass_name`` starts from a checkpoint (the group was reset to it): ``processed`` are
+        the events the application had processed before the checkpoint.  None of them may be read in
+        this pass (``reread``), and a complete pass must read every other event that must appear.
+        Call it before the pass's first read; ``InvalidArgumentError`` for a payload with no tag."""
+        if self._passes.get(pass_name):
+            raise InvalidArgumentError(f"pass {pass_name!r} has reads already: resume it before its first read")
+        tags = set()
+        for payload in processed:
+            tag = EventTag.parse(payload)
+            if tag is None:
+                raise InvalidArgumentError(f"a processed event carries no tag: {payload[:40]!r}")
+            tags.add(tag)
+        self._passes.setdefault(pass_name, [])
+        self._processed[pass_name] = frozenset(tags)
+
     def pass_complete(self, pass_name: str) -> None:
         """The pass read to the end of everything written: absence now means loss."""
         self._passes.setdefault(pass_name, [])
@@ -214,6 +254,7 @@ def check(history: History) -> CheckReport:
     reordered: set[tuple[EventTag, EventTag]] = set()
     gaps: set[EventTag] = set()
     partial: set[str] = set()
+    reread: set[EventTag] = set()
 
     # Per (writer, key): the sequence numbers of writes that must appear, in order.
     required: dict[tuple[str, str | None], list[int]] = defaultdict(list)
@@ -229,6 +270,7 @@ def check(history: History) -> CheckReport:
         seen: dict[EventTag, int] = {}
         by_stream: dict[tuple[str, str | None], list[int]] = defaultdict(list)
         seen_transactions: dict[str, int] = defaultdict(int)
+        processed = history._processed.get(pass_name, frozenset())
         for payload in payloads:
             tag = EventTag.parse(payload)
             write = writes.get(tag) if tag is not None else None
@@ -239,6 +281,8 @@ def check(history: History) -> CheckReport:
                 duplicated.add(tag)
                 continue
             seen[tag] = len(seen)
+            if tag in processed:
+                reread.add(tag)
             if must_not_appear(write):
                 resurrected.add(tag)
             if write.transaction is not None:
@@ -261,7 +305,7 @@ def check(history: History) -> CheckReport:
 
         if pass_name in history._complete:
             for write in writes.values():
-                if must_appear(write) and write.tag not in seen:
+                if must_appear(write) and write.tag not in seen and write.tag not in processed:
                     lost.add(write.tag)
             counts: dict[str, int] = defaultdict(int)
             for write in writes.values():
@@ -287,4 +331,5 @@ def check(history: History) -> CheckReport:
         reordered=sorted(reordered),
         gaps=sorted(gaps - lost),
         partial_transactions=sorted(partial),
+        reread=sorted(reread),
     )

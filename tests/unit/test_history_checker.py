@@ -7,6 +7,7 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from millstream.errors import InvalidArgumentError
 from millstream.testing.history import (
     EventTag,
     History,
@@ -190,5 +191,66 @@ def test_summary_names_every_count() -> None:
     history, order = _history_with()
     history.read_all("p1", order, complete=True)
     summary = check(history).summary()
-    for word in ("lost", "duplicated", "phantom", "resurrected", "reordered", "gaps", "partial"):
+    for word in ("lost", "duplicated", "phantom", "resurrected", "reordered", "gaps", "partial", "reread"):
         assert f"0 {word}" in summary
+
+
+def _keyed_writes(count: int, keys: int = 2) -> tuple[History, list[bytes]]:
+    history = History()
+    payloads = []
+    for sequence in range(count):
+        tag, key = EventTag("w", sequence), f"k{sequence % keys}"
+        history.write_invoked(tag, key=key)
+        history.write_completed(tag, Outcome.ACKED)
+        payloads.append(tag.payload(40, key=key))
+    return history, payloads
+
+
+def test_forget_takes_a_crashed_readers_lost_read_out_of_the_pass() -> None:
+    history, payloads = _keyed_writes(6)
+    # A reader returned payloads[2] and crashed before its application processed it: the group hands
+    # it out again later in the same pass.
+    history.read_all("group", payloads[:3])
+    history.forget("group", payloads[2])
+    history.read_all("group", payloads[2:], complete=True)
+    assert check(history).ok, check(history)
+    # Without forget the second delivery is a duplicate.
+    history2, payloads2 = _keyed_writes(6)
+    history2.read_all("group", [*payloads2[:3], *payloads2[2:]], complete=True)
+    assert check(history2).duplicated == [EventTag("w", 2)]
+    with pytest.raises(InvalidArgumentError):
+        history2.forget("group", EventTag("w", 99).payload(40))
+    with pytest.raises(InvalidArgumentError):
+        history2.forget("no-such-pass", payloads2[0])
+
+
+def test_a_pass_resumed_from_a_checkpoint_reads_the_rest_exactly_once() -> None:
+    history, payloads = _keyed_writes(8)
+    history.read_all("before", payloads[:5])
+    history.resume("after-reset", payloads[:3])  # the checkpoint covered the first three
+    history.read_all("after-reset", payloads[3:], complete=True)
+    report = check(history)
+    assert report.ok, report
+    assert report.lost == [] and report.reread == []
+
+
+def test_a_resumed_pass_that_rereads_or_skips_is_caught() -> None:
+    history, payloads = _keyed_writes(8)
+    history.resume("reread", payloads[:3])
+    history.read_all("reread", payloads[2:], complete=True)  # payloads[2] was processed already
+    history.resume("skipped", payloads[:3])
+    history.read_all("skipped", [*payloads[3:5], *payloads[6:]], complete=True)  # payloads[5] never
+    report = check(history)
+    assert report.reread == [EventTag("w", 2)]
+    assert report.lost == [EventTag("w", 5)]
+    assert not report.ok
+    assert "1 reread" in report.summary()
+
+
+def test_resume_is_refused_after_reads_and_for_untagged_payloads() -> None:
+    history, payloads = _keyed_writes(3)
+    history.read("p", payloads[0])
+    with pytest.raises(InvalidArgumentError):
+        history.resume("p", payloads[:1])
+    with pytest.raises(InvalidArgumentError):
+        history.resume("q", [b"no tag here"])
