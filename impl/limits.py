@@ -591,6 +591,25 @@ READER_GROUP_CHECKPOINT_WAIT_SECONDS: Final = 300.0
 #: ask for the client's full read length.
 READER_TAIL_READ_LENGTH_BYTES: Final = 128 * KIB
 
+# --- Simulated network (millstream.testing.network: tests only) ------------------------------------
+
+#: Bytes one direction of a simulated link may hold undelivered (a receiver that stopped reading, a
+#: long partition).  Far above what a writer's unacknowledged-bytes budget lets it send; a pipe that
+#: reaches it is cut rather than grown, as a real connection would break rather than buffer forever.
+SIMULATED_NETWORK_PIPE_BYTES_MAX: Final = 64 * MIB
+
+#: A simulated transport's default write-buffer high-water mark: asyncio's own default for sockets,
+#: so flow control (``pause_writing``) starts where it would over TCP.
+SIMULATED_NETWORK_WRITE_BUFFER_HIGH_BYTES: Final = 64 * KIB
+
+#: Connections open at once on one simulated network: a test that leaks connections fails loudly
+#: instead of growing without bound (the server's own cap, SERVER_CONNECTIONS_MAX, is lower).
+SIMULATED_NETWORK_LINKS_MAX: Final = 10_000
+
+#: A connect waits for a partition to end; a partition extended again and again makes it wait again,
+#: at most this many times (each wait is bounded by the partition's own length).
+SIMULATED_NETWORK_PARTITION_WAITS_MAX: Final = 1000
+
 # --- Large events (transient segments, the byte-stream writer, the large-event reader) -------------
 
 #: One large event (``LargeEventWriter.stream_event``).  PDP-43's figure: room for any video frame or

@@ -4,6 +4,9 @@ Every value in ``ClientConfig`` defaults to the limit of the same meaning in ``m
 may only be made smaller (a limit is an upper bound, not a tuning knob): tests shrink timeouts and
 delays so a lost acknowledgement or a dead server shows within milliseconds.
 
+``connector`` is the one field that is not a limit: a test hands the client a simulated network
+(``millstream.testing.network``) instead of TCP.
+
 Randomness arrives as data (STYLE.md #2): writer ids and backoff jitter come from a ``RandomSource``.
 Pass a seeded ``random.Random`` and a run replays exactly; the default draws from the operating
 system (``os.urandom``), as ``SystemClock`` reads the real clock.
@@ -11,9 +14,10 @@ system (``os.urandom``), as ``SystemClock`` reads the real clock.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
@@ -21,7 +25,13 @@ import attrs
 from millstream import limits
 from millstream.errors import InvalidArgumentError
 
-__all__ = ["Backoff", "ClientConfig", "Endpoint", "RandomSource", "SystemRandomSource", "parse_uri", "random_uuid"]
+__all__ = ["Backoff", "ClientConfig", "Connector", "Endpoint", "RandomSource", "SystemRandomSource", "parse_uri",
+           "random_uuid"]
+
+#: Opens a byte stream to ``host:port`` for a protocol, as ``loop.create_connection(factory, host, port)``
+#: does: ``ClientConfig.connector`` (a simulated network's ``create_connection`` in tests).
+Connector = Callable[[Callable[[], asyncio.BaseProtocol], str, int],
+                     Awaitable[tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]]
 
 
 class RandomSource(Protocol):
@@ -58,6 +68,11 @@ def _positive_at_most(limit: float) -> Callable[[Any, attrs.Attribute[Any], Any]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= limit:
             raise InvalidArgumentError(f"{attribute.name} must be in (0, {limit}], not {value!r}")
     return check
+
+
+def _callable_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not callable(value):
+        raise InvalidArgumentError(f"{attribute.name} must be callable or None, not {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +113,9 @@ class ClientConfig:
     read_length_bytes: int = attrs.field(
         default=limits.CLIENT_READ_LENGTH_BYTES,
         validator=_positive_at_most(limits.READ_LENGTH_MAX_BYTES))
+    #: Injection point for tests: open connections with this instead of TCP (plain connections only;
+    #: a ``tls://`` endpoint is refused).  None, the default: ``loop.create_connection``.
+    connector: Connector | None = attrs.field(default=None, eq=False, repr=False, validator=_callable_or_none)
 
     def backoff(self, rng: RandomSource) -> Backoff:
         """The reconnect schedule these settings describe, jittered by ``rng``."""

@@ -152,8 +152,13 @@ class Connection(asyncio.Protocol):
         context = (ssl_context or _ssl.create_default_context()) if tls else None
         try:
             async with asyncio.timeout(config.connect_timeout_seconds):
-                await loop.create_connection(lambda: connection, endpoint.host, endpoint.port, ssl=context,
-                                             server_hostname=endpoint.host if tls else None)
+                if config.connector is not None:  # a test's simulated network (ClientConfig.connector)
+                    if tls:
+                        raise InvalidArgumentError(f"{endpoint}: a connector carries plain connections, not TLS")
+                    await config.connector(lambda: connection, endpoint.host, endpoint.port)
+                else:
+                    await loop.create_connection(lambda: connection, endpoint.host, endpoint.port, ssl=context,
+                                                 server_hostname=endpoint.host if tls else None)
                 await connection._hello
         except (OSError, TimeoutError) as error:
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__

@@ -265,6 +265,13 @@ class SegmentStoreServer:
             raise WrongHostError(f"segment {segment!r} lives in container {container_id}, not hosted here")
         return host.container
 
+    def protocol_factory(self) -> asyncio.BufferedProtocol:
+        """The protocol for one more client connection over a transport this server did not accept
+        itself -- a simulated network's (``millstream.testing.network``: ``network.listen(host, port,
+        server.protocol_factory)``).  Its ``connection_made`` adopts it as an accepted socket would be
+        (refused unless the server is running, and counted against ``connections_max``)."""
+        return Connection(self)
+
     def attach_controller(self, controller: ControllerEndpoint | None) -> None:
         """Serve ``ControllerRequest``s with ``controller`` from now on (None: stop serving them)."""
         self.controller = controller
