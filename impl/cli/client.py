@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -271,8 +272,11 @@ def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...]
 # --- millstream read -------------------------------------------------------------------------------
 
 
-@main.command(short_help="Print the events of a segment, from an offset; optionally follow it.")
-@click.option("--segment", "name", required=True, metavar="NAME", help="Segment to read.")
+@main.command(short_help="Print the events of a segment (or as a reader of a group); optionally follow.")
+@click.option("--segment", "name", default=None, metavar="NAME", help="Segment to read.")
+@click.option("--group", default=None, metavar="SCOPE/GROUP",
+              help="Instead of --segment: read as one reader of this reader group (as `millstream group read`).")
+@click.option("--reader-id", default=None, help="With --group: this reader's id in the group.  [default: a new one]")
 @click.option("--offset", type=click.IntRange(min=0), default=None,
               help="Where to start: the offset of an event (see --show-offsets).  [default: the segment's "
                    "first byte that was not truncated away]")
@@ -281,21 +285,39 @@ def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...]
 @click.option("--max-events", type=click.IntRange(min=1), default=None, help="Stop after this many events.")
 @click.option("--show-offsets", is_flag=True, help="Print each event's offset and a tab before it.")
 @_connection_options
-def read(name: str, offset: int | None, follow: bool, max_events: int | None, show_offsets: bool, uri: str, token: str,
-         tls_ca: Path | None) -> None:
-    """Print the events of a segment, one per line, from --offset on.
+def read(name: str | None, group: str | None, reader_id: str | None, offset: int | None, follow: bool,
+         max_events: int | None, show_offsets: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Print the events of a segment, one per line, from --offset on; or, with --group, the events
+    the reader group hands this reader (per routing key in order, across scaling).
 
-    Without --follow it stops at the current end of the segment.  With --follow it waits for new
-    events (long polling: no busy loop) until the segment is sealed and read to its end, or until
-    Ctrl-C; it then prints, on stderr, the offset to resume from.
+    Without --follow it stops at the current end of the segment (a group reader: once idle for a
+    second).  With --follow it waits for new events (long polling: no busy loop) until the segment
+    is sealed and read to its end (the group's streams end), or until Ctrl-C; for a segment it then
+    prints, on stderr, the offset to resume from (a group reader leaves the group at its position).
 
     \b
     Examples:
       millstream read --segment demo/events/0
       millstream read --segment demo/events/0 --follow --show-offsets
       millstream read --segment demo/events/0 --offset 120 --max-events 10
+      millstream read --group iot/analytics --reader-id r1 --follow
     """
     from millstream import limits
+
+    if (name is None) == (group is None):
+        raise click.UsageError("give exactly one of --segment and --group")
+    if group is not None:
+        if offset is not None:
+            raise click.UsageError("--offset is for --segment; a group reader starts at the group's position")
+        from millstream.cli.groups import _group_name, group_read
+
+        context = click.get_current_context()
+        context.invoke(group_read, name=_group_name(group), reader_id=reader_id or f"cli-{uuid.uuid4().hex[:12]}",
+                       follow=follow, idle_seconds=1.0, max_events=max_events, show_positions=show_offsets,
+                       uri=uri, token=token, tls_ca=tls_ca)
+        return
+    if reader_id is not None:
+        raise click.UsageError("--reader-id is for --group")
 
     out = sys.stdout.buffer
     printed = 0

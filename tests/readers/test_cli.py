@@ -86,3 +86,30 @@ def test_group_commands(tmp_path: Path) -> None:
         assert invoke(uri, "group", "delete", "s/g")[:2] == (0, "deleted s/g\n")
         code, _, err = invoke(uri, "group", "describe", "s/g")
         assert code == 1 and "ReaderGroupNotFoundError" in err
+
+
+def test_read_with_group_is_a_group_reader(tmp_path: Path) -> None:
+    """``millstream read --group`` (issue 5's spelling) reads as ``group read`` does; misuse is a
+    usage error naming the options."""
+    with millstream.standalone(tmp_path) as node:
+        uri = node.uri
+        assert invoke(uri, "scope", "create", "s")[0] == 0
+        assert invoke(uri, "stream", "create", "s/a", "--segments", "2")[0] == 0
+        written = write(uri, 0, 25)
+        assert invoke(uri, "group", "create", "s/g", "--stream", "s/a", "--end-at-tail")[0] == 0
+        code, out, err = invoke(uri, "read", "--group", "s/g", "--reader-id", "r1", "--follow")
+        assert code == 0, err
+        assert sorted(out.splitlines()) == sorted(written) and "end of the group's streams" in err
+        code, out, err = invoke(uri, "read", "--group", "s/g", "--reader-id", "r1", "--follow")
+        assert (code, out) == (0, "") and "read 0 events" in err  # everything was consumed once
+
+        code, _, err = invoke(uri, "read", "--group", "s/g", "--segment", "s/a/0")
+        assert code == 2 and "exactly one of --segment and --group" in err
+        code, _, err = invoke(uri, "read")
+        assert code == 2 and "exactly one of --segment and --group" in err
+        code, _, err = invoke(uri, "read", "--group", "s/g", "--offset", "3")
+        assert code == 2 and "--offset is for --segment" in err
+        code, _, err = invoke(uri, "read", "--segment", "s/a/0", "--reader-id", "r")
+        assert code == 2 and "--reader-id is for --group" in err
+        code, _, err = invoke(uri, "read", "--group", "s/missing", "--reader-id", "r")
+        assert code == 1 and "ReaderGroupNotFoundError" in err
