@@ -124,8 +124,8 @@ class StreamRecord:
     """One stream's metadata."""
 
     __slots__ = ("config", "created_time", "fences", "finished_transactions", "head", "history", "name",
-                 "next_commit_order", "next_number", "pending", "recorded_cuts", "scope", "sealed", "sealed_lengths",
-                 "state", "transactions")
+                 "next_commit_order", "next_number", "next_transaction_number", "pending", "recorded_cuts", "scope",
+                 "sealed", "sealed_lengths", "state", "transactions")
 
     def __init__(self, scope: str, name: str, config: StreamConfig, created_time: float, epoch: EpochRecord) -> None:
         self.scope = scope
@@ -149,6 +149,8 @@ class StreamRecord:
         self.finished_transactions: list[str] = []
         #: The commit order the next committing transaction gets.
         self.next_commit_order = 1
+        #: The ``number`` the next transaction begun gets (the order transactions began in).
+        self.next_transaction_number = 1
         #: Fence key -> the highest value a fenced multi-commit recorded.
         self.fences: dict[str, int] = {}
 
@@ -179,7 +181,7 @@ class StreamRecord:
             "recorded_cuts": [c.to_json() for c in self.recorded_cuts],
             "transactions": [r.to_json() for _, r in sorted(self.transactions.items())],
             "finished_transactions": list(self.finished_transactions), "next_commit_order": self.next_commit_order,
-            "fences": dict(sorted(self.fences.items())),
+            "next_transaction_number": self.next_transaction_number, "fences": dict(sorted(self.fences.items())),
         }
 
     @classmethod
@@ -199,6 +201,7 @@ class StreamRecord:
         record.transactions = {r.txn_id: r for r in map(TransactionRecord.from_json, value.get("transactions", ()))}
         record.finished_transactions = list(value.get("finished_transactions", ()))
         record.next_commit_order = int(value.get("next_commit_order", 1))
+        record.next_transaction_number = int(value.get("next_transaction_number", 1))
         record.fences = {str(k): int(v) for k, v in value.get("fences", {}).items()}
         return record
 
@@ -222,6 +225,8 @@ class StreamRecord:
         assert self.active_transaction_count <= limits.TRANSACTIONS_ACTIVE_PER_STREAM_MAX
         orders = [r.order for r in self.transactions.values() if r.order]
         assert len(set(orders)) == len(orders) and all(o < self.next_commit_order for o in orders), orders
+        numbers = [r.number for r in self.transactions.values() if r.number]
+        assert len(set(numbers)) == len(numbers) and all(n < self.next_transaction_number for n in numbers), numbers
         for txn_id, record in self.transactions.items():
             assert txn_id == record.txn_id
             record.check_invariants()
@@ -464,7 +469,9 @@ class ControllerState:
             raise InternalError(f"transaction {txn_id} of {stream.qualified_name} created twice")
         stream.transactions[txn_id] = TransactionRecord(
             txn_id, int(record["epoch"]), [SegmentRecord.from_json(s) for s in record["segments"]],
-            float(record["lease"]), float(record["opened"]), float(record["deadline"]))
+            float(record["lease"]), float(record["opened"]), float(record["deadline"]),
+            stream.next_transaction_number)
+        stream.next_transaction_number += 1
         self.active_transactions += 1
 
     def _txn_pinged(self, record: Mapping[str, Any]) -> None:

@@ -43,7 +43,9 @@ fenced multi-commit whose value is already recorded) marks the transaction ABORT
 The fenced multi-commit (``decide_fenced_commit``) is one planned record: if the value recorded for
 the fence key is not lower than the request's, it aborts the listed transactions that are still open
 and answers "already committed"; else, if every listed transaction is open, it marks them all
-COMMITTING (consecutive orders, in the order listed) and records the value in the same record;
+COMMITTING (consecutive orders, in the order the transactions began -- the spec's request is a set,
+ordered by the transactions' identities, which a refinement numbers in the order they begin; the
+order of the list does not matter) and records the value in the same record;
 otherwise it refuses with a typed error and records nothing.  Because the controller appends every
 record conditionally and plans again after catching up, the check and the record are one step.
 
@@ -187,12 +189,15 @@ def lease_deadline(opened: float, now: float, lease: float) -> float:
 
 class TransactionRecord:
     """One transaction's durable record: its id (hex), epoch and that epoch's segments (by key),
-    lease, times, status and commit order (0 until it commits)."""
+    lease, times, status, commit order (0 until it commits) and ``number``: the how-manieth
+    transaction of its stream it is (from 1, in the order of their ``txn_created`` records; 0 in
+    snapshots from before it was kept) -- the spec's identity order, which a fenced multi-commit
+    gives its commit orders in."""
 
-    __slots__ = ("deadline", "epoch", "lease", "opened", "order", "segments", "status", "txn_id")
+    __slots__ = ("deadline", "epoch", "lease", "number", "opened", "order", "segments", "status", "txn_id")
 
     def __init__(self, txn_id: str, epoch: int, segments: Sequence[SegmentRecord], lease: float, opened: float,
-                 deadline: float) -> None:
+                 deadline: float, number: int = 0) -> None:
         self.txn_id = txn_id
         self.epoch = epoch
         self.segments: tuple[SegmentRecord, ...] = tuple(segments)
@@ -201,6 +206,7 @@ class TransactionRecord:
         self.deadline = deadline
         self.status = TxnStatus.OPEN
         self.order = 0
+        self.number = number
 
     @property
     def uuid(self) -> UUID:
@@ -216,12 +222,13 @@ class TransactionRecord:
     def to_json(self) -> dict[str, Any]:
         return {"txn": self.txn_id, "epoch": self.epoch, "segments": [s.to_json() for s in self.segments],
                 "lease": self.lease, "opened": self.opened, "deadline": self.deadline, "status": self.status.value,
-                "order": self.order}
+                "order": self.order, "number": self.number}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> TransactionRecord:
         record = cls(value["txn"], int(value["epoch"]), [SegmentRecord.from_json(s) for s in value["segments"]],
-                     float(value["lease"]), float(value["opened"]), float(value["deadline"]))
+                     float(value["lease"]), float(value["opened"]), float(value["deadline"]),
+                     int(value.get("number", 0)))
         record.status = TxnStatus(value["status"])
         record.order = int(value["order"])
         return record
@@ -400,5 +407,8 @@ def decide_fenced_commit(*, sealed: bool, transactions: Mapping[str, Transaction
                                       "was committed or recorded")
     if sealed:
         raise StreamSealedError("the stream is sealed: its transactions cannot commit")
-    record = {"type": "txns_committing", "txns": list(txn_ids), "fence": None if fence is None else list(fence)}
+    # Commit orders go in the order the transactions began (``TransactionRecord.number``), whatever the
+    # list's order: the spec's request is a set, and ``DecideFencedCommit`` orders it by identity.
+    in_order = sorted(txn_ids, key=lambda t: (transactions[t].number, t))
+    record = {"type": "txns_committing", "txns": in_order, "fence": None if fence is None else list(fence)}
     return FenceDecision(FenceOutcome.COMMITTED, record, None if fence is None else fence[1])

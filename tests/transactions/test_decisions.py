@@ -53,8 +53,9 @@ HALVES = (SegmentRecord(segment_id(0, 0), 0.0, 0.5), SegmentRecord(segment_id(0,
 WHOLE = (SegmentRecord(segment_id(1, 2), 0.0, 1.0),)
 
 
-def txn(n: int, status: TxnStatus = TxnStatus.OPEN, *, order: int = 0, segments=HALVES) -> TransactionRecord:
-    record = TransactionRecord(UUID(int=n).hex, 0, segments, 10.0, 100.0, 110.0)
+def txn(n: int, status: TxnStatus = TxnStatus.OPEN, *, order: int = 0, segments=HALVES, number: int = 0,
+        ) -> TransactionRecord:
+    record = TransactionRecord(UUID(int=n).hex, 0, segments, 10.0, 100.0, 110.0, number)
     record.status = status
     record.order = order
     return record
@@ -254,10 +255,12 @@ def test_a_fence_not_lower_than_the_recorded_value_commits_nothing_and_aborts_th
 
 
 def test_a_higher_fence_commits_every_listed_transaction_and_records_the_value_in_one_record() -> None:
-    records = table(txn(1), txn(2))
-    decision = decide(records, {"q": 5}, [ident(2), ident(1)], ("q", 6))
+    records = table(txn(1, number=2), txn(2, number=1), txn(3, number=3))
+    decision = decide(records, {"q": 5}, [ident(3), ident(1), ident(2)], ("q", 6))
     assert decision.outcome is FenceOutcome.COMMITTED and decision.recorded == 6
-    assert decision.record == {"type": "txns_committing", "txns": [ident(2), ident(1)], "fence": ["q", 6]}
+    # Commit orders in the order the transactions began (the spec orders its set by identity), not
+    # the list's order nor the ids'.
+    assert decision.record == {"type": "txns_committing", "txns": [ident(2), ident(1), ident(3)], "fence": ["q", 6]}
     assert decide(records, {}, [ident(1)], ("new", 0)).record["fence"] == ["new", 0], "no value yet: 0 is higher"
     plain = decide(records, {}, [ident(1)], None)
     assert plain.outcome is FenceOutcome.COMMITTED and plain.record["fence"] is None and plain.recorded is None
