@@ -1,0 +1,301 @@
+"""``millstream pipeline bench``: the Spark side measured against Spark's own source and sink, in one run.
+
+Theory of operation.  One standalone store (in a background thread) and one SparkSession (this
+process, ``local[2]``, the pipeline's settings) serve every measurement, so the figures compare on
+the same machine at the same moment:
+
+* **source**: ``rows`` events (the sensor workload's payloads, about 90 bytes each) are written to a
+  stream of two segments first; then a query reads them through the millstream source -- Arrow record
+  batches out of ``read()`` -- into Spark's ``noop`` sink, in ``BATCHES`` micro-batches of
+  ``rows / BATCHES`` (admission control).  Beside it, Spark's built-in ``rate-micro-batch`` source
+  makes the same number of rows per batch, into the same ``noop`` sink.
+* **sink**: ``rate-micro-batch`` rows (a routing key and a ~90-byte value each) into the millstream
+  sink -- one store transaction per task, one fenced multi-commit per batch -- with the Arrow writer
+  and with the row writer, beside the same rows into ``noop``.
+* **pipeline**: the reference pipeline (``start_query``) runs for ``pipeline_seconds`` on a
+  processing-time trigger of one second while the sensor workload is written at 200 events/s; each
+  micro-batch's duration (``triggerExecution``: planning, reading, the RocksDB state, the sink's
+  commit and Spark's logs) is its end-to-end latency from the batch's start to its output being
+  committed and readable.
+
+Rates are rows per second of batch time (``triggerExecution`` summed over the batches with rows,
+the first batch of each query left out: it pays for worker start-up and JIT, 4-13 s here); the
+query's wall time including its start is given beside it.  Every figure is also written as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+from millstream.clock import SystemClock
+from millstream.spark.pipeline import PipelineConfig, build_session, start_query
+from millstream.spark.workload import SensorWorkload
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["BenchConfig", "BenchReport", "Measurement", "main", "run_bench"]
+
+#: Micro-batches per throughput query (the first is left out of the rate).
+BATCHES: Final = 6
+#: A throughput query gets this long before it is stopped and reported as failed.
+QUERY_TIMEOUT_SECONDS: Final = 900.0
+#: The rate the pipeline measurement writes at (the demo's rate).
+PIPELINE_EVENTS_PER_SECOND: Final = 200
+
+
+@attrs.frozen(kw_only=True)
+class BenchConfig:
+    rows: int = 500_000
+    pipeline_seconds: float = 60.0
+    data_dir: Path | None = None
+    json_path: Path | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Measurement:
+    """One query's figures."""
+
+    name: str
+    rows: int
+    batches: int
+    batch_seconds: float         # triggerExecution summed over the batches with rows but the first
+    measured_rows: int           # ... and their rows
+    wall_seconds: float          # the whole query, its start included
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.measured_rows / self.batch_seconds if self.batch_seconds > 0 else 0.0
+
+
+@attrs.frozen(kw_only=True)
+class BenchReport:
+    throughput: tuple[Measurement, ...]
+    pipeline_batches: tuple[dict[str, Any], ...]
+    spark_version: str
+
+    def latency_summary(self) -> dict[str, float]:
+        batches = [b for b in self.pipeline_batches[1:] if b.get("trigger_ms") is not None]
+        if not batches:
+            return {}
+        trigger = sorted(float(b["trigger_ms"]) for b in batches)
+        add = sorted(float(b.get("add_batch_ms") or 0) for b in batches)
+        rows = [int(b.get("input_rows") or 0) for b in batches]
+        return {"batches": float(len(batches)), "median_ms": statistics.median(trigger),
+                "p90_ms": _percentile(trigger, 0.9), "max_ms": trigger[-1],
+                "add_batch_median_ms": statistics.median(add), "rows_per_batch_median": statistics.median(rows)}
+
+    def markdown(self) -> str:
+        lines = [f"Spark {self.spark_version}, local[2], one session for every query.", "",
+                 "| query | rows | batches | rows/s (batch time) | wall s (with start) |",
+                 "|---|---:|---:|---:|---:|"]
+        lines += [f"| {m.name} | {m.rows:,} | {m.batches} | {m.rows_per_second:,.0f} | {m.wall_seconds:.1f} |"
+                  for m in self.throughput]
+        summary = self.latency_summary()
+        if summary:
+            lines += ["", "Reference pipeline, per micro-batch (processing-time trigger 1 s, "
+                      f"{PIPELINE_EVENTS_PER_SECOND} events/s written; the first batch left out):", "",
+                      "| batches | rows/batch (median) | latency median ms | p90 ms | max ms | addBatch median ms |",
+                      "|---:|---:|---:|---:|---:|---:|",
+                      f"| {summary['batches']:.0f} | {summary['rows_per_batch_median']:.0f} | "
+                      f"{summary['median_ms']:.0f} | {summary['p90_ms']:.0f} | {summary['max_ms']:.0f} | "
+                      f"{summary['add_batch_median_ms']:.0f} |"]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spark_version": self.spark_version,
+                "throughput": [{**attrs.asdict(m), "rows_per_second": m.rows_per_second} for m in self.throughput],
+                "pipeline_batches": list(self.pipeline_batches), "pipeline_latency": self.latency_summary()}
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    index = min(len(values) - 1, max(0, round(fraction * (len(values) - 1))))
+    return values[index]
+
+
+def _measure(name: str, start: Callable[[], Any], rows: int, *, stop_after_rows: int | None = None) -> Measurement:
+    """Run the query ``start()`` returns until it ends (or has processed ``stop_after_rows``)."""
+    clock = SystemClock()
+    began = clock.monotonic()
+    query = start()
+    try:
+        while True:
+            ended = query.awaitTermination(0.5)
+            done = sum(p.numInputRows for p in query.recentProgress)
+            if ended or (stop_after_rows is not None and done >= stop_after_rows):
+                break
+            if clock.monotonic() - began > QUERY_TIMEOUT_SECONDS:
+                raise TimeoutError(f"{name}: not done within {QUERY_TIMEOUT_SECONDS:.0f} s")
+    finally:
+        if query.isActive:
+            query.stop()
+    wall = clock.monotonic() - began
+    error = query.exception()
+    if error is not None:
+        raise RuntimeError(f"{name} failed: {error}")
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    with_rows = [p for p in progress if (p.get("numInputRows") or 0) > 0]
+    measured = with_rows[1:]
+    return Measurement(name=name, rows=sum(p["numInputRows"] for p in with_rows), batches=len(with_rows),
+                       batch_seconds=sum(p["durationMs"]["triggerExecution"] for p in measured) / 1000.0,
+                       measured_rows=sum(p["numInputRows"] for p in measured), wall_seconds=wall)
+
+
+def _write_events(uri: str, stream: str, workload: SensorWorkload, count: int) -> None:
+    import millstream
+
+    with millstream.connect(uri) as client, client.event_writer(stream) as writer:
+        for routing_key, payload in workload.events(0, count):
+            writer.write_event(payload, routing_key=routing_key)
+
+
+def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Callable[[str], None],
+                ) -> list[Measurement]:
+    import millstream
+    from millstream.client import ScalingPolicy, StreamConfig
+
+    per_batch = max(1, rows // BATCHES)
+    with millstream.connect(uri) as client:
+        manager = client.stream_manager()
+        manager.create_scope("bench", exist_ok=True)
+        for name in ("bench/source", "bench/sink-arrow", "bench/sink-rows"):
+            manager.create_stream(name, StreamConfig(scaling=ScalingPolicy.fixed(2)))
+    say(f"writing {rows:,} events to bench/source")
+    _write_events(uri, "bench/source", SensorWorkload(seed=3, malformed_every=0), rows)
+
+    def checkpoint(name: str) -> str:
+        return str(workdir / "checkpoints" / name)
+
+    def rate() -> Any:
+        return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", str(per_batch))
+                .option("numPartitions", "2").load())
+
+    def rate_rows() -> Any:
+        # A routing key and a value about as long as a sensor reading's JSON.
+        return rate().selectExpr("concat('sensor-', CAST(value % 16 AS STRING)) AS routing_key",
+                                 "concat('{\"kind\":\"reading\",\"sensor_id\":\"sensor-0001\",\"ts_ms\":', "
+                                 "CAST(value AS STRING), ',\"temperature_c\":21.37}') AS value")
+
+    def millstream_source() -> Any:
+        return (spark.readStream.format("millstream").option("controller", uri).option("stream", "bench/source")
+                .option("maxRowsPerBatch", str(per_batch)).load())
+
+    def to_noop(frame: Any, name: str, available_now: bool) -> Callable[[], Any]:
+        def start() -> Any:
+            writer = frame().writeStream.format("noop").option("checkpointLocation", checkpoint(name))
+            writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="0 seconds")
+            return writer.start()
+        return start
+
+    def to_millstream(stream: str, writer_kind: str, name: str) -> Callable[[], Any]:
+        def start() -> Any:
+            return (rate_rows().writeStream.format("millstream").option("controller", uri).option("stream", stream)
+                    .option("writer", writer_kind).option("checkpointLocation", checkpoint(name))
+                    .trigger(processingTime="0 seconds").start())
+        return start
+
+    results = []
+    say("warm-up: rate-micro-batch -> noop")
+    _measure("warm-up", to_noop(rate, "warm-up", False), rows, stop_after_rows=2 * per_batch)
+    plan = [
+        ("source: millstream (Arrow) -> noop", to_noop(millstream_source, "source-millstream", True), None),
+        ("source: rate-micro-batch -> noop", to_noop(rate, "source-rate", False), rows),
+        ("sink: rate-micro-batch -> millstream (Arrow writer)",
+         to_millstream("bench/sink-arrow", "arrow", "sink-arrow"), rows),
+        ("sink: rate-micro-batch -> millstream (row writer)", to_millstream("bench/sink-rows", "rows", "sink-rows"),
+         rows),
+        ("sink: rate-micro-batch -> noop (same rows)", to_noop(rate_rows, "sink-noop", False), rows),
+    ]
+    for name, start, stop_after in plan:
+        say(name)
+        results.append(_measure(name, start, rows, stop_after_rows=stop_after))
+    return results
+
+
+def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: float,
+                      say: Callable[[str], None]) -> list[dict[str, Any]]:
+    import millstream
+    from millstream.client import ScalingPolicy, StreamConfig
+    from millstream.spark.pipeline import progress_record
+
+    with millstream.connect(uri) as client:
+        client.stream_manager().create_stream("bench/sensors", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+        client.stream_manager().create_stream("bench/alerts", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+    workload = SensorWorkload(seed=5, events_per_second=PIPELINE_EVENTS_PER_SECOND)
+    stop = threading.Event()
+    clock = SystemClock()
+
+    def write() -> None:
+        with millstream.connect(uri) as client, client.event_writer("bench/sensors") as writer:
+            began, written = clock.monotonic(), 0
+            while not stop.wait(0.05):
+                due = int((clock.monotonic() - began) * PIPELINE_EVENTS_PER_SECOND)
+                for routing_key, payload in workload.events(written, due - written):
+                    writer.write_event(payload, routing_key=routing_key)
+                written = due
+
+    config = PipelineConfig(controller=uri, input_stream="bench/sensors", output_stream="bench/alerts",
+                            checkpoint=workdir / "checkpoints" / "pipeline")
+    writer = threading.Thread(target=write, name="bench-workload", daemon=True)
+    writer.start()
+    say(f"reference pipeline for {seconds:.0f} s")
+    query = start_query(spark, config)
+    began = clock.monotonic()
+    try:
+        while clock.monotonic() - began < seconds and not query.awaitTermination(1.0):
+            pass
+    finally:
+        query.stop()
+        stop.set()
+        writer.join(30.0)
+    error = query.exception()
+    if error is not None:
+        raise RuntimeError(f"the reference pipeline failed: {error}")
+    return [progress_record(json.loads(p.json)) for p in query.recentProgress]
+
+
+def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
+    import millstream
+    import pyspark
+
+    workdir = config.data_dir or Path(tempfile.mkdtemp(prefix="millstream-spark-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        with millstream.standalone(workdir / "store") as node:
+            session_config = PipelineConfig(controller=node.uri, checkpoint=workdir / "checkpoints" / "unused")
+            spark = build_session(session_config)
+            try:
+                throughput = _throughput(spark, node.uri, workdir, config.rows, say)
+                batches = _pipeline_latency(spark, node.uri, workdir, config.pipeline_seconds, say)
+            finally:
+                spark.stop()
+        return BenchReport(throughput=tuple(throughput), pipeline_batches=tuple(batches),
+                           spark_version=pyspark.__version__)
+    finally:
+        if config.data_dir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def main(config: BenchConfig, out: Callable[[str], None] | None = None) -> int:
+    """Run the bench; the table goes to stdout, progress to ``out`` (default stderr)."""
+    say = out or _stderr
+    report = run_bench(config, say)
+    sys.stdout.write(report.markdown() + "\n")
+    if config.json_path is not None:
+        config.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        say(f"raw figures: {config.json_path}")
+    return 0
