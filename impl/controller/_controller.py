@@ -86,6 +86,7 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
 )
 from millstream.naming import SYSTEM_SCOPE, stream_segment_name, validate_scope_or_stream_name
+from millstream.segmentstore.tracing import Tracer
 
 __all__ = ["READER_GROUP_STATE_PREFIX", "Controller", "ControllerConfig", "reader_group_state_segment"]
 
@@ -142,10 +143,13 @@ def _cut_of(value: Mapping[str, Any]) -> dict[int, int]:
 class Controller(TransactionWorkflows):
     """The controller of the segments ``store`` holds.  ``clock`` times its periodic work; ``now``
     gives the times it records (seconds since the Unix epoch by default); ``rng`` draws transaction
-    ids.  ``start``, then call its methods on the same event loop; ``stop`` ends the periodic work."""
+    ids; ``tracer`` (tests) hears the fenced multi-commits' requests and decisions
+    (``_transaction_workflows``).  ``start``, then call its methods on the same event loop; ``stop``
+    ends the periodic work."""
 
     def __init__(self, store: SegmentStore, *, clock: Clock | None = None, now: Callable[[], float] | None = None,
-                 config: ControllerConfig | None = None, rng: RandomSource | None = None) -> None:
+                 config: ControllerConfig | None = None, rng: RandomSource | None = None,
+                 tracer: Tracer | None = None) -> None:
         self._store = store
         self._clock: Clock = clock or SystemClock()
         self._now = now if now is not None else _time.time
@@ -162,6 +166,8 @@ class Controller(TransactionWorkflows):
         self._started = False
         self._closed = False
         self._rng: RandomSource = rng or SystemRandomSource()
+        self._tracer = tracer
+        self._traced_requests = 0
         #: The worker running each stream's transaction workflows, and the streams that may have work.
         self._transaction_workers: dict[_Key, asyncio.Task[None]] = {}
         self._transaction_work: set[_Key] = set()

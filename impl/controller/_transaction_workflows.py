@@ -30,6 +30,15 @@ lockstep with the model.
 
 Sealing a stream first finishes its committing transactions and aborts its open ones
 (``_settle_transactions``): a sealed stream has no live transaction.
+
+Tracing (``tests/trace``, against ``spec/Transactions.tla``).  Every decision above is a record, and
+a test sees it land at the store.  A fenced multi-commit is the exception -- its request and a decision
+that records nothing are visible nowhere else -- so a controller given a ``tracer`` reports them:
+``RequestFencedCommit`` (``request``: a number per controller, ``scope``, ``stream``, ``txns``,
+``key``, ``value``, and ``seen``: the value recorded for the key when it arrived, 0 for none) and
+``DecideFencedCommit`` (``request``, ``outcome``: committed | already_committed | rejected, ``seen``:
+the recorded value the decision was planned against, and ``recorded``: whether a record carries it --
+then it takes effect when that record is durable).  Without a tracer this costs one comparison.
 """
 
 from __future__ import annotations
@@ -73,6 +82,7 @@ if TYPE_CHECKING:
     from millstream.client._config import RandomSource
     from millstream.controller._controller import ControllerConfig
     from millstream.controller._segment_store import SegmentStore
+    from millstream.segmentstore.tracing import Tracer
 
 __all__ = ["TransactionWorkflows"]
 
@@ -96,6 +106,8 @@ class TransactionWorkflows:
         _closed: bool
         _transaction_workers: dict[_Key, asyncio.Task[None]]
         _transaction_work: set[_Key]
+        _tracer: Tracer | None
+        _traced_requests: int
         config: ControllerConfig
         failed_transaction_runs: int
 
@@ -310,18 +322,45 @@ class TransactionWorkflows:
         checked = check_fence(fence)
         outcome: list[FenceOutcome] = []
         recorded: list[int | None] = []
+        traced = self._trace_fenced_request(scope, stream, txn_ids, checked)
 
         def plan(state: ControllerState) -> dict[str, Any] | None:
             record = self._stream(scope, stream)
-            decision = decide_fenced_commit(sealed=self._closed_to_transactions(record),
-                                            transactions=record.transactions, fences=record.fences,
-                                            txn_ids=txn_ids, fence=checked)
+            try:
+                decision = decide_fenced_commit(sealed=self._closed_to_transactions(record),
+                                                transactions=record.transactions, fences=record.fences,
+                                                txn_ids=txn_ids, fence=checked)
+            except TransactionNotOpenError:
+                if traced is not None:
+                    traced("rejected", record, False)
+                raise
+            if traced is not None:
+                traced(decision.outcome.value, record, decision.record is not None)
             outcome[:] = [decision.outcome]
             recorded[:] = [decision.recorded]
             return None if decision.record is None else {"scope": scope, "stream": stream, **decision.record}
         await self._commit(plan)
         self._kick((scope, stream))
         return {"outcome": outcome[0].value, "recorded": recorded[0]}
+
+    def _trace_fenced_request(self, scope: str, stream: str, txn_ids: list[str], fence: tuple[str, int] | None,
+                              ) -> Callable[[str, StreamRecord, bool], None] | None:
+        """With a tracer and a fence: report the request (``RequestFencedCommit``) and return what
+        reports its decision (``DecideFencedCommit``); else None."""
+        tracer = self._tracer
+        received = self._state.streams.get((scope, stream))
+        if tracer is None or fence is None or received is None:
+            return None
+        key, value = fence
+        self._traced_requests += 1
+        request = self._traced_requests
+        tracer("RequestFencedCommit", request=request, scope=scope, stream=stream, txns=list(txn_ids), key=key,
+               value=value, seen=received.fences.get(key, 0))
+
+        def decided(outcome: str, stream_record: StreamRecord, recorded: bool) -> None:
+            tracer("DecideFencedCommit", request=request, outcome=outcome, seen=stream_record.fences.get(key, 0),
+                   recorded=recorded)
+        return decided
 
     async def get_fence(self, scope: str, stream: str, key: str) -> dict[str, Any]:
         """The value recorded for fence ``key`` on the stream (None: none yet)."""
