@@ -6,6 +6,9 @@ Suites:
   the disk's physical limit measured in the same run.
 * ``tiering`` (``millstream.bench.tiering``): ingestion with Tier-2 flushing on versus off, and catch-up
   reads from Tier 2 against a raw sequential file read, in the same run.
+* ``transactions`` (``millstream.bench.transactions``): stream transactions of 100 x 100-byte events against
+  a standalone node in another process -- transactions/s, commit latency (commit call -> COMMITTED), and
+  transactional versus plain writing of the same events, in the same run; its section of ``BENCHMARKS.md``.
 * ``quick`` and ``peers`` (``millstream.bench.harness``): workloads from TOML files
   (``millstream.bench.workload``; bundled ones in ``workloads/``) against a ``millstream standalone``
   server and its peers -- NATS JetStream and Redis Streams at equal durability, and at their defaults
@@ -25,4 +28,4 @@ __all__ = ["HARNESS_SUITE_NAMES", "SUITE_NAMES"]
 HARNESS_SUITE_NAMES: Final = ("quick", "peers")
 
 #: Every suite ``millstream bench --suite`` accepts.
-SUITE_NAMES: Final = ("write-path", "tiering", *HARNESS_SUITE_NAMES)
+SUITE_NAMES: Final = ("write-path", "tiering", "transactions", *HARNESS_SUITE_NAMES)

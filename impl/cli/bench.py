@@ -29,7 +29,8 @@ __all__ = ["bench"]
               help="Peers harness: measure only this system (repeatable), e.g. millstream, nats-jetstream, "
                    "redis-streams.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Peers harness: also write the report to this Markdown file (e.g. BENCHMARKS.md).")
+              help="Peers harness: also write the report to this Markdown file (e.g. BENCHMARKS.md); "
+                   "transactions: replace its section of that file.")
 @click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Peers harness: where the PNG plots go.  Default: docs/bench beside --markdown, else "
                    "figures/ under --output.")
@@ -75,6 +76,11 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     throughput achieved, as Markdown tables and latency-throughput plots, beside the disk's limit
     measured in the same run.  `--suite quick --markdown BENCHMARKS.md` takes a few minutes.
 
+    The transactions suite runs stream transactions of 100 x 100-byte events against a `millstream
+    standalone` node in another process: transactions/s one at a time and 8 at once, the commit
+    latency (commit call -> COMMITTED) p50/p95, and plain writing of the same events, in the same run;
+    with --markdown it replaces (or adds) its own section of that file.
+
     The write-path suite runs one segment container in this process on a durable FileLog and appends
     100-byte and 10,000-byte events: one appender awaiting each append, 16 concurrent ones, and one
     keeping a window in flight.  In the same run it measures a plain Python write + fdatasync loop at
@@ -103,6 +109,13 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
             data_dir=data_dir, quiet_idle_percent_min=quiet_idle_percent_min,
             quiet_timeout_seconds=quiet_timeout_seconds if given("quiet_timeout_seconds") else None,
             progress=progress)
+        return
+    if suite == "transactions":
+        given_timing = click.get_current_context().get_parameter_source
+        _bench_transactions(
+            duration_seconds if given_timing("duration_seconds") is not ParameterSource.DEFAULT else None,
+            warmup_seconds if given_timing("warmup_seconds") is not ParameterSource.DEFAULT else None,
+            repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min, quiet_timeout_seconds, progress)
         return
     if suite == "tiering":
         _bench_tiering(duration_seconds, warmup_seconds, repeat, output_dir, data_dir, quiet_idle_percent_min,
@@ -142,6 +155,40 @@ def _bench_tiering(duration_seconds: float, warmup_seconds: float, repeat: int, 
         report = run_tiering(config, data_root, Progress(stack, "tiering") if progress else None)
     click.echo(render_tiering_markdown(report))
     click.echo(f"raw results: {write_tiering_json(report, output_dir)}", err=True)
+
+
+def _bench_transactions(duration_seconds: float | None, warmup_seconds: float | None, repeat: int, output_dir: Path,
+                        data_dir: Path | None, markdown_path: Path | None, quiet_idle_percent_min: float,
+                        quiet_timeout_seconds: float, progress: bool) -> None:
+    """The transactions suite; with ``--markdown``, its section of that file is replaced (or added)."""
+    import attrs
+    from millstream.bench._system import choose_data_root
+    from millstream.bench.transactions import (
+        TransactionsConfig,
+        render_transactions_markdown,
+        replace_section,
+        run_transactions,
+        write_transactions_json,
+    )
+
+    data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
+    data_root.mkdir(parents=True, exist_ok=True)
+    config = TransactionsConfig(repeat=repeat, quiet_idle_percent_min=quiet_idle_percent_min,
+                                quiet_timeout_seconds=quiet_timeout_seconds)
+    if duration_seconds is not None:
+        config = attrs.evolve(config, duration_seconds=duration_seconds)
+    if warmup_seconds is not None:
+        config = attrs.evolve(config, warmup_seconds=warmup_seconds)
+    with contextlib.ExitStack() as stack:
+        report = run_transactions(config, data_root, Progress(stack, "transactions") if progress else None)
+    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
+    section = render_transactions_markdown(report, command=command)
+    if markdown_path is not None:
+        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
+        markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
+        click.echo(f"report: {markdown_path}", err=True)
+    click.echo(section)
+    click.echo(f"raw results: {write_transactions_json(report, output_dir)}", err=True)
 
 
 def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...],
@@ -199,7 +246,11 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
     links = {name: Path(os.path.relpath(path, base)).as_posix() for name, path in figures.items()}
     markdown = render_markdown(report, links, command=command)
     if markdown_path is not None:
-        markdown_path.write_text(markdown, encoding="utf-8")
+        from millstream.bench.transactions import replace_section, section_of
+
+        # The transactions suite's section of the file is its own: kept as it was.
+        kept = section_of(markdown_path.read_text(encoding="utf-8")) if markdown_path.exists() else None
+        markdown_path.write_text(markdown if kept is None else replace_section(markdown, kept), encoding="utf-8")
         click.echo(f"report: {markdown_path}", err=True)
     click.echo(markdown)
     click.echo(f"raw results: {write_json(report, output_dir)}", err=True)
