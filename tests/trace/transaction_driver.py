@@ -45,7 +45,7 @@ from millstream.client._transactions import AsyncTransaction
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore, TxnStatus
 from millstream.controller._metadata_log import METADATA_SEGMENT
 from millstream.controller._segment_store import AppendCounts, SegmentState
-from millstream.errors import MillstreamError, TransactionNotOpenError
+from millstream.errors import InvalidScaleError, MillstreamError, TransactionNotOpenError
 from millstream.naming import stream_segment_name
 from millstream.segmentstore.read_index import ReadResult
 from millstream.server import SegmentStoreServer
@@ -72,6 +72,8 @@ FENCE_KEY: Final = "query"
 SETTLE_ROUNDS: Final = 2000
 SETTLE_SLEEP_SECONDS: Final = 0.005
 STEP_TIMEOUT_SECONDS: Final = 30.0
+#: A scale planned against an epoch a roll replaced meanwhile is planned again, this many times at most.
+SCALE_ATTEMPTS_MAX: Final = 3
 _LENGTH: Final = struct.Struct(">I")
 
 log = logging.getLogger(__name__)
@@ -385,19 +387,28 @@ class _Run:
     async def scale(self) -> None:
         """Replace every segment of the current epoch (as the spec's ``Scale`` does) by a new layout:
         one segment split at a cut, or two neighbours merged -- never a layout the stream had before
-        (the implementation's "same layout" needs the same containers too; ``_transactions``)."""
-        current = self.controller.state.streams[(SCOPE, STREAM)].current
-        ranges = [(s.key_start, s.key_end) for s in current.segments]
-        for _ in range(20):
-            layout = _scaled(self.rng, ranges)
-            if layout not in self.layouts_seen:
-                break
-        else:
+        (the implementation's "same layout" needs the same containers too; ``_transactions``).  A
+        commit's roll may change the current epoch between reading it and the request: the controller
+        refuses (``InvalidScaleError``, recording nothing) and the scale is planned again."""
+        for _ in range(SCALE_ATTEMPTS_MAX):
+            current = self.controller.state.streams[(SCOPE, STREAM)].current
+            ranges = [(s.key_start, s.key_end) for s in current.segments]
+            for _ in range(20):
+                layout = _scaled(self.rng, ranges)
+                if layout not in self.layouts_seen:
+                    break
+            else:
+                return
+            self.layouts_seen.add(layout)  # (before the request: a crash may leave it to land later)
+            try:
+                await self.client.stream_manager().scale_stream(
+                    QUALIFIED, [s.segment_id for s in current.segments], list(layout))
+            except InvalidScaleError:
+                if self.store.crashed:
+                    raise
+                continue
+            self.scales += 1
             return
-        self.layouts_seen.add(layout)
-        await self.client.stream_manager().scale_stream(QUALIFIED, [s.segment_id for s in current.segments],
-                                                        list(layout))
-        self.scales += 1
 
     async def write_plain(self) -> None:
         if not await self.settle():
