@@ -44,6 +44,7 @@ two grace periods.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import struct
@@ -51,9 +52,9 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from hypothesis import event as note
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from millstream.client import AsyncClient, ClientConfig, EventWriterPhase, LargeEventConfig
 from millstream.client._large_events import AsyncEventWriter
@@ -108,6 +109,13 @@ def event_of(w: int) -> bytes:
 
 def ordinary_payload(n: int) -> bytes:
     return EventTag("ordinary", n).payload(0, key=KEY)
+
+
+def note(value: str) -> None:
+    """Count ``value`` in Hypothesis's statistics (``--hypothesis-show-statistics``); nothing in a
+    scripted run."""
+    with contextlib.suppress(InvalidArgument):
+        event(value)
 
 
 # --- The proxy -------------------------------------------------------------------------------------
@@ -449,8 +457,9 @@ class LargeEventsMachine(RuleBasedStateMachine):
         when one takes the event past the inline limit; nothing while the event is inline or its
         writer is down)."""
         w = data.draw(st.sampled_from(self.writable()), label="w")
-        count = data.draw(st.integers(1, PARTS[w - 1] - self.written[w - 1]), label="chunks")
+        self.do_send_chunks(w, data.draw(st.integers(1, PARTS[w - 1] - self.written[w - 1]), label="chunks"))
 
+    def do_send_chunks(self, w: int, count: int) -> None:
         async def write() -> None:
             for _ in range(count):
                 if w not in self.writable():
@@ -492,6 +501,9 @@ class LargeEventsMachine(RuleBasedStateMachine):
     def append_chunk(self, data: st.DataObject) -> None:
         """The store handles the oldest chunk held on one of a writer's connections."""
         w, conn = data.draw(st.sampled_from(self.deliverable()), label="w, conn")
+        self.do_append_chunk(w, conn)
+
+    def do_append_chunk(self, w: int, conn: int) -> None:
         me = self.model.writer(w)
         reaches_writer = conn == me.conn and me.up and self.model.live(w)
         event = self.events[w]
@@ -522,13 +534,16 @@ class LargeEventsMachine(RuleBasedStateMachine):
         other writers' sessions on it down too; of each one's chunks on their way, the first ``kept``
         still reach the store."""
         w = data.draw(st.sampled_from(self.connected()), label="w")
+        self.do_disconnect(w, everything, lambda v, most: data.draw(st.integers(0, most), label=f"kept by writer {v}"))
+
+    def do_disconnect(self, w: int, everything: bool, kept_by: Callable[[int, int], int]) -> None:
         cut = set(self.proxy.links) if everything else {self.link_of(w, self.model.writer(w).conn)}
         cut = {number for number in cut if self.proxy.links[number].client_open}
         kept: dict[int, dict[int, int]] = {number: {} for number in cut}
         for v in self.connected():
             link = self.link_of(v, self.model.writer(v).conn)
             if link in cut:
-                k = data.draw(st.integers(0, self.model.current_requests(v)), label=f"kept by writer {v}")
+                k = kept_by(v, self.model.current_requests(v))
                 kept[link][v] = k
                 self.step(le.disconnect, v, k)
                 self.proxy.up[v] = False
@@ -768,3 +783,74 @@ class LargeEventsMachine(RuleBasedStateMachine):
 LargeEventsMachine.TestCase.settings = settings(
     max_examples=500 if NIGHTLY else 60, stateful_step_count=60 if NIGHTLY else 40, deadline=None)
 test_large_events_vs_model = LargeEventsMachine.TestCase
+
+
+def scripted(steps: Callable[[LargeEventsMachine], None]) -> LargeEventsMachine:
+    """Run ``steps`` on a fresh machine (each followed by the comparison), then tear it down."""
+    machine = LargeEventsMachine()
+    try:
+        machine.implementation_matches_the_model()
+        steps(machine)
+    finally:
+        machine.teardown()
+    return machine
+
+
+def test_a_resend_of_a_chunk_a_cut_connection_stored_is_refused_and_counts_as_acknowledged() -> None:
+    """The resend path the random runs reach rarely: chunks on their way when the connection is cut;
+    one still reaches the store from the dead connection, before or after the reconnect's resends; each
+    resend of a stored chunk is refused and acknowledges it; the event appears once, whole."""
+    def steps(m: LargeEventsMachine) -> None:
+        check = m.implementation_matches_the_model
+        m.do_send_chunks(3, 3)  # creates writer 3's transient segment: chunks 1..3 held on connection 0
+        check()
+        m.do_append_chunk(3, 0)  # chunk 1 stored and acknowledged
+        check()
+        m.do_disconnect(3, False, lambda v, most: most)  # chunks 2 and 3 still on their way from connection 0
+        check()
+        m.do_append_chunk(3, 0)  # chunk 2 reaches the store from the dead connection; its reply is lost
+        check()
+        m.run(m.reconnect_writer(3))  # chunks 2 and 3 resent on connection 1
+        check()
+        pipeline = m.events[3].pipeline
+        assert pipeline is not None and m.proxy.held(3, m.link_of(3, 1)) == 2
+        m.do_append_chunk(3, 1)  # the resent chunk 2: refused (stored), acknowledged
+        check()
+        assert pipeline.refused_resends == 1 and m.model.writer(3).acked == 3
+        m.do_append_chunk(3, 0)  # chunk 3 from the dead connection, after the resends went out: stored
+        check()
+        m.do_append_chunk(3, 1)  # the resent chunk 3: refused too
+        check()
+        assert pipeline.refused_resends == 2
+        m.write_ordinary()
+        check()
+        m.run(m.commit_writer(3))
+        check()
+        assert m.model.visible_events() == (le.Call(le.ItemKind.SMALL, 1), le.Call(le.ItemKind.LARGE, 3))
+    scripted(steps)
+
+
+def test_a_writer_that_stays_away_past_the_grace_period_loses_its_transient_segment_and_its_event() -> None:
+    def steps(m: LargeEventsMachine) -> None:
+        check = m.implementation_matches_the_model
+        m.do_send_chunks(2, 3)
+        m.do_send_chunks(3, 3)
+        check()
+        m.do_disconnect(2, True, lambda v, most: 0)  # every connection: both writers down, nothing kept
+        check()
+        assert sorted(m.detached()) == [2, 3]
+        m.run(m.reconnect_writer(3))  # writer 3 comes back in time and resends
+        check()
+        m.delete_on_disconnect()  # writer 2's transient segment goes, writer 3's stays
+        check()
+        assert m.model.transient(2).state is le.TransientState.DELETED
+        assert m.model.transient(3).state is le.TransientState.ACTIVE
+        m.run(m.reconnect_writer(2))  # too late: its setup is refused
+        check()
+        m.run(m.commit_writer(2))
+        check()
+        m.run(m.commit_writer(3))
+        check()
+        assert m.model.writer(2).phase is le.WriterPhase.FAILED
+        assert m.model.visible_events() == (le.Call(le.ItemKind.LARGE, 3),)
+    scripted(steps)
