@@ -32,7 +32,7 @@ from tests.trace.transaction_driver import RunShape, transaction_run
 from tests.trace.transaction_trace import TRACE_CFG_NAME, trace_module, trace_steps
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
-RUNS = 60 if DEEP else 6
+RUNS = 60 if DEEP else 4
 SHAPE = RunShape(steps=90, txns=8, txn_events=4, plain_events=6, ticks=10, scales=3, crashes=3) if DEEP \
     else RunShape()
 #: The planted bugs: TLC gets the first runs (of at most so many seeds) in which the bug made a difference.
@@ -67,6 +67,10 @@ def test_runs_with_crashes_scales_leases_and_fences_are_accepted(tmp_path: Path)
     assert outcome.distinct is not None and outcome.distinct >= max(len(run) for run in runs)
     assert any(listed_out_of_begin_order(run) for run in runs), "no fenced multi-commit listed its transactions " \
         "in another order than they began and committed them"
+    assert any(e.action == "DecideFencedCommit" and e.fields["outcome"] == "already_committed"
+               for run in runs for e in run), "no replayed or retried batch was answered \"already committed\""
+    assert any(r["type"] == "commit_started" and r["roll"] for run in runs for r in records(run)), \
+        "no transaction committed after a scale (rolled)"
     crashed_mid_commit = [run for run in runs if any(
         e.action == "CrashController" and e.fields["at"].startswith(("merge", "seal", "create")) for e in run)]
     assert crashed_mid_commit, "no run had its controller die in the middle of a workflow"

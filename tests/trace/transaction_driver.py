@@ -427,11 +427,11 @@ class _Run:
         candidates = self.open_txns()
         # Listed in any order: the spec's request is a set, given consecutive commit orders by the
         # transactions' identities (numbered as they begin), and so does the controller.
-        chosen = self.rng.sample(candidates, k=min(len(candidates), self.rng.randint(1, 3)))
+        chosen = self.rng.sample(candidates, k=min(len(candidates), self.rng.randint(2, 3)))
         for txn in chosen:
             await txn.handle.flush()
             txn.open = False
-        replay = self.batches > 0 and self.rng.random() < 0.3
+        replay = self.batches > 0 and self.rng.random() < 0.5
         value = self.rng.randint(1, self.batches) if replay else self.batches + 1
         self.batches = max(self.batches, value)
 
@@ -448,7 +448,7 @@ class _Run:
         else:
             self.in_flight = lambda: send(chosen)
             await send(chosen)
-            if self.rng.random() < 0.3:
+            if self.rng.random() < 0.5:
                 await send(chosen)
 
     async def arm_crash(self) -> None:
