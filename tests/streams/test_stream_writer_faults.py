@@ -12,9 +12,12 @@ invariants must hold.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from millstream.client import AsyncEventStreamWriter, SegmentWithRange, StreamRouter
 from millstream.client._writer import REROUTE
 from millstream.errors import (
@@ -46,12 +49,15 @@ class Recorder:
         self.futures: list[tuple[EventTag, asyncio.Future[None]]] = []
         self.next = 0
 
-    async def write(self, count: int, keys: Sequence[str | None] = KEYS) -> None:
+    async def write(self, count: int, keys: Sequence[str | None] = KEYS, *, keyless_unordered: bool = False) -> None:
+        """``keyless_unordered``: keyless events promise no order among themselves (they go round robin
+        to whichever segments are current), so each is recorded under a key of its own."""
         for _ in range(count):
             tag = EventTag(self.name, self.next)
             key = keys[self.next % len(keys)]
             self.next += 1
-            self.history.write_invoked(tag, key=key)
+            recorded = f"~keyless-{tag.sequence}" if key is None and keyless_unordered else key
+            self.history.write_invoked(tag, key=recorded)
             future = await self.writer.write_event_future(tag.payload(key=key), routing_key=key)
             self.futures.append((tag, future))
 
@@ -428,4 +434,78 @@ def test_routing_keys_count_against_the_unacknowledged_bytes_budget() -> None:
             await writer.close()
             stored = [p for s in segments_of(controller) for p in server.payloads(s.name)]
             assert sorted(stored) == [b"e%09d" % i for i in range(200)]
+    run(scenario)
+
+
+# --- Drawn interleavings ---------------------------------------------------------------------------
+
+_STEP = st.one_of(
+    st.tuples(st.just("write"), st.integers(1, 120)),
+    st.tuples(st.just("split"), st.integers(0, 15)),
+    st.tuples(st.just("merge"), st.integers(0, 15)),
+    st.tuples(st.just("split_late"), st.integers(0, 15)),  # successors recorded, the seal lands later
+    st.tuples(st.just("seal_late"), st.just(0)),
+    st.tuples(st.just("cut"), st.just(0)),
+    st.tuples(st.just("hold"), st.just(0)),
+    st.tuples(st.just("release"), st.just(0)),
+    st.tuples(st.just("flush"), st.just(0)),
+)
+
+
+@settings(max_examples=400 if os.environ.get("MILLSTREAM_PROFILE") == "nightly" else 25)
+@given(st.lists(_STEP, min_size=1, max_size=25), st.integers(1, 3), st.integers(0, 2**16))
+def test_per_key_order_and_exactly_once_under_drawn_scales_and_faults(
+        steps: list[tuple[str, int]], segments: int, seed: int) -> None:
+    """Writes, splits, merges, seals that land late, cut connections and held acknowledgements in any
+    order: reading every segment in epoch order finds every event once, per key in the order written."""
+    controller = FakeController()
+    late: list[list[SegmentWithRange]] = []
+
+    async def scenario() -> None:
+        async with ControllerFakeServer(controller, faults=Faults()) as server, client(
+                server.uri, seed=seed, append_ack_timeout_seconds=5.0, reconnect_attempts_max=12) as c:
+            controller.create_stream(STREAM, segments, server)
+            writer = c.event_writer(STREAM)
+            recorder = Recorder(writer)
+            for kind, value in steps:
+                current = segments_of(controller)
+                if kind == "write":
+                    await recorder.write(value, keys=[*KEYS[:12], None], keyless_unordered=True)
+                elif kind in ("split", "split_late"):
+                    victim = current[value % len(current)]
+                    middle = (victim.key_start + victim.key_end) / 2
+                    if victim.key_start < middle < victim.key_end:
+                        seal_now = kind == "split"
+                        controller.scale(STREAM, [victim.segment_id],
+                                         [(victim.key_start, middle), (middle, victim.key_end)], server=server,
+                                         seal_now=seal_now)
+                        if not seal_now:
+                            late.append([victim])
+                elif kind == "merge" and len(current) > 1:
+                    first = value % (len(current) - 1)
+                    pair = current[first:first + 2]
+                    controller.scale(STREAM, [s.segment_id for s in pair], [(pair[0].key_start, pair[1].key_end)],
+                                     server=server)
+                elif kind == "seal_late" and late:
+                    controller.seal_segments(late.pop(0))
+                elif kind == "cut":
+                    server.cut_all()
+                elif kind == "hold":
+                    server.faults.hold_acks = True
+                elif kind == "release":
+                    server.release_acks()
+                elif kind == "flush" and not server.faults.hold_acks:
+                    await writer.flush()
+                await asyncio.sleep(0)
+            for pending in late:
+                controller.seal_segments(pending)
+            server.release_acks()
+            await writer.flush()
+            writer.check_invariants()
+            await writer.close()
+            recorder.settle()
+            recorder.history.read_all("epoch-order", read_in_epoch_order(controller), complete=True)
+            report = check(recorder.history)
+            assert report.ok and report.acked == report.written == report.reads, report.summary()
+
     run(scenario)
