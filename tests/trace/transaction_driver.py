@@ -113,6 +113,18 @@ class Recorder:
             self.controller_dead = False
         self.events.append(TraceEvent(action, fields))
 
+    @property
+    def crashes(self) -> int:
+        return sum(1 for event in self.events if event.action == "CrashController")
+
+    def before_crash(self, number: int, record: Callable[[], None]) -> None:
+        """Record what ``record`` records just before the ``number``-th ``CrashController`` (from 1)."""
+        crash = [n for n, event in enumerate(self.events) if event.action == "CrashController"][number - 1]
+        after = self.events[crash:]
+        del self.events[crash:]
+        record()
+        self.events += after
+
     def controller_tracer(self, action: str, /, **fields: Any) -> None:
         if not self.controller_dead:
             self(action, **fields)
@@ -151,8 +163,25 @@ class TracingStore:
                 if self._landed:
                     landed(await call())
                 raise self._die(what)
-        result = await call()
-        landed(result)
+        # Sent while the controller is alive, a change lands even if the controller dies before it
+        # returns (another of its calls was the fatal one, or stopping it cancelled this one): then it
+        # took effect between the two, so it is recorded just before that crash.
+        crashes = self.recorder.crashes
+        change = asyncio.ensure_future(call())
+
+        def late(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self.recorder.before_crash(crashes + 1, lambda: landed(done.result()))
+
+        try:
+            result = await asyncio.shield(change)
+        except asyncio.CancelledError:
+            change.add_done_callback(late)
+            raise
+        if self.recorder.crashes > crashes:
+            late(change)
+        else:
+            landed(result)
         return result
 
     async def create_segment(self, name: str) -> bool:
