@@ -9,6 +9,10 @@ Suites:
 * ``transactions`` (``millstream.bench.transactions``): stream transactions of 100 x 100-byte events against
   a standalone node in another process -- transactions/s, commit latency (commit call -> COMMITTED), and
   transactional versus plain writing of the same events, in the same run; its section of ``BENCHMARKS.md``.
+* ``large-events`` (``millstream.bench.large_events``): one large event (1 GiB by default, ``--event-mib``)
+  against the same bytes as classic 8 MiB events, written and read against a standalone node in another
+  process, and each client's peak RSS above its baseline measured from outside its process, in the same
+  run; its section of ``BENCHMARKS.md``.
 * ``quick`` and ``peers`` (``millstream.bench.harness``): workloads from TOML files
   (``millstream.bench.workload``; bundled ones in ``workloads/``) against a ``millstream standalone``
   server and its peers -- NATS JetStream and Redis Streams at equal durability, and at their defaults
@@ -28,4 +32,4 @@ __all__ = ["HARNESS_SUITE_NAMES", "SUITE_NAMES"]
 HARNESS_SUITE_NAMES: Final = ("quick", "peers")
 
 #: Every suite ``millstream bench --suite`` accepts.
-SUITE_NAMES: Final = ("write-path", "tiering", "transactions", *HARNESS_SUITE_NAMES)
+SUITE_NAMES: Final = ("write-path", "tiering", "transactions", "large-events", *HARNESS_SUITE_NAMES)

@@ -62,11 +62,13 @@ __all__ = ["bench"]
               show_default=True, metavar="SECONDS", help="...for at most this long (0: do not wait).")
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="Show progress on stderr.")
+@click.option("--event-mib", "event_mib", type=click.IntRange(16, 1024), default=1024, show_default=True,
+              metavar="MIB", help="large-events: the large event's size (and the classic 8 MiB events' total).")
 def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...], markdown_path: Path | None,
           figures_dir: Path | None, disk_probe_seconds: float, use_fio: bool, profile: bool, duration_seconds: float,
           warmup_seconds: float,
           repeat: int, scenario_names: tuple[str, ...], output_dir: Path, data_dir: Path | None,
-          quiet_idle_percent_min: float, quiet_timeout_seconds: float, progress: bool) -> None:
+          quiet_idle_percent_min: float, quiet_timeout_seconds: float, progress: bool, event_mib: int) -> None:
     """Measure millstream against the machine's physical limit and against its peers, in the same run.
 
     The quick and peers suites (or --workload FILE) run the peers harness: one writer process (this
@@ -80,6 +82,11 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     standalone` node in another process: transactions/s one at a time and 8 at once, the commit
     latency (commit call -> COMMITTED) p50/p95, and plain writing of the same events, in the same run;
     with --markdown it replaces (or adds) its own section of that file.
+
+    The large-events suite writes one large event (--event-mib, 1 GiB by default) and the same bytes as
+    classic 8 MiB events against a `millstream standalone` node in another process, reads both back,
+    and measures each client's peak RSS above its baseline from outside its process; with --markdown it
+    replaces (or adds) its own section of that file.
 
     The write-path suite runs one segment container in this process on a durable FileLog and appends
     100-byte and 10,000-byte events: one appender awaiting each append, 16 concurrent ones, and one
@@ -116,6 +123,10 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
             duration_seconds if given_timing("duration_seconds") is not ParameterSource.DEFAULT else None,
             warmup_seconds if given_timing("warmup_seconds") is not ParameterSource.DEFAULT else None,
             repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min, quiet_timeout_seconds, progress)
+        return
+    if suite == "large-events":
+        _bench_large_events(event_mib, repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min,
+                            quiet_timeout_seconds, progress)
         return
     if suite == "tiering":
         _bench_tiering(duration_seconds, warmup_seconds, repeat, output_dir, data_dir, quiet_idle_percent_min,
@@ -191,6 +202,35 @@ def _bench_transactions(duration_seconds: float | None, warmup_seconds: float | 
     click.echo(f"raw results: {write_transactions_json(report, output_dir)}", err=True)
 
 
+def _bench_large_events(event_mib: int, repeat: int, output_dir: Path, data_dir: Path | None,
+                        markdown_path: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float,
+                        progress: bool) -> None:
+    """The large-events suite; with ``--markdown``, its section of that file is replaced (or added)."""
+    from millstream.bench._system import choose_data_root
+    from millstream.bench.large_events import (
+        LargeEventsConfig,
+        render_large_events_markdown,
+        replace_section,
+        run_large_events,
+        write_large_events_json,
+    )
+
+    data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
+    data_root.mkdir(parents=True, exist_ok=True)
+    config = LargeEventsConfig(event_mib=event_mib, repeat=repeat, quiet_idle_percent_min=quiet_idle_percent_min,
+                               quiet_timeout_seconds=quiet_timeout_seconds)
+    with contextlib.ExitStack() as stack:
+        report = run_large_events(config, data_root, Progress(stack, "large-events") if progress else None)
+    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
+    section = render_large_events_markdown(report, command=command)
+    if markdown_path is not None:
+        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
+        markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
+        click.echo(f"report: {markdown_path}", err=True)
+    click.echo(section)
+    click.echo(f"raw results: {write_large_events_json(report, output_dir)}", err=True)
+
+
 def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...],
                    markdown_path: Path | None, figures_dir: Path | None, disk_probe_seconds: float, use_fio: bool,
                    profile: bool,
@@ -250,7 +290,13 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
 
         # The transactions suite's section of the file is its own: kept as it was.
         kept = section_of(markdown_path.read_text(encoding="utf-8")) if markdown_path.exists() else None
-        markdown_path.write_text(markdown if kept is None else replace_section(markdown, kept), encoding="utf-8")
+        markdown = markdown if kept is None else replace_section(markdown, kept)
+        from millstream.bench import large_events
+
+        # So is the large-events suite's.
+        kept = large_events.section_of(markdown_path.read_text(encoding="utf-8")) if markdown_path.exists() else None
+        markdown_path.write_text(markdown if kept is None else large_events.replace_section(markdown, kept),
+                                 encoding="utf-8")
         click.echo(f"report: {markdown_path}", err=True)
     click.echo(markdown)
     click.echo(f"raw results: {write_json(report, output_dir)}", err=True)
