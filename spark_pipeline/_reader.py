@@ -202,7 +202,9 @@ class MillstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return offset_of(self._session.tail())
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """Fix the target of an available-now run: the tail now (the query stops there)."""
+        """Fix the target of an available-now run: the tail now (the query stops there).  Spark calls
+        this before ``initialOffset``, so a missing stream is named here first."""
+        self._session.check_exists()
         self._target = self._session.tail()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
