@@ -16,21 +16,24 @@ A failed condition (``ConditionalCheckFailed``) raises ``BadOffsetError`` and le
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 from uuid import UUID
 
 import attrs
 from millstream import limits
-from millstream.client._config import RandomSource, random_uuid
+from millstream.client._config import Backoff, RandomSource, random_uuid
 from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._replies import expect
 from millstream.errors import (
     ConnectionLostError,
+    ContainerUnavailableError,
     InvalidArgumentError,
     PayloadTooLargeError,
     ProtocolError,
+    RetryableError,
     StreamSegmentNotExistsError,
     WrongHostError,
 )
@@ -239,6 +242,37 @@ class AsyncSegments:
         reply = await self._call(segment, lambda rid: GetSegmentAttribute(rid, segment, attribute_id, self._token),
                                  SegmentAttribute, what=f"attribute of {segment!r}", idempotent=True)
         return None if reply.value == NULL_ATTRIBUTE_VALUE else reply.value
+
+    async def stored_event_number_once_sealed(self, segment: str, writer_id: UUID) -> int:
+        """What sealed ``segment`` stores for ``writer_id``: its writer-id attribute (0: nothing), read
+        once the seal is visible.  An append is refused as sealed as soon as the seal is queued in the
+        segment's container, possibly while an append queued before it (sent on the writer's previous
+        connection) is still on its way to Tier 1; the attribute is final only once the seal has
+        committed, since nothing commits after it -- usually a Tier-1 write away, so the first polls
+        come quickly.  Polls (and asks again after a retryable error, such as a container restarting)
+        with a bounded backoff (``CLIENT_SEAL_VISIBLE_POLL*`` in limits); raises ``ContainerUnavailableError``
+        (retryable: the outcome of the writer's unacknowledged events is unknown) if that runs out --
+        the seal may never become visible if its container lost it in a crash."""
+        config = self._pool.config
+        backoff = Backoff(initial_seconds=min(limits.CLIENT_SEAL_VISIBLE_POLL_INITIAL_SECONDS,
+                                              config.reconnect_delay_max_seconds),
+                          maximum_seconds=config.reconnect_delay_max_seconds,
+                          attempts_max=limits.CLIENT_SEAL_VISIBLE_POLLS_MAX, rng=self._rng)
+        for attempt in itertools.count(1):
+            try:
+                if (await self.info(segment)).sealed:
+                    stored = await self.get_attribute(segment, writer_id.int)
+                    return 0 if stored is None else stored
+                reason = "its seal is not visible yet"
+            except RetryableError as error:  # e.g. the container is restarting: ask again
+                reason = str(error)
+            delay = backoff.delay(attempt)
+            if delay is None:
+                raise ContainerUnavailableError(
+                    f"segment {segment!r} refused an append as sealed, but what it stores for writer {writer_id} "
+                    f"could not be read after {attempt} attempts: {reason}")
+            await self._pool.clock.sleep(delay)
+        raise AssertionError("unreachable")  # itertools.count does not end
 
     async def update_attribute(self, segment: str, attribute_id: int, new_value: int | None, *,
                                expected_value: int | None) -> bool:

@@ -8,8 +8,8 @@ writer itself does the routing and the hand-over; the binding answers its three 
 * ``current_segments`` -- the segments of the stream's current epoch, from ``get_stream`` (which also
   says whether the stream is sealed: such a stream takes no writer, ``StreamSealedError``);
 * ``stored_event_number`` -- the writer-id attribute of a sealed segment, read from the segment store
-  that serves it (the store keeps it with the data, so it says exactly which of the writer's events
-  the segment holds);
+  that serves it once the seal is visible there (the store keeps it with the data, so it then says
+  exactly which of the writer's events the segment holds; ``AsyncSegments.stored_event_number_once_sealed``);
 * ``successors`` -- ``get_successors``.  The controller records a scale's new epoch before it seals
   the predecessors, so a segment sealed by a scale always has successors by the time a writer meets
   its seal.  None means the stream was sealed as a whole (``get_stream`` confirms it:
@@ -64,8 +64,7 @@ class ControllerStreamBinding:
         return description.segments
 
     async def stored_event_number(self, segment: str, writer_id: UUID) -> int:
-        stored = await self._segments.get_attribute(segment, writer_id.int)
-        return 0 if stored is None else stored
+        return await self._segments.stored_event_number_once_sealed(segment, writer_id)
 
     async def successors(self, sealed: SegmentWithRange) -> Sequence[SegmentWithRange]:
         found = await self._controller.get_successors(self._scope, self._name, sealed.segment_id)

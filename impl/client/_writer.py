@@ -33,6 +33,8 @@ handled like a broken connection: the next ``AppendSetup`` tells the truth.
 Errors.  A failure that retrying cannot fix (the segment is sealed or missing, the token is refused,
 reconnecting gave up) fails the segment writer and becomes the writer's error: it fails the
 futures of every unacknowledged event and is raised by the next ``write_event`` and by ``flush``.
+(A sealed segment of a writer of named segments first has its writer-id attribute read: what the
+segment stores is acknowledged, and only the rest fails.)
 The events stay in the segment writer, in order (``unacknowledged_events``).
 
 Streams and scaling.  A writer made for a stream (``event_writer("scope/stream")``) routes by the
@@ -74,6 +76,7 @@ from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._replies import error_of_reply
 from millstream.client._routing import Router, StreamRouter
+from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import Serializer, is_identity
 from millstream.client._streams import SegmentWithRange
 from millstream.errors import (
@@ -234,8 +237,9 @@ class SegmentWriter:
 
     ``append`` may be called from any thread; every other method runs on the event loop (the
     ``..._locked`` ones with the writer's lock held).  With ``on_sealed``, a sealed segment does not
-    fail the writer: ``on_sealed(self)`` runs instead (the stream layer's hand-over, which ends with
-    ``retire_locked``)."""
+    fail the writer at once: ``on_sealed(self)`` runs instead (the stream layer's hand-over, which
+    ends with ``retire_locked``; for named segments, acknowledging what the segment stores before
+    failing the rest), and what it raises fails the writer."""
 
     def __init__(self, segment: str, *, shared: WriterShared, pool: ConnectionPool, locator: SegmentLocator,
                  token: str, writer_id: UUID, config: ClientConfig, on_sealed: SealedHandler | None = None) -> None:
@@ -998,7 +1002,8 @@ class AsyncEventStreamWriter(Generic[T]):
     def _new_writer_locked(self, segment: str) -> SegmentWriter:
         writer = SegmentWriter(segment, shared=self._shared, pool=self._pool, locator=self._locator, token=self._token,
                                writer_id=random_uuid(self._rng), config=self._config,
-                               on_sealed=None if self._stream is None else self._on_segment_sealed)
+                               on_sealed=self._on_named_segment_sealed if self._stream is None
+                               else self._on_segment_sealed)
         self._writers[segment] = writer
         return writer
 
@@ -1010,6 +1015,20 @@ class AsyncEventStreamWriter(Generic[T]):
             shared.loop.call_soon_threadsafe(writer.start)
 
     # --- Scaling: a sealed segment's events move to its successors ----------------------------------
+
+    async def _on_named_segment_sealed(self, writer: SegmentWriter) -> None:
+        """A writer of named segments: ``writer``'s segment is sealed and there is nowhere to move its
+        events.  Learn what the segment stores for this writer first (its writer-id attribute) and
+        acknowledge that much -- a block whose first send raced a reconnect may be stored although its
+        acknowledgement never came -- then fail the rest, which the segment does not hold.  (Failing
+        them all would report stored events as failed: a caller that wrote them again would store
+        them twice.)  The attribute is read once the seal is visible (before that it may still grow);
+        if it cannot be read, that error fails the writer instead: a retryable one, whose events'
+        outcome is unknown."""
+        segments = AsyncSegments(pool=self._pool, locator=self._locator, token=self._token, rng=self._rng)
+        writer.acknowledge_stored(await segments.stored_event_number_once_sealed(writer.segment, writer.writer_id))
+        raise StreamSegmentSealedError(f"segment {writer.segment!r} is sealed: events of writer {writer.writer_id} "
+                                       f"after event number {writer.acknowledged_event_number} were not stored")
 
     async def _on_segment_sealed(self, writer: SegmentWriter) -> None:
         """``SegmentSealed(w, s)`` of ``spec/StreamOrdering.tla``: ``writer``'s segment is sealed.

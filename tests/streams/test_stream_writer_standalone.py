@@ -29,14 +29,24 @@ def keys_for(seed: int) -> list[str]:
     return [f"sensor-{rng.randrange(1_000_000)}" for _ in range(1000)]
 
 
-async def scale_under_the_writer(c: AsyncClient, progress: object, done: asyncio.Event | threading.Event) -> int:
+PLAN = ("split", "split", "merge", "split", "merge", "merge")
+
+
+def scale_target(step: int) -> int:
+    """How many events are written before scale ``step`` (0-based) begins."""
+    return (step + 1) * EVENTS // (len(PLAN) + 2)
+
+
+async def scale_under_the_writer(c: AsyncClient, progress: object, done: asyncio.Event | threading.Event,
+                                 scaled: threading.Semaphore | None = None) -> int:
     """Split and merge while events flow; returns how many scales completed.  ``progress()`` says how
-    many events were written so far (so every scale lands mid-stream)."""
+    many events were written so far (so every scale lands mid-stream); ``scaled`` is released after
+    each scale (a writer on another thread may wait for it, so its next events meet the seal)."""
     manager = c.stream_manager()
     scales = 0
-    plan = ["split", "split", "merge", "split", "merge", "merge"]
+    plan = PLAN
     for step, kind in enumerate(plan):
-        target = (step + 1) * EVENTS // (len(plan) + 2)
+        target = scale_target(step)
         while progress() < target and not done.is_set():  # type: ignore[operator]  # noqa: ASYNC110 (polls a count)
             await asyncio.sleep(0.002)
         current = (await manager.current_segments(STREAM)).segments
@@ -47,6 +57,8 @@ async def scale_under_the_writer(c: AsyncClient, progress: object, done: asyncio
             pair = min(itertools.pairwise(current), key=lambda p: p[1].key_end - p[0].key_start)
             await manager.merge_segments(STREAM, [pair[0].segment_id, pair[1].segment_id])
         scales += 1
+        if scaled is not None:
+            scaled.release()
     return scales
 
 
@@ -125,12 +137,16 @@ def test_a_blocking_writer_on_another_thread_keeps_per_key_order_across_splits_a
         written: list[EventTag] = []
         futures = []
         done = threading.Event()
+        scaled = threading.Semaphore(0)
+        targets = {scale_target(step) for step in range(len(PLAN))}
         failure: list[BaseException] = []
 
         def write() -> None:
             try:
                 rng = random.Random(SEED + 3)
                 for sequence in range(EVENTS):
+                    if sequence in targets:  # let this scale land before writing on: the next events meet its seal
+                        assert scaled.acquire(timeout=30), f"scale at event {sequence} did not finish in 30 s"
                     tag = EventTag("blocking", sequence)
                     key = rng.choice(keys)
                     history.write_invoked(tag, key=key)
@@ -145,7 +161,7 @@ def test_a_blocking_writer_on_another_thread_keeps_per_key_order_across_splits_a
 
         thread = threading.Thread(target=write, name="stream-writer-test")
         thread.start()
-        scales = client.run(scale_under_the_writer(client.async_client, lambda: len(written), done))
+        scales = client.run(scale_under_the_writer(client.async_client, lambda: len(written), done, scaled))
         thread.join(60)
         assert not thread.is_alive() and not failure, failure
         writer.flush()
