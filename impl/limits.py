@@ -298,6 +298,13 @@ CLIENT_RECONNECT_DELAY_INITIAL_SECONDS: Final = 0.01
 CLIENT_RECONNECT_DELAY_MULTIPLIER: Final = 2.0
 CLIENT_RECONNECT_DELAY_MAX_SECONDS: Final = 5.0
 
+#: A writer refused as sealed reads what the segment stores for it once the seal is visible (the
+#: seal is usually one Tier-1 write from committing): it polls after 1 ms, doubling up to the
+#: reconnect delay's maximum, at most this many times -- about 40 s in all, like reconnecting, so a
+#: container restarting meanwhile is waited for, and a seal lost in a crash is reported.
+CLIENT_SEAL_VISIBLE_POLL_INITIAL_SECONDS: Final = 0.001
+CLIENT_SEAL_VISIBLE_POLLS_MAX: Final = 20
+
 #: A writer's bytes not yet acknowledged (the open block and every block in flight, all segments of
 #: the writer).  Beyond it ``write_event`` waits until acknowledgements bring it under half of this.
 #: One writer needs bandwidth x round trip in flight (150 MB/s x 20 ms = 3 MB); 16 MiB leaves room for
