@@ -13,6 +13,10 @@ Suites:
   against the same bytes as classic 8 MiB events, written and read against a standalone node in another
   process, and each client's peak RSS above its baseline measured from outside its process, in the same
   run; its section of ``BENCHMARKS.md``.
+* ``streams`` (``millstream.bench.streams``): one writer with 10,000 random routing keys against none, on
+  1 and 16 segments; tail-read latency with 16 readers in a group; a stream auto-scaling under 10 KB
+  events at a constant rate (segment count and write latency over time, plotted); its section of
+  ``BENCHMARKS.md``.
 * ``quick`` and ``peers`` (``millstream.bench.harness``): workloads from TOML files
   (``millstream.bench.workload``; bundled ones in ``workloads/``) against a ``millstream standalone``
   server and its peers -- NATS JetStream and Redis Streams at equal durability, and at their defaults
@@ -32,4 +36,4 @@ __all__ = ["HARNESS_SUITE_NAMES", "SUITE_NAMES"]
 HARNESS_SUITE_NAMES: Final = ("quick", "peers")
 
 #: Every suite ``millstream bench --suite`` accepts.
-SUITE_NAMES: Final = ("write-path", "tiering", "transactions", "large-events", *HARNESS_SUITE_NAMES)
+SUITE_NAMES: Final = ("write-path", "tiering", "transactions", "large-events", "streams", *HARNESS_SUITE_NAMES)

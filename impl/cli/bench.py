@@ -64,11 +64,14 @@ __all__ = ["bench"]
               help="Show progress on stderr.")
 @click.option("--event-mib", "event_mib", type=click.IntRange(16, 1024), default=1024, show_default=True,
               metavar="MIB", help="large-events: the large event's size (and the classic 8 MiB events' total).")
+@click.option("--scaling-seconds", "scaling_seconds", type=click.FloatRange(0.0, 3600.0), default=60.0,
+              show_default=True, metavar="SECONDS", help="streams: length of the auto-scaling run (0: skip it).")
 def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...], markdown_path: Path | None,
           figures_dir: Path | None, disk_probe_seconds: float, use_fio: bool, profile: bool, duration_seconds: float,
           warmup_seconds: float,
           repeat: int, scenario_names: tuple[str, ...], output_dir: Path, data_dir: Path | None,
-          quiet_idle_percent_min: float, quiet_timeout_seconds: float, progress: bool, event_mib: int) -> None:
+          quiet_idle_percent_min: float, quiet_timeout_seconds: float, progress: bool, event_mib: int,
+          scaling_seconds: float) -> None:
     """Measure millstream against the machine's physical limit and against its peers, in the same run.
 
     The quick and peers suites (or --workload FILE) run the peers harness: one writer process (this
@@ -82,6 +85,10 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     standalone` node in another process: transactions/s one at a time and 8 at once, the commit
     latency (commit call -> COMMITTED) p50/p95, and plain writing of the same events, in the same run;
     with --markdown it replaces (or adds) its own section of that file.
+
+    The streams suite measures one writer with 10,000 random routing keys against none (1 and 16
+    segments), tail-read latency with 16 readers in a group, and a stream auto-scaling under 10 KB events
+    (--scaling-seconds; the plot goes beside --markdown).
 
     The large-events suite writes one large event (--event-mib, 1 GiB by default) and the same bytes as
     classic 8 MiB events against a `millstream standalone` node in another process, reads both back,
@@ -123,6 +130,14 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
             duration_seconds if given_timing("duration_seconds") is not ParameterSource.DEFAULT else None,
             warmup_seconds if given_timing("warmup_seconds") is not ParameterSource.DEFAULT else None,
             repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min, quiet_timeout_seconds, progress)
+        return
+    if suite == "streams":
+        given_timing = click.get_current_context().get_parameter_source
+        _bench_streams(
+            duration_seconds if given_timing("duration_seconds") is not ParameterSource.DEFAULT else None,
+            warmup_seconds if given_timing("warmup_seconds") is not ParameterSource.DEFAULT else None,
+            repeat, scaling_seconds, output_dir, data_dir, markdown_path, figures_dir, quiet_idle_percent_min,
+            quiet_timeout_seconds, progress)
         return
     if suite == "large-events":
         _bench_large_events(event_mib, repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min,
@@ -200,6 +215,52 @@ def _bench_transactions(duration_seconds: float | None, warmup_seconds: float | 
         click.echo(f"report: {markdown_path}", err=True)
     click.echo(section)
     click.echo(f"raw results: {write_transactions_json(report, output_dir)}", err=True)
+
+
+def _bench_streams(duration_seconds: float | None, warmup_seconds: float | None, repeat: int, scaling_seconds: float,
+                   output_dir: Path, data_dir: Path | None, markdown_path: Path | None, figures_dir: Path | None,
+                   quiet_idle_percent_min: float, quiet_timeout_seconds: float, progress: bool) -> None:
+    """The streams suite; with ``--markdown``, its section of that file is replaced (or added) and the
+    scaling run's plot is written beside it (or into ``--figures``)."""
+    import attrs
+    from millstream.bench._system import choose_data_root
+    from millstream.bench.streams import (
+        SCALING_FIGURE,
+        StreamsConfig,
+        plot_scaling,
+        render_streams_markdown,
+        replace_section,
+        run_streams,
+        write_streams_json,
+    )
+
+    data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
+    data_root.mkdir(parents=True, exist_ok=True)
+    config = StreamsConfig(repeat=repeat, quiet_idle_percent_min=quiet_idle_percent_min,
+                           quiet_timeout_seconds=quiet_timeout_seconds, scaling_seconds=scaling_seconds)
+    if duration_seconds is not None:  # (the tail-read window too)
+        config = attrs.evolve(config, duration_seconds=duration_seconds, end_to_end_seconds=duration_seconds)
+    if warmup_seconds is not None:  # (the readers get at least a second to acquire their segments)
+        config = attrs.evolve(config, warmup_seconds=warmup_seconds,
+                              end_to_end_warmup_seconds=max(1.0, warmup_seconds))
+    with contextlib.ExitStack() as stack:
+        report = run_streams(config, data_root, Progress(stack, "streams") if progress else None,
+                             scaling=scaling_seconds > 0)
+    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
+    base = markdown_path.parent if markdown_path is not None else output_dir
+    figures = figures_dir if figures_dir is not None else base
+    figure = None
+    if report.scaling is not None:
+        path = plot_scaling(report.scaling, figures / SCALING_FIGURE)
+        figure = os.path.relpath(path, base)
+        click.echo(f"figure: {path}", err=True)
+    section = render_streams_markdown(report, command=command, figure=figure)
+    if markdown_path is not None:
+        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
+        markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
+        click.echo(f"report: {markdown_path}", err=True)
+    click.echo(section)
+    click.echo(f"raw results: {write_streams_json(report, output_dir)}", err=True)
 
 
 def _bench_large_events(event_mib: int, repeat: int, output_dir: Path, data_dir: Path | None,

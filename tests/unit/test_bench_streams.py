@@ -1,0 +1,75 @@
+"""The streams benchmark in a tiny configuration, through the CLI: it runs against a real standalone
+node and an in-process one, stops by itself, reports every measurement consistently, plots the
+scaling run and replaces only its own section of a Markdown file.  No figure here is a speed claim
+(a loaded CI machine may be arbitrarily slow), so nothing is compared against a time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from millstream.bench.streams import (
+    READERS,
+    SCALING_FIGURE,
+    SECTION_BEGIN,
+    SECTION_END,
+    THROUGHPUT,
+    ScaledClock,
+    replace_section,
+)
+from millstream.cli import main
+
+OTHERS = "# millstream benchmarks\n\n## quick-100B\n\nthe peers harness's tables\n"
+
+
+def test_a_tiny_run_through_the_cli_measures_everything_and_replaces_only_its_section(tmp_path: Path) -> None:
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text(f"{OTHERS}\n{SECTION_BEGIN}\nstale figures\n{SECTION_END}\n\n## after\n", encoding="utf-8")
+    result = CliRunner().invoke(main, [
+        "bench", "--suite", "streams", "--duration", "0.3", "--warmup", "0.1", "--repeat", "1",
+        "--scaling-seconds", "2", "--quiet-timeout", "0", "--no-progress", "--output", str(tmp_path / "out"),
+        "--data-dir", str(tmp_path / "data"), "--markdown", str(markdown)])
+    assert result.exit_code == 0, result.output
+    text = markdown.read_text(encoding="utf-8")
+    assert text.startswith(OTHERS) and text.endswith("\n## after\n") and "stale figures" not in text
+    assert text.count(SECTION_BEGIN) == text.count(SECTION_END) == 1
+    assert "keys / no keys" in text and f"]({SCALING_FIGURE})" in text
+    assert (tmp_path / SCALING_FIGURE).read_bytes().startswith(b"\x89PNG")
+    assert list((tmp_path / "data").iterdir()) == [], "the benchmark must remove its data"
+
+    report = json.loads((tmp_path / "out" / "streams.json").read_text())
+    (repeat,) = report["throughput"]
+    assert [(m["name"], m["segments"], m["keyed"]) for m in repeat] == list(THROUGHPUT)
+    for m in repeat:
+        assert m["events"] > 0 and m["window"]["server_cpu_seconds"] is not None
+    for segments in ("1", "16"):
+        keyed = next(m for m in repeat if m["segments"] == int(segments) and m["keyed"])
+        plain = next(m for m in repeat if m["segments"] == int(segments) and not m["keyed"])
+        assert report["keys_over_nokeys"][segments] == keyed["events_per_second"] / plain["events_per_second"]
+    (e2e,) = report["end_to_end"]
+    assert e2e["readers"] == READERS and 0 < e2e["events_read"] <= e2e["events_written"]
+    assert e2e["latency"]["count"] == e2e["events_read"] and e2e["latency"]["p50_ms"] > 0
+    scaling = report["scaling"]
+    assert scaling["samples"] and all(s["segments"] >= 1 for s in scaling["samples"])
+    assert scaling["latency"]["count"] > 0
+
+
+def test_the_section_is_added_once_and_then_replaced() -> None:
+    first = replace_section(OTHERS, f"{SECTION_BEGIN}\none\n{SECTION_END}\n")
+    assert first.startswith(OTHERS.rstrip("\n")) and first.count(SECTION_BEGIN) == 1
+    second = replace_section(first, f"{SECTION_BEGIN}\ntwo\n{SECTION_END}\n")
+    assert "one" not in second and "two" in second and second.count(SECTION_BEGIN) == 1
+
+
+def test_the_scaled_clock_runs_faster_and_sleeps_shorter() -> None:
+    clock = ScaledClock(100.0)
+    began, real = clock.monotonic(), time.monotonic()
+    asyncio.run(clock.sleep(5.0))  # 50 ms of real time
+    assert time.monotonic() - real < 2.0
+    assert clock.monotonic() - began >= 5.0
+    with pytest.raises(ValueError):
+        ScaledClock(0.0)
