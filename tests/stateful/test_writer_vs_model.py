@@ -69,16 +69,6 @@ FINAL_SECONDS_MAX = 30.0
 RUN_NOW_TURNS_MAX = 2000
 #: See the module docstring.
 GIVE_UP_FAULTS_MIN = 2
-#: A known bug, reported, in code this test does not own (``impl/client/_writer.py``,
-#: ``SegmentWriter._run``): a writer made for a list of segments fails on a sealed segment without
-#: reading what the segment stores for it (the stream-aware writer does read it).  So when the first
-#: send of a block raced a reconnect -- the new connection's ``AppendSetup`` read the writer's event
-#: number before the old connection's append of that block had committed, and the re-sent block then
-#: met the seal -- the block is stored, yet its events fail with ``StreamSegmentSealedError``.  While
-#: this is True the test accepts exactly that, as "outcome unknown" (the model's ``give_up``), and
-#: counts it in the statistics; set it to False to see the failure (shortest example: ``first_events``
-#: with a Tier-1 latency, ``cut_connection``, ``seal``).
-SEALED_WRITER_MAY_MISS_STORED_EVENTS = True
 #: Small frames and frequent checkpoints, so events span frames and recovery meets checkpoints.
 FRAME_LENGTH_MAX = 2048
 CHECKPOINT_FRAME_COUNT = 8
@@ -321,17 +311,14 @@ class WriterMachine(RuleBasedStateMachine):
                 if future.done() and not future.cancelled():
                     future.exception()
             if isinstance(failure, StreamSegmentSealedError):
-                state = self.model.writer(name)
-                if SEALED_WRITER_MAY_MISS_STORED_EVENTS and state.acknowledged < state.stored:
-                    # The known bug (see SEALED_WRITER_MAY_MISS_STORED_EVENTS): its unacknowledged
-                    # events' outcome is unknown to it, as if it had given up.
-                    hypothesis.event("KNOWN BUG: a writer failed on the seal not told of stored events")
-                    self.model = iw.give_up(self.model, name)
-                else:
-                    self.model = iw.refuse(self.model, name)
+                # Refused: the writer read what the sealed segment stores for it and acknowledged
+                # exactly that (the model refuses a refusal that was not told of a stored event).
+                self.model = iw.refuse(self.model, name)
             else:
-                assert isinstance(failure, ConnectionLostError) and "gave up" in str(failure), (
-                    f"{name} failed with {failure!r}")
+                # Gave up: reconnecting, or reading what the sealed segment stores, ran out of attempts.
+                gave_up = (isinstance(failure, ConnectionLostError) and "gave up" in str(failure)) or (
+                    isinstance(failure, ContainerUnavailableError) and "could not be read after" in str(failure))
+                assert gave_up, f"{name} failed with {failure!r}"
                 assert record.faults_since_progress >= GIVE_UP_FAULTS_MIN, (
                     f"{name} gave up after only {record.faults_since_progress} faults since its last "
                     f"acknowledgement: {failure}")
