@@ -18,7 +18,8 @@ record ``txns_aborting``    ``Abort(t)`` (reason client), ``ExpireLease(t)`` for
 record ``txn_aborted``      ``FinishAbort(t)``
 record ``commit_started``   ``StartCommit(t)``: the target epoch (the active one or a roll's duplicate)
 ``Merged``                  ``MergeTxnSegment(p)``: the transaction, the target epoch, the events
-record ``commit_completed`` ``FinishCommit`` (``roll_epochs_created`` is a step inside it)
+record ``commit_completed`` ``FinishCommit`` -- of a commit that rolls, at ``roll_epochs_created``
+                            instead (see below), ``commit_completed`` then being a step inside it
 record ``epoch_created``    ``Scale`` (the other records of a scale are steps inside it)
 ``WritePlainEvent``         ``WritePlainEvent(k)``
 ``CrashController``         ``CrashController``
@@ -30,6 +31,16 @@ record ``epoch_created``    ``Scale`` (the other records of a scale are steps in
                             and aborted
 ``Observe``                 a step that changes nothing and compares the store's contents
 ==========================  =====================================================================
+
+A rolled commit finishes in two records: ``roll_epochs_created`` makes the roll's epochs part of the
+history (the new active epoch is the stream's current one from then on: a transaction begun after it
+begins there), then the old active epoch is sealed and ``commit_completed`` marks the transaction
+COMMITTED.  The spec's ``FinishCommit`` is one step; it is mapped to the first record, where the
+stream's epochs change, and the second is bookkeeping that changes nothing the runs observe: the
+``Observe`` steps come only at quiet moments, and plain writes only while no commit workflow runs
+(``transaction_driver``) -- a plain write landing in the old active epoch between the two records
+would be one the spec does not have there (it puts writes after ``FinishCommit`` in the new epoch;
+readers see no difference until the commit is COMMITTED, but the trace could not be matched).
 
 Transactions are numbered as they begin, events ``[src, key, n]`` as the spec writes them (the
 plain writer's source is 0), times in ticks since the run began, epochs from 1.  Everything of
@@ -96,6 +107,8 @@ class _Converter:
         self.planned: dict[str, Any] | None = None  # a fenced decision waiting for its record to land
         self.scale_epoch: Mapping[str, Any] | None = None
         self.requests: set[tuple[frozenset[int], str, int]] = set()
+        self.committing: str | None = None  # the transaction whose commit started and has not completed
+        self.finished = False  # whether its FinishCommit is in the steps already (a roll's epochs created)
 
     def t(self, hex_id: str) -> int:
         if hex_id not in self.txn_of:
@@ -263,9 +276,21 @@ class _Converter:
         target = int(roll["duplicate"]["epoch"]) + 1 if roll is not None else \
             segment_id_parts(int(record["targets"][0]))[0] + 1
         self.add("StartCommit", t=self.t(record["txn"]), target=target)
+        self.committing = record["txn"]
+        self.finished = False
+
+    def record_roll_epochs_created(self, record: Mapping[str, Any]) -> None:
+        if self.committing is None:
+            raise TraceConversionError("roll_epochs_created without commit_started")
+        self.add("FinishCommit", t=self.t(self.committing))
+        self.finished = True
 
     def record_commit_completed(self, record: Mapping[str, Any]) -> None:
-        self.add("FinishCommit", t=self.t(record["txn"]))
+        if record["txn"] != self.committing:
+            raise TraceConversionError(f"commit_completed of {record['txn']}, started {self.committing}")
+        if not self.finished:
+            self.add("FinishCommit", t=self.t(record["txn"]))
+        self.committing = None
 
 
 def _sealed(flags: Sequence[bool]) -> bool | str:
