@@ -82,6 +82,9 @@ GRACE_SECONDS = 10.0
 IDLE_SECONDS = 1000.0
 STEP_TIMEOUT_SECONDS = 20.0
 WAIT_SECONDS = 5.0
+#: How long a streamed commit runs while its chunks are still held (a commit that merged before its
+#: chunks were acknowledged would return in this time).
+COMMIT_RACE_SECONDS = 0.02
 
 _FRAME_HEADER = struct.Struct(">ii")
 LARGE = LargeEventConfig(inline_bytes_max=INLINE_CHUNKS * CHUNK, chunk_bytes=CHUNK, unacked_bytes_max=16 * CHUNK,
@@ -143,6 +146,9 @@ class ChunkProxy:
         self.store_port = store_port
         self.links: dict[int, _Link] = {}
         self.writers: dict[UUID, int] = {}  # an EventWriter's writer id -> w
+        #: w -> its event's transient segment (the first it set up appends to; the header's, at commit,
+        #: passes untouched: the model's chunks are the first one's)
+        self.segments: dict[int, str] = {}
         self.up: dict[int, bool] = {}  # w -> pass its SetupAppend (else hold it until ``reconnect``)
         self.passing: set[int] = set()  # w whose frames pass without holding (committing)
         self.current: dict[int, int] = {}  # w -> the link its session was last set up on
@@ -204,7 +210,8 @@ class ChunkProxy:
             (command,) = decoder.feed(frame)
             assert isinstance(command, SetupAppend)
             w = self.writers.get(command.writer_id)
-            if w is not None and is_transient_segment(command.segment):
+            if w is not None and is_transient_segment(command.segment) \
+                    and self.segments.setdefault(w, command.segment) == command.segment:
                 link.sessions[command.request_id] = w
                 if w in self.passing or self.up.get(w, True):
                     self.current[w] = link.number
@@ -596,38 +603,60 @@ class LargeEventsMachine(RuleBasedStateMachine):
         self.run(self.commit_writer(w))
 
     async def commit_writer(self, w: int) -> None:
-        if w in self.transient_names and not self.model.writer(w).up:
+        """The application writes the rest of the event and calls ``commit``.  A streamed event's commit
+        starts while its chunks may still be held at the proxy (or its writer is down): it must not
+        return before every chunk is acknowledged -- it is given ``COMMIT_RACE_SECONDS`` to do so
+        wrongly -- and only then are the chunks let through (a reconnect first if the writer is down)."""
+        failure: LargeEventFailedError | None = None
+        try:
+            while self.written[w - 1] < PARTS[w - 1]:
+                await self.write_chunk(w)
+        except LargeEventFailedError as error:
+            failure = error
+        if self.model.inline(w):
+            await self.events[w].commit()
+            self.step(le.commit, w)
+            self.step(le.deliver_ordinary)
+        else:
+            failure = await self.commit_streamed(w, failure)
+        committed = self.phase(w) is le.WriterPhase.COMMITTED
+        self.outcomes[large_tag(w)] = None  # (placed by its commit: ordered among the calls by it)
+        assert (failure is None) == committed, (w, self.phase(w), failure)
+        note(f"a {'n inline' if self.model.inline(w) else ' streamed'} commit "
+             f"{'succeeded' if committed else 'failed'}{' (sealed)' if self.sealed else ''}")
+        self.outcomes[large_tag(w)] = Outcome.ACKED if committed else Outcome.FAILED
+        await self.settle()
+
+    async def commit_streamed(self, w: int, failure: LargeEventFailedError | None) -> LargeEventFailedError | None:
+        self.step(le.commit, w)
+        committing = None
+        if failure is None:
+            committing = asyncio.get_running_loop().create_task(self.events[w].commit())
+            await asyncio.sleep(COMMIT_RACE_SECONDS)
+            if committing.done() and committing.exception() is None:
+                assert self.model.all_acked(w), (
+                    f"writer {w}'s commit returned while the store had acknowledged {self.model.writer(w).acked - 1} "
+                    f"of its {PARTS[w - 1]} chunks")
+        if not self.model.writer(w).up:
             if self.impl_failed(w):
                 self.step(le.reconnect, w)  # (the model's writer learns of the failure on its next reply)
             else:
                 await self.reconnect_writer(w)
         self.proxy.pass_through(w)
-        failure: LargeEventFailedError | None = None
-        try:
-            while self.written[w - 1] < PARTS[w - 1]:
-                await self.write_chunk(w)
-            await self.events[w].commit()
-        except LargeEventFailedError as error:
-            failure = error
-        if w in self.transient_names and self.model.writer(w).up:
+        if committing is not None:
+            try:
+                await committing
+            except LargeEventFailedError as error:
+                failure = error
+        if self.model.writer(w).up:
             self.send_written(w)
-        self.step(le.commit, w)
-        if self.model.inline(w):
-            self.step(le.deliver_ordinary)
-        else:
-            while self.phase(w) is le.WriterPhase.COMMITTING and self.model.current_requests(w):
-                self.step(le.append_chunk, w, self.model.writer(w).conn)
-            if self.sealed and self.model.transient(w).state is le.TransientState.ACTIVE:
-                self.step(le.expire, w)  # the parent is sealed: the event's transient segments go
-            if self.phase(w) is le.WriterPhase.COMMITTING:
-                self.step(le.merge, w)
-        committed = self.phase(w) is le.WriterPhase.COMMITTED
-        self.outcomes[large_tag(w)] = None  # (placed by its commit: ordered among the calls by it)
-        assert (failure is None) == committed, (w, self.phase(w), failure)
-        note(f"a {'n inline' if self.model.inline(w) else ' streamed'} commit "
-              f"{'succeeded' if committed else 'failed'}{' (sealed)' if self.sealed else ''}")
-        self.outcomes[large_tag(w)] = Outcome.ACKED if committed else Outcome.FAILED
-        await self.settle()
+        while self.phase(w) is le.WriterPhase.COMMITTING and self.model.current_requests(w):
+            self.step(le.append_chunk, w, self.model.writer(w).conn)
+        if self.sealed and self.model.transient(w).state is le.TransientState.ACTIVE:
+            self.step(le.expire, w)  # the parent is sealed: the event's transient segments go
+        if self.phase(w) is le.WriterPhase.COMMITTING:
+            self.step(le.merge, w)
+        return failure
 
     def abortable(self) -> list[int]:
         return [w for w in self.model.writer_ids if self.phase(w) is le.WriterPhase.OPEN and w in self.events]
