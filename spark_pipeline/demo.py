@@ -14,8 +14,8 @@ Theory of operation.  Everything runs on one asyncio loop in this process except
    until ``after_split_seconds`` after the split and until the last pipeline run has processed data
    (at most ``max_write_seconds``), then the watermark markers follow.
 3. *The pipeline* (``millstream pipeline run``) runs as a separate process in a session of its own,
-   so its process group is the driver's Python, its JVM and its Python workers.  Each run but the
-   last is killed with SIGKILL to that whole group -- a driver machine dying -- at a seeded point
+   so its session is the driver's Python, its JVM and its Python workers.  Each run but the
+   last is killed with SIGKILL to that whole session -- a driver machine dying -- at a seeded point
    (after a few micro-batches, at a seeded fraction of the trigger interval), and the next run starts
    from the same checkpoint: Spark re-runs the batch its offset log holds without a commit-log entry,
    and the sink's fence makes a batch the store already committed a no-op.  The last run is stopped
@@ -55,7 +55,7 @@ import attrs
 from millstream.client import AsyncClient, ScalingPolicy, StreamConfig, split_stream_name
 from millstream.clock import Clock, SystemClock
 from millstream.errors import InvalidArgumentError, MillstreamError
-from millstream.spark.pipeline import PipelineConfig
+from millstream.spark.pipeline import PipelineConfig, kill_session
 from millstream.spark.workload import SensorWorkload, Verification, splitmix64, verify
 
 __all__ = [
@@ -217,11 +217,11 @@ def pipeline_command(config: PipelineConfig) -> list[str]:
 
 
 class PipelineProcess:
-    """One run of ``millstream pipeline run`` in a process group of its own.
+    """One run of ``millstream pipeline run`` in a session of its own.
 
     ``start`` launches it (stderr, Spark's logs, goes to ``log_path``); a tracked task reads its
     stdout: the ``started`` line, then one ``progress`` line per micro-batch (``progress``).
-    ``kill`` sends SIGKILL to the whole group; ``stop`` sends SIGTERM (a graceful ``query.stop()``)
+    ``kill`` sends SIGKILL to the whole session; ``stop`` sends SIGTERM (a graceful ``query.stop()``)
     and kills after ``PIPELINE_STOP_TIMEOUT_SECONDS``.  ``close`` makes sure the group is gone."""
 
     def __init__(self, config: PipelineConfig, log_path: Path, *, environment: dict[str, str] | None = None,
@@ -302,10 +302,9 @@ class PipelineProcess:
         return sum(1 for record in self.progress if (record.get("input_rows") or 0) > 0)
 
     def kill(self) -> None:
-        """SIGKILL the run's whole process group: driver, JVM and Python workers at once."""
+        """SIGKILL every process of the run's session: driver, JVM and Python workers (``kill_session``)."""
         if self._process is not None and self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGKILL)
+            kill_session(self._process.pid)
 
     async def wait_exit(self, timeout_seconds: float) -> int:
         assert self._process is not None and self._reader is not None
@@ -334,8 +333,7 @@ class PipelineProcess:
         if self._process is None:
             return
         self.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, signal.SIGKILL)  # workers outlive a driver that exited on its own
+        kill_session(self._process.pid)  # workers outlive a driver that exited on its own
         if self._reader is not None:
             with contextlib.suppress(TimeoutError, DemoError):
                 await self.wait_exit(PIPELINE_KILL_WAIT_SECONDS)
@@ -526,7 +524,7 @@ async def run_demo(config: DemoConfig, *, out: Callable[[str], None] = print, cl
                                  f"between batches (last committed: {commits})")
                     kills.append(f"run {number}: SIGKILL after {run.data_batches()} micro-batches with data, "
                                  f"{in_flight}")
-                    say(f"SIGKILL to the Spark driver's process group (run {number}: driver, JVM, workers): "
+                    say(f"SIGKILL to every process of the Spark driver's session (run {number}: driver, JVM, workers): "
                         f"{in_flight}")
                 final = runs[-1]
                 await report.done.wait()

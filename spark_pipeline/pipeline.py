@@ -31,8 +31,8 @@ the available-now trigger, return once everything readable at start has been pro
 Fault hook (tests only, off by default).  With ``MILLSTREAM_SPARK_FAULT=kill-in-commit:WHEN:BATCH``
 in the driver's environment (WHEN is ``before`` or ``after``; BATCH a batch id), the sink's driver-side
 ``commit`` of the first batch whose id is at least BATCH and that has rows to commit (a store
-transaction in its commit messages) sends SIGKILL to the driver's whole process
-group -- the driver's Python, its JVM and every Python worker -- just before, or just after, the
+transaction in its commit messages) sends SIGKILL to every process of the run's session
+(``kill_session``: the driver's Python, its JVM and every Python worker) just before, or just after, the
 store's fenced multi-commit: a driver machine dying inside the commit protocol, at the one point a
 sink without the fence duplicates a batch.  ``tests/faults/test_pipeline_kill.py`` uses it; the
 variable is read in the process that runs the sink's commit, which inherits the driver's environment.
@@ -365,10 +365,52 @@ def parse_fault(text: str) -> Fault:
     return Fault(parts[1], int(parts[2]))
 
 
+#: ``kill_session`` looks for stragglers this many times (a process may fork while the kill goes on).
+KILL_SESSION_PASSES: Final = 3
+
+
+def session_members(session: int) -> list[int]:
+    """The pids of every live process of ``session`` (from ``/proc``; Linux).  Zombies are dead
+    already (only their exit status waits for a parent), so they are not listed."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # it ended while we looked
+            continue
+        # After "(comm)": state ppid pgrp session ...
+        fields = text[text.rindex(")") + 2:].split()
+        if int(fields[3]) == session and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def kill_session(session: int) -> None:
+    """SIGKILL every process of ``session`` -- a pipeline run started in a session of its own: the
+    driver's Python, its JVM and every Python worker -- a machine dying, not processes exiting.
+
+    A process group is not enough: PySpark's worker daemon moves itself and the workers it forks
+    into a group of their own, so ``killpg`` of the driver's group leaves them (and a commit running
+    in one of them) behind.  The caller, if it is a member, dies last."""
+    me = os.getpid()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(session, signal.SIGKILL)  # the driver and its JVM at once
+    for _ in range(KILL_SESSION_PASSES):
+        others = [pid for pid in session_members(session) if pid != me]
+        if not others:
+            break
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    if os.getsid(0) == session:
+        os.kill(me, signal.SIGKILL)
+
+
 def _kill_driver() -> None:
-    """SIGKILL this process's group: started in a session of its own, the group is the driver's
-    Python, its JVM and every Python worker -- a machine dying, not a process exiting."""
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    """SIGKILL the whole pipeline run this process belongs to (``kill_session``)."""
+    kill_session(os.getsid(0))
 
 
 def _fault_injecting_source() -> type:

@@ -167,7 +167,7 @@ def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int,
     2. write a sensor workload (readings keyed by sensor id) into iot/sensors, a stream that
        auto-scales by event rate -- it splits about two minutes in, and the writer follows;
     3. run the reference Spark pipeline (`millstream pipeline run`) as a separate process, SIGKILL
-       the Spark driver (its whole process group) mid-run and restart it from its checkpoint;
+       the Spark driver (every process of its session) mid-run and restart it from its checkpoint;
     4. read both streams back and print a verification table: input events, the expected window
        aggregates and alerts computed in plain Python, output rows, duplicates, missing.
 

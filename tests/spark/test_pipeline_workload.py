@@ -4,6 +4,7 @@ pipeline's configuration and its fault hook, and the command line a run is start
 
 from __future__ import annotations
 
+import contextlib
 import json
 from decimal import Decimal
 from pathlib import Path
@@ -225,3 +226,43 @@ def test_progress_records_and_checkpoint_logs(tmp_path: Path) -> None:
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("v1")
     assert checkpoint_batches(tmp_path) == (2, 1)
+
+
+def test_kill_session_kills_processes_that_left_the_drivers_process_group(tmp_path: Path) -> None:
+    """PySpark's worker daemon puts itself in a process group of its own; a kill of the run must
+    still reach it (and a commit running in one of its workers)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from millstream.spark.pipeline import kill_session, session_members
+
+    pid_file = tmp_path / "child.pid"
+    script = ("import os, sys, time\n"
+              "child = os.fork()\n"
+              "if child == 0:\n"
+              "    os.setpgid(0, 0)  # as pyspark.daemon does\n"
+              f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+              "    time.sleep(600)\n"
+              "    os._exit(0)\n"
+              "time.sleep(600)\n")
+    driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline, "the child did not start"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert os.getpgid(child) != driver.pid, "the child left the driver's process group"
+        assert set(session_members(driver.pid)) == {driver.pid, child}
+        kill_session(driver.pid)
+        assert driver.wait(30) == -signal.SIGKILL
+        while session_members(driver.pid):  # the orphan is reaped by init once killed
+            assert time.monotonic() < deadline + 30, f"left alive: {session_members(driver.pid)}"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
