@@ -49,6 +49,7 @@ import asyncio
 import enum
 import logging
 import struct
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Generic, TypeVar
 from uuid import UUID
@@ -593,7 +594,11 @@ class AsyncEventReader:
         self._end = start + length
         self._position = start  # the next byte to return
         self._fetch_offset = start  # the next byte to fetch
-        self._buffer = bytearray()  # fetched, not returned: [position, fetch_offset)
+        #: Fetched, not returned -- [position, fetch_offset) -- as the reads' own bytes objects, the first
+        #: from ``_skip`` on: a read of exactly what one fetch brought returns that object, uncopied.
+        self._pieces: deque[bytes] = deque()
+        self._skip = 0
+        self._buffered = 0
         self._ahead: asyncio.Task[bytes] | None = None
         self._on_close = on_close
         self._closed = False
@@ -615,26 +620,28 @@ class AsyncEventReader:
 
     async def _fetch(self, offset: int, length: int) -> bytes:
         result = await self._segments.read(self.segment, offset, length=length)
-        if not result.data:
+        data = result.data
+        if not data:
             raise InternalError(f"segment {self.segment!r} returned nothing at {offset}, inside a merged event")
-        return result.data[:self._end - offset]
+        return data if len(data) <= self._end - offset else data[:self._end - offset]
 
     def _start_ahead(self, *, needed: bool = False) -> None:
         """Start the next read unless one is in flight (or the buffer holds a read's worth already,
         unless the caller ``needed`` more)."""
         if self._ahead is None and self._fetch_offset < self._end and not self._closed \
-                and (needed or len(self._buffer) < self._read_length):
+                and (needed or self._buffered < self._read_length):
             length = min(self._read_length, self._end - self._fetch_offset)
             self._ahead = asyncio.get_running_loop().create_task(
                 self._fetch(self._fetch_offset, length), name=f"millstream-event-read-{self.segment}")
 
     async def _fill(self, want: int) -> None:
-        while len(self._buffer) < want and self._fetch_offset < self._end:
+        while self._buffered < want and self._fetch_offset < self._end:
             self._start_ahead(needed=True)
             ahead, self._ahead = self._ahead, None
             assert ahead is not None
             data = await ahead
-            self._buffer += data
+            self._pieces.append(bytes(data))
+            self._buffered += len(data)
             self._fetch_offset += len(data)
 
     async def read(self, size: int = -1) -> bytes:
@@ -647,11 +654,35 @@ class AsyncEventReader:
         if want == 0:
             return b""
         await self._fill(want)
-        data = bytes(self._buffer[:want])
-        del self._buffer[:want]
+        data = self._take(want)
         self._position += len(data)
         self._start_ahead()
         return data
+
+    def _take(self, want: int) -> bytes:
+        """The next ``want`` buffered bytes (``want <= _buffered``): a whole fetched piece as it is,
+        anything else copied once."""
+        pieces = self._pieces
+        first = pieces[0]
+        if self._skip == 0 and len(first) == want:
+            pieces.popleft()
+            self._buffered -= want
+            return first
+        parts = []
+        needed = want
+        while needed:
+            first = pieces[0]
+            available = len(first) - self._skip
+            take = min(available, needed)
+            parts.append(memoryview(first)[self._skip:self._skip + take])
+            needed -= take
+            if take == available:
+                pieces.popleft()
+                self._skip = 0
+            else:
+                self._skip += take
+        self._buffered -= want
+        return b"".join(parts)
 
     async def readinto(self, buffer: bytearray | memoryview) -> int:
         """Read into ``buffer``; return how many bytes were read (0 at the event's end)."""
@@ -668,7 +699,8 @@ class AsyncEventReader:
         if ahead is not None:
             ahead.cancel()
             await asyncio.gather(ahead, return_exceptions=True)
-        self._buffer = bytearray()
+        self._pieces.clear()
+        self._buffered = self._skip = 0
         if self._on_close is not None:
             self._on_close(self)
 
