@@ -9,7 +9,9 @@ What it answers (issue 8's Evidence, PDP-43's requirement that large events perf
    same writer's ``write_event`` (flushed at the end); and reading the large event through
    ``EventTooLargeError`` -> ``EventRead.stream_event()`` (a bounded ``EventReader``, read in
    ``PIECE_BYTES`` pieces) against reading the classic events with ``read_next_event``.  Target: each
-   large-event figure within 15% of its classic one (``THROUGHPUT_RATIO_TOLERANCE``).
+   large-event figure within 15% of its classic one (``THROUGHPUT_RATIO_TOLERANCE``) -- read as PDP-43
+   means it, "no worse than the same bytes as classic events": a large event that is faster meets it
+   (the report gives the ratio either way).
 2. *Memory.*  The client's peak resident set above its own baseline while it writes or reads, measured
    from outside the client process: each measurement runs its client in a fresh process of its own,
    which connects and prepares, reports ready, and waits; this process then reads its ``VmRSS``
@@ -447,7 +449,7 @@ def _fixed(value: float | None, digits: int) -> str:
 def ratio_met(ratio: float | None) -> str:
     if ratio is None:
         return "not measured"
-    return "met" if abs(ratio - 1.0) <= THROUGHPUT_RATIO_TOLERANCE else "**not met**"
+    return "met" if ratio >= 1.0 - THROUGHPUT_RATIO_TOLERANCE else "**not met**"
 
 
 def render_large_events_markdown(report: LargeEventsReport, *,
@@ -491,7 +493,8 @@ def render_large_events_markdown(report: LargeEventsReport, *,
         "",
         f"Large ÷ classic throughput, same bytes, same repeat: writing **{_fixed(report.write_ratio, 2)}** "
         f"({ratio_met(report.write_ratio)}), reading **{_fixed(report.read_ratio, 2)}** "
-        f"({ratio_met(report.read_ratio)}); target within {THROUGHPUT_RATIO_TOLERANCE:.0%}.",
+        f"({ratio_met(report.read_ratio)}); target: large at most {THROUGHPUT_RATIO_TOLERANCE:.0%} slower "
+        "than classic.",
         f"Client peak RSS above its baseline with the large event, worst repeat: **{large_rss:.1f} MiB** "
         f"({'met' if large_rss < rss_limit else '**not met**'}; target under {rss_limit} MiB).",
         "",
