@@ -21,11 +21,19 @@ the same machine at the same moment:
 Rates are rows per second of batch time (``triggerExecution`` summed over the batches with rows,
 the first batch of each query left out: it pays for worker start-up and JIT, 4-13 s here); the
 query's wall time including its start is given beside it.  Every figure is also written as JSON.
+
+The machine is shared and noisy, so each query also records CPU (``CpuMeter``): ours (this process
+and every descendant -- the driver's Python, its JVM and the Python workers the JVM forks -- from
+``/proc/<pid>/stat``, sampled every half second) and everyone else's (the machine's busy time from
+``/proc/stat`` minus ours), as a share of all CPUs over the query's wall time.  A figure measured
+while others took much of the machine says less than one measured on a quiet machine; the table
+says which was which.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -71,6 +79,8 @@ class Measurement:
     batch_seconds: float         # triggerExecution summed over the batches with rows but the first
     measured_rows: int           # ... and their rows
     wall_seconds: float          # the whole query, its start included
+    own_cpu_percent: float       # our process tree's CPU over the query, % of all CPUs
+    others_cpu_percent: float    # everyone else's, the same way
 
     @property
     def rows_per_second(self) -> float:
@@ -81,6 +91,7 @@ class Measurement:
 class BenchReport:
     throughput: tuple[Measurement, ...]
     pipeline_batches: tuple[dict[str, Any], ...]
+    pipeline_cpu_percent: tuple[float, float]  # (ours, others') while the pipeline ran
     spark_version: str
 
     def latency_summary(self) -> dict[str, float]:
@@ -96,25 +107,29 @@ class BenchReport:
 
     def markdown(self) -> str:
         lines = [f"Spark {self.spark_version}, local[2], one session for every query.", "",
-                 "| query | rows | batches | rows/s (batch time) | wall s (with start) |",
-                 "|---|---:|---:|---:|---:|"]
-        lines += [f"| {m.name} | {m.rows:,} | {m.batches} | {m.rows_per_second:,.0f} | {m.wall_seconds:.1f} |"
-                  for m in self.throughput]
+                 "| query | rows | batches | rows/s (batch time) | wall s (with start) | our CPU % | others' CPU % |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {m.name} | {m.rows:,} | {m.batches} | {m.rows_per_second:,.0f} | {m.wall_seconds:.1f} | "
+                  f"{m.own_cpu_percent:.0f} | {m.others_cpu_percent:.0f} |" for m in self.throughput]
         summary = self.latency_summary()
         if summary:
             lines += ["", "Reference pipeline, per micro-batch (processing-time trigger 1 s, "
                       f"{PIPELINE_EVENTS_PER_SECOND} events/s written; the first batch left out):", "",
-                      "| batches | rows/batch (median) | latency median ms | p90 ms | max ms | addBatch median ms |",
-                      "|---:|---:|---:|---:|---:|---:|",
+                      "| batches | rows/batch (median) | latency median ms | p90 ms | max ms | addBatch median ms "
+                      "| our CPU % | others' CPU % |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|",
                       f"| {summary['batches']:.0f} | {summary['rows_per_batch_median']:.0f} | "
                       f"{summary['median_ms']:.0f} | {summary['p90_ms']:.0f} | {summary['max_ms']:.0f} | "
-                      f"{summary['add_batch_median_ms']:.0f} |"]
+                      f"{summary['add_batch_median_ms']:.0f} | {self.pipeline_cpu_percent[0]:.0f} | "
+                      f"{self.pipeline_cpu_percent[1]:.0f} |"]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {"spark_version": self.spark_version,
                 "throughput": [{**attrs.asdict(m), "rows_per_second": m.rows_per_second} for m in self.throughput],
-                "pipeline_batches": list(self.pipeline_batches), "pipeline_latency": self.latency_summary()}
+                "pipeline_batches": list(self.pipeline_batches), "pipeline_latency": self.latency_summary(),
+                "pipeline_cpu_percent": {"ours": self.pipeline_cpu_percent[0],
+                                         "others": self.pipeline_cpu_percent[1]}}
 
 
 def _percentile(values: Sequence[float], fraction: float) -> float:
@@ -122,14 +137,84 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
     return values[index]
 
 
+_PROC: Final = Path("/proc")
+
+
+class CpuMeter:
+    """CPU used by the whole machine and by this process tree since the meter was made.
+
+    ``sample()`` (called every half second or so while a query runs) reads ``/proc``: the machine's
+    busy ticks, and the user+system ticks of this process and each of its descendants by pid.  Ours
+    is the sum over every pid seen of its last reading minus its first (a process already running at
+    the start counts from there, a new one from zero).  Children's ``cutime`` is not used: a process
+    whose parent reaps it would then count twice.  What a process used after the last sample before
+    it ended is lost, so ours errs low by at most one sampling interval per ended process."""
+
+    def __init__(self) -> None:
+        self._ticks_per_second = os.sysconf("SC_CLK_TCK")
+        self._machine_first = self._machine_last = self._machine_busy()
+        tree = self._tree()
+        self._first: dict[int, int] = dict(tree)
+        self._last: dict[int, int] = dict(tree)
+
+    @staticmethod
+    def _machine_busy() -> int:
+        fields = (_PROC / "stat").read_text().split("\n", 1)[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(value) for value in fields[1:9])
+        return user + nice + system + irq + softirq + steal
+
+    @staticmethod
+    def _tree() -> dict[int, int]:
+        parents: dict[int, int] = {}
+        ticks: dict[int, int] = {}
+        for entry in _PROC.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                text = (entry / "stat").read_text()
+            except OSError:  # the process ended while we looked
+                continue
+            # After "(comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+            rest = text[text.rindex(")") + 2:].split()
+            parents[int(entry.name)] = int(rest[1])
+            ticks[int(entry.name)] = int(rest[11]) + int(rest[12])
+        children: dict[int, list[int]] = {}
+        for pid, parent in parents.items():
+            children.setdefault(parent, []).append(pid)
+        tree: dict[int, int] = {}
+        pending = [os.getpid()]
+        while pending:
+            pid = pending.pop()
+            if pid in ticks and pid not in tree:
+                tree[pid] = ticks[pid]
+                pending.extend(children.get(pid, ()))
+        return tree
+
+    def sample(self) -> None:
+        self._machine_last = self._machine_busy()
+        for pid, ticks in self._tree().items():
+            self._first.setdefault(pid, 0)
+            self._last[pid] = max(ticks, self._last.get(pid, 0))
+
+    def shares(self, wall_seconds: float) -> tuple[float, float]:
+        """(ours, others') since the meter was made, as % of all CPUs over ``wall_seconds``."""
+        self.sample()
+        capacity = max(wall_seconds, 1e-9) * (os.cpu_count() or 1)
+        ours = sum(self._last[pid] - self._first[pid] for pid in self._last) / self._ticks_per_second
+        busy = (self._machine_last - self._machine_first) / self._ticks_per_second
+        return 100.0 * ours / capacity, 100.0 * max(0.0, busy - ours) / capacity
+
+
 def _measure(name: str, start: Callable[[], Any], rows: int, *, stop_after_rows: int | None = None) -> Measurement:
     """Run the query ``start()`` returns until it ends (or has processed ``stop_after_rows``)."""
     clock = SystemClock()
+    meter = CpuMeter()
     began = clock.monotonic()
     query = start()
     try:
         while True:
             ended = query.awaitTermination(0.5)
+            meter.sample()
             done = sum(p.numInputRows for p in query.recentProgress)
             if ended or (stop_after_rows is not None and done >= stop_after_rows):
                 break
@@ -139,6 +224,7 @@ def _measure(name: str, start: Callable[[], Any], rows: int, *, stop_after_rows:
         if query.isActive:
             query.stop()
     wall = clock.monotonic() - began
+    own, others = meter.shares(wall)
     error = query.exception()
     if error is not None:
         raise RuntimeError(f"{name} failed: {error}")
@@ -147,7 +233,8 @@ def _measure(name: str, start: Callable[[], Any], rows: int, *, stop_after_rows:
     measured = with_rows[1:]
     return Measurement(name=name, rows=sum(p["numInputRows"] for p in with_rows), batches=len(with_rows),
                        batch_seconds=sum(p["durationMs"]["triggerExecution"] for p in measured) / 1000.0,
-                       measured_rows=sum(p["numInputRows"] for p in measured), wall_seconds=wall)
+                       measured_rows=sum(p["numInputRows"] for p in measured), wall_seconds=wall,
+                       own_cpu_percent=own, others_cpu_percent=others)
 
 
 def _write_events(uri: str, stream: str, workload: SensorWorkload, count: int) -> None:
@@ -222,7 +309,7 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
 
 
 def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: float,
-                      say: Callable[[str], None]) -> list[dict[str, Any]]:
+                      say: Callable[[str], None]) -> tuple[list[dict[str, Any]], tuple[float, float]]:
     import millstream
     from millstream.client import ScalingPolicy, StreamConfig
     from millstream.spark.pipeline import progress_record
@@ -248,19 +335,21 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     writer = threading.Thread(target=write, name="bench-workload", daemon=True)
     writer.start()
     say(f"reference pipeline for {seconds:.0f} s")
+    meter = CpuMeter()
     query = start_query(spark, config)
     began = clock.monotonic()
     try:
-        while clock.monotonic() - began < seconds and not query.awaitTermination(1.0):
-            pass
+        while clock.monotonic() - began < seconds and not query.awaitTermination(0.5):
+            meter.sample()
     finally:
         query.stop()
         stop.set()
         writer.join(30.0)
+    cpu = meter.shares(clock.monotonic() - began)
     error = query.exception()
     if error is not None:
         raise RuntimeError(f"the reference pipeline failed: {error}")
-    return [progress_record(json.loads(p.json)) for p in query.recentProgress]
+    return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu
 
 
 def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
@@ -275,11 +364,11 @@ def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
             spark = build_session(session_config)
             try:
                 throughput = _throughput(spark, node.uri, workdir, config.rows, say)
-                batches = _pipeline_latency(spark, node.uri, workdir, config.pipeline_seconds, say)
+                batches, pipeline_cpu = _pipeline_latency(spark, node.uri, workdir, config.pipeline_seconds, say)
             finally:
                 spark.stop()
         return BenchReport(throughput=tuple(throughput), pipeline_batches=tuple(batches),
-                           spark_version=pyspark.__version__)
+                           pipeline_cpu_percent=pipeline_cpu, spark_version=pyspark.__version__)
     finally:
         if config.data_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)

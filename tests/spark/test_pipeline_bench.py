@@ -1,0 +1,39 @@
+"""The Spark bench's plain-Python side (no SparkSession): its CPU accounting of our process tree and
+everyone else's, and the figures it derives from Spark's progress reports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from millstream.spark.bench import BenchReport, CpuMeter, Measurement
+
+
+def test_our_cpu_counts_children_and_others_cpu_is_the_rest() -> None:
+    meter = CpuMeter()
+    # A child that burns CPU while the meter samples, then ends: its time counts as ours.
+    child = subprocess.Popen([sys.executable, "-c", "sum(i * i for i in range(30_000_000))"])
+    while child.poll() is None:
+        meter.sample()
+        time.sleep(0.05)
+    ours, others = meter.shares(1.0)
+    assert ours >= 10.0, "the child's second or so of CPU is ours (of 1 s on all CPUs)"
+    assert others >= 0.0
+    assert CpuMeter().shares(1.0)[0] < 5.0, "a fresh meter has seen next to nothing"
+
+
+def test_rates_leave_the_first_batch_out_and_latency_is_summarised() -> None:
+    measurement = Measurement(name="q", rows=600, batches=3, batch_seconds=2.0, measured_rows=400,
+                              wall_seconds=9.0, own_cpu_percent=80.0, others_cpu_percent=10.0)
+    assert measurement.rows_per_second == 200.0
+    batches = tuple({"trigger_ms": ms, "add_batch_ms": ms // 2, "input_rows": 200} for ms in (9000, 100, 300, 200, 400))
+    report = BenchReport(throughput=(measurement,), pipeline_batches=batches, pipeline_cpu_percent=(50.0, 25.0),
+                         spark_version="4.x")
+    summary = report.latency_summary()
+    assert summary["batches"] == 4, "the first (warm-up) batch is left out"
+    assert (summary["median_ms"], summary["max_ms"]) == (250.0, 400.0)
+    table = report.markdown()
+    assert "| q | 600 | 3 | 200 | 9.0 | 80 | 10 |" in table
+    assert "| 4 | 200 | 250 | 400 | 400 | 125 | 50 | 25 |" in table
+    assert report.to_json()["pipeline_cpu_percent"] == {"ours": 50.0, "others": 25.0}
