@@ -29,7 +29,7 @@ event after it), nothing lost.
 
 Bounds: two writers, three readers, eight cells (keys) starting in two segments, eight events per
 writer, four scales, four checkpoints, three crashes or leaves, two resets.  Default profile: 15
-examples x 25 steps (about 20 s here); nightly: 400 x 60.
+examples x 25 steps (7-11 s here); nightly: 400 x 60.
 
 Seeded by hand once (a successor made acquirable as soon as any one of its predecessors completed):
 the test failed after a merge, the group's unassigned segments holding the successor the model
