@@ -17,9 +17,10 @@ Theory of operation (the spec's header says it at length):
   ``activate_epoch``.  Successors of a sealed segment are the next epoch's segments overlapping it.
 * **Writers** number their events (writer id + event number make a write idempotent) and route each
   by their own cell -> segment table.  The store appends a writer's next event for a segment only if
-  its number is above the writer's attribute there (the largest number it stored), and refuses a
-  sealed segment; the writer then learns the attribute, drops what was stored, routes the sealed
-  segment's cells to its successors and resends the rest there, in order.
+  it does not hold that event yet (idempotence is membership: each event at most once per segment,
+  none it does not hold refused -- the spec's header says why not "above the largest number stored"),
+  and refuses a sealed segment; the writer then learns what the segment stores, drops it, routes the
+  sealed segment's cells to its successors and resends the rest there, in order.
 * **The reader group's state** (``assigned``, ``unassigned``, ``future``, ``checkpoints``) changes only
   by the group-state updates: acquire, release, segment completed (successors wait for every
   predecessor), create checkpoint, checkpoint reader, reader offline, reset.  A reader that owes a
@@ -236,9 +237,9 @@ class StreamState:
             for offset in range(1, len(events) + 1):
                 yield segment_id, offset
 
-    def last_stored(self, segment_id: int, writer: str) -> int:
-        """The writer's attribute on the segment: the largest number of its events stored there."""
-        return max((e.number for e in self.data[segment_id - 1] if e.writer == writer), default=0)
+    def stored_numbers(self, segment_id: int, writer: str) -> frozenset[int]:
+        """``StoredNumbers(s, w)``: the numbers of the writer's events the segment stores."""
+        return frozenset(e.number for e in self.data[segment_id - 1] if e.writer == writer)
 
     def routed(self, writer: str) -> frozenset[int]:
         """The segments a writer routes some cell to."""
@@ -406,13 +407,13 @@ def write_event(state: StreamState, writer: str, key: int) -> StreamState:
 
 
 def _unstored(state: StreamState, writer: str, segment_id: int) -> list[InflightEvent]:
-    last = state.last_stored(segment_id, writer)
-    return [e for e in state.inflight[writer] if e.segment == segment_id and e.number > last]
+    stored = state.stored_numbers(segment_id, writer)
+    return [e for e in state.inflight[writer] if e.segment == segment_id and e.number not in stored]
 
 
 def append_event(state: StreamState, writer: str, segment_id: int) -> StreamState:
     """``AppendEvent(w, s)``: the store appends the writer's first event for the segment that it
-    does not hold yet (by the writer's attribute), unless the segment is sealed."""
+    does not hold yet, unless the segment is sealed."""
     _require(segment_id in state.routed(writer) and segment_id not in state.sealed, "AppendEvent")
     unstored = _unstored(state, writer, segment_id)
     _require(bool(unstored), "AppendEvent")
@@ -423,29 +424,30 @@ def append_event(state: StreamState, writer: str, segment_id: int) -> StreamStat
 
 
 def ack_event(state: StreamState, writer: str, segment_id: int) -> StreamState:
-    """``AckEvent(w, s)``: acknowledgements reach the writer for everything the segment stores."""
+    """``AckEvent(w, s)``: acknowledgements reach the writer for every in-flight event for the segment
+    that it stores."""
     _require(segment_id in state.routed(writer), "AckEvent")
-    last = state.last_stored(segment_id, writer)
+    stored = state.stored_numbers(segment_id, writer)
     inflight = state.inflight[writer]
-    _require(any(e.segment == segment_id and e.number <= last for e in inflight), "AckEvent")
-    kept = tuple(e for e in inflight if e.segment != segment_id or e.number > last)
+    _require(any(e.segment == segment_id and e.number in stored for e in inflight), "AckEvent")
+    kept = tuple(e for e in inflight if e.segment != segment_id or e.number not in stored)
     return attrs.evolve(state, inflight=state.inflight.set(writer, kept))
 
 
 def segment_sealed(state: StreamState, writer: str, segment_id: int) -> StreamState:
-    """``SegmentSealed(w, s)``: an append met a sealed segment.  The writer learns its attribute,
-    drops what the segment stored, routes its cells to the successors and resends the rest there."""
+    """``SegmentSealed(w, s)``: an append met a sealed segment.  The writer learns what the
+    segment stores (SetupAppend), drops that, routes its cells to the successors and resends the rest there."""
     _require(segment_id in state.routed(writer) and segment_id in state.sealed, "SegmentSealed")
     inflight = state.inflight[writer]
     _require(any(e.segment == segment_id for e in inflight), "SegmentSealed")
-    last = state.last_stored(segment_id, writer)
+    stored = state.stored_numbers(segment_id, writer)
     successors = state.successors(segment_id)
     route = tuple(
         next(t for t in successors if state.segment(t).covers(cell)) if target == segment_id else target
         for cell, target in enumerate(state.table[writer]))
     kept = tuple(
         attrs.evolve(e, segment=route[e.key]) if e.segment == segment_id else e
-        for e in inflight if e.segment != segment_id or e.number > last)
+        for e in inflight if e.segment != segment_id or e.number not in stored)
     return attrs.evolve(state, table=state.table.set(writer, route), inflight=state.inflight.set(writer, kept))
 
 
@@ -620,6 +622,12 @@ def _invariants(state: StreamState) -> Iterator[tuple[str, bool]]:
         for w in state.table)
     stored = [state.event_at(p) for p in state.all_positions()]
     yield "EventsStoredOnce", len(set(stored)) == len(stored)
+    stored_by = {(e.writer, e.number) for e in stored}
+    yield "NoAcknowledgedEventLost", all(
+        (w, n) in stored_by
+        for w, count in state.written.items()
+        for n in range(1, count + 1)
+        if all(e.number != n for e in state.inflight[w]))
     owners = [s for r in readers for s in state.assigned[r]]
     yield "OneHolderPerSegment", (
         len(set(owners)) == len(owners)

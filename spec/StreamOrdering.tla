@@ -20,15 +20,34 @@
 (* Writers.  WriteEvent(w, k) numbers the event (writer id + event number  *)
 (* make it idempotent) and routes it by the writer's own table, which maps *)
 (* each cell to a segment.  AppendEvent(w, s): the segment store appends   *)
-(* the writer's first event for s whose number is above the writer's       *)
-(* attribute on s (the largest number of w that s stores), unless s is     *)
-(* sealed.  AckEvent(w, s): acknowledgements reach the writer              *)
-(* (cumulatively).  SegmentSealed(w, s): an append met a sealed segment;   *)
-(* the writer learns its attribute (SetupAppend), drops what s stored,     *)
-(* routes the cells of s to its successors and resends the rest there, in  *)
-(* order.  After a merge a writer may route some cells to the merged       *)
-(* segment and others still to a sealed predecessor: routing is by cell,   *)
-(* not by segment.                                                         *)
+(* the writer's first in-flight event for s that s does not store yet,     *)
+(* unless s is sealed.  AckEvent(w, s): acknowledgements reach the writer  *)
+(* for every in-flight event for s that s stores.  SegmentSealed(w, s): an *)
+(* append met a sealed segment; the writer learns what s stores            *)
+(* (SetupAppend), drops it, routes the cells of s to its successors and    *)
+(* resends the rest there, in order.  After a merge a writer may route     *)
+(* some cells to the merged segment and others still to a sealed           *)
+(* predecessor: routing is by cell, not by segment.                        *)
+(*                                                                         *)
+(* Idempotence is membership: the store holds each of a writer's events at *)
+(* most once per segment and never refuses one it does not hold.  The      *)
+(* implementation gets this from a fresh writer id per segment writer,     *)
+(* whose numbers increase in the order it sends (a sealed segment's events *)
+(* move to the successors' segment writers with new numbers), so its       *)
+(* attribute check, "above the largest number stored", refuses exactly     *)
+(* what the segment holds.  The spec numbers a writer's events once,       *)
+(* globally, so that attribute check would be wrong here: after a merge,   *)
+(* event 7 (one key) may reach the merged segment directly while event 6   *)
+(* (another key) is still on its way through a sealed predecessor; resent, *)
+(* 6 is not above 7, so an attribute check refuses it and then             *)
+(* acknowledges it without its ever being stored (NoAcknowledgedEventLost  *)
+(* catches that; the mutant StreamOrdering_attribute_is_largest_stored     *)
+(* restores the old check).  Membership of the number among w's numbers    *)
+(* stored in s is what the implementation's check amounts to and needs no  *)
+(* per-segment numbering (no new variable).  AppendEvent takes in-flight   *)
+(* order, where the implementation queues moved events behind those        *)
+(* already sent to the successor: they carry other keys, and the other     *)
+(* order is the behaviour in which those are stored before SegmentSealed.  *)
 (*                                                                         *)
 (* Reader group.  The shared state holds, per online reader, its segments  *)
 (* with the offset recorded for each (`assigned`), the unassigned segments *)
@@ -64,9 +83,10 @@
 (* `origin` is the cut the group last started from.                        *)
 (*                                                                         *)
 (* Abstractions.  Events carry no payload and offsets count events.        *)
-(* Connections, blocks and reconnects (a reconnect's resend is an          *)
-(* AppendEvent the attribute refuses), timers, load metrics and the state  *)
-(* synchronizer's optimistic concurrency are abstracted into atomic steps. *)
+(* Connections, blocks and reconnects (a reconnect's resend of a stored    *)
+(* event is an AppendEvent the store refuses), timers, load metrics and    *)
+(* the state synchronizer's optimistic concurrency are abstracted into     *)
+(* atomic steps.                                                           *)
 (* One checkpoint is in progress at a time; resets happen between          *)
 (* checkpoints and only to checkpoints; no retention, truncation or        *)
 (* bounded reads.                                                          *)
@@ -168,10 +188,8 @@ Idle == [phase |-> "idle", preds |-> {}, succs |-> {}]
 
 Event(p) == data[p[1]][p[2]]
 
-(* The largest event number of w that s stores: the writer's attribute on s. *)
-LastStored(s, w) ==
-    LET ns == {data[s][i].n : i \in {j \in DOMAIN data[s] : data[s][j].w = w}}
-    IN IF ns = {} THEN 0 ELSE MaxOf(ns)
+(* The numbers of w's events that s stores: what the store's idempotence check consults. *)
+StoredNumbers(s, w) == {data[s][i].n : i \in {j \in DOMAIN data[s] : data[s][j].w = w}}
 
 (* The segments a writer routes to. *)
 Routed(w) == {table[w][c] : c \in 0..(Grid - 1)}
@@ -290,7 +308,8 @@ WriteEvent(w, k) ==
     /\ UNCHANGED <<StreamVars, data, table, GroupVars>>
 
 (* Indexes of w's in-flight events for s that s does not store yet. *)
-Unstored(w, s) == {i \in DOMAIN inflight[w] : inflight[w][i].seg = s /\ inflight[w][i].n > LastStored(s, w)}
+Unstored(w, s) ==
+    {i \in DOMAIN inflight[w] : inflight[w][i].seg = s /\ inflight[w][i].n \notin StoredNumbers(s, w)}
 
 AppendEvent(w, s) ==
     /\ s \in Routed(w)
@@ -302,17 +321,17 @@ AppendEvent(w, s) ==
 
 AckEvent(w, s) ==
     /\ s \in Routed(w)
-    /\ {i \in DOMAIN inflight[w] : inflight[w][i].seg = s /\ inflight[w][i].n <= LastStored(s, w)} # {}
-    /\ inflight' = [inflight EXCEPT ![w] = SelectSeq(@, LAMBDA e : e.seg # s \/ e.n > LastStored(s, w))]
+    /\ {i \in DOMAIN inflight[w] : inflight[w][i].seg = s /\ inflight[w][i].n \in StoredNumbers(s, w)} # {}
+    /\ inflight' = [inflight EXCEPT ![w] = SelectSeq(@, LAMBDA e : e.seg # s \/ e.n \notin StoredNumbers(s, w))]
     /\ UNCHANGED <<StreamVars, data, written, table, GroupVars>>
 
 SegmentSealed(w, s) ==
     /\ s \in Routed(w)
     /\ s \in sealed
     /\ {i \in DOMAIN inflight[w] : inflight[w][i].seg = s} # {}
-    /\ LET last == LastStored(s, w)
+    /\ LET stored == StoredNumbers(s, w)
            next == Successors(s)
-           kept == SelectSeq(inflight[w], LAMBDA e : e.seg # s \/ e.n > last)
+           kept == SelectSeq(inflight[w], LAMBDA e : e.seg # s \/ e.n \notin stored)
            route == [c \in 0..(Grid - 1) |->
                        IF table[w][c] = s THEN CHOOSE t \in next : Covers(t, c) ELSE table[w][c]]
        IN /\ table' = [table EXCEPT ![w] = route]
@@ -513,6 +532,13 @@ WritersRouteByKey ==
 
 (* Idempotence: no event is stored twice, in one segment or across a seal. *)
 EventsStoredOnce == \A p, q \in Positions : p # q => Event(p) # Event(q)
+
+(* Acknowledged => stored: every event a writer wrote and no longer has in flight (acknowledged) *)
+(* is stored in some segment.  Stated on `data` itself, not through the store's check.          *)
+NoAcknowledgedEventLost ==
+    \A w \in Writers : \A n \in 1..written[w] :
+        {i \in DOMAIN inflight[w] : inflight[w][i].n = n} = {} =>
+            \E p \in Positions : Event(p).w = w /\ Event(p).n = n
 
 (* Each segment has one holder: one reader, the unassigned pool, or the futures. *)
 OneHolderPerSegment ==
