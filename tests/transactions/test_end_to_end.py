@@ -295,7 +295,9 @@ def test_a_commit_whose_reply_was_lost_is_resolved_by_asking_for_the_status(tmp_
                 await txn.write_event(b"e", routing_key="k")
                 controller.commit_transaction = fault  # type: ignore[method-assign]
                 try:
-                    assert await txn.commit() is TransactionStatus.COMMITTING
+                    # Decided: COMMITTING, or already COMMITTED if the controller's worker finished the
+                    # merges before the client asked for the status after the lost reply.
+                    assert await txn.commit() in (TransactionStatus.COMMITTING, TransactionStatus.COMMITTED)
                 finally:
                     controller.commit_transaction = original  # type: ignore[method-assign]
                 assert sent == expected
