@@ -65,6 +65,10 @@ KILL_DELAY_SECONDS = (0.1, 0.6)
 #: land in interpreter start-up, in recovery (each container replaying its log) or in the first appends.
 EARLY_KILL_PROBABILITY = 0.2
 EARLY_KILL_DELAY_SECONDS = (0.3, 2.0)
+#: After the delay, a kill timed from "listening" waits (at most this long) for the end of a writer's
+#: burst with events still unacknowledged, and lands then: on a fast machine a burst is acknowledged
+#: within a millisecond or two, so a kill at an arbitrary instant often meets none in flight.
+IN_FLIGHT_WAIT_SECONDS = 2.0
 #: Bounds on every wait.  Start-up is generous: on a busy shared machine importing millstream alone
 #: has taken seconds.
 READY_TIMEOUT_SECONDS = 90.0
@@ -213,6 +217,8 @@ class Campaign:
         self.retired: list[TaggedWriter] = []
         self.generation = 0
         self.stop_writing = asyncio.Event()
+        #: Set by a writer when it has handed over a burst (and before it pauses).
+        self.burst_sent = asyncio.Event()
         (directory / "logs").mkdir()
         self.server = Server(directory / "data", free_port(), directory / "logs")
 
@@ -247,6 +253,7 @@ class Campaign:
                     self.history.write_completed(tag, Outcome.FAILED)
                     continue
                 tagged.futures.append((tag, future))
+            self.burst_sent.set()
             await asyncio.sleep(BURST_PAUSE_SECONDS)
 
     async def replace(self, slot: int, tagged: TaggedWriter) -> TaggedWriter:
@@ -281,12 +288,24 @@ class Campaign:
             await self.server.wait_ready()
             await self.wait_for_progress()
             await asyncio.sleep(delay)
+            await self.until_events_in_flight()
         in_flight = sum(w.in_flight() for w in self.writers)
         await self.server.kill()
         self.statistics.kills += 1
         self.statistics.kills_before_ready += not ready
         self.statistics.kills_with_events_in_flight += in_flight > 0
         self.statistics.events_in_flight_at_kills += in_flight
+
+    async def until_events_in_flight(self) -> None:
+        """Return right after a writer's burst while some events are unacknowledged (the caller kills
+        then, without awaiting anything in between), or after IN_FLIGHT_WAIT_SECONDS regardless."""
+        deadline = time.monotonic() + IN_FLIGHT_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            self.burst_sent.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.burst_sent.wait(), max(0.0, deadline - time.monotonic()))
+            if any(tagged.in_flight() for tagged in self.writers):
+                return
 
     async def wait_for_progress(self) -> None:
         """Until every writer has had something acknowledged by this incarnation on every segment it
@@ -322,8 +341,12 @@ class Campaign:
             try:
                 await self.wait_for_progress()
                 await asyncio.sleep(self.rng.uniform(*KILL_DELAY_SECONDS))
+                await self.until_events_in_flight()
+                in_flight = sum(w.in_flight() for w in self.writers)
                 await self.server.kill()  # the first incarnation dies too
                 self.statistics.kills += 1
+                self.statistics.kills_with_events_in_flight += in_flight > 0
+                self.statistics.events_in_flight_at_kills += in_flight
                 for _ in range(KILLS - 1):
                     await self.kill_once()
                 await self.start_server()  # the last one lives
