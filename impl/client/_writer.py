@@ -255,7 +255,8 @@ class SegmentWriter:
         # Producer side: under shared.lock, any thread.
         self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
         self._keys: list[str | None] = []  # the open block's routing keys, one per event
-        self._open_bytes = 0  # the open block's charge: framed bytes plus key characters
+        self._open_bytes = 0  # the open block's framed bytes (what goes on the wire; blocks close by it)
+        self._open_key_bytes = 0  # its routing keys' characters: charged to the budget, never sent
         self._open_count = 0
         self._open_future: Completion | None = None  # shared by the open block's tracked events
         self._last_assigned = 0  # the last event number given to a closed block
@@ -363,9 +364,11 @@ class SegmentWriter:
             parts.append(payload)
             self._keys.append(routing_key)
             length += _HEADER_LENGTH
-            if routing_key is not None:
-                length += len(routing_key)  # the key is kept until acknowledged: it is charged too
             self._open_bytes += length
+            if routing_key is not None:  # the key is kept until acknowledged: it is charged too
+                key_length = len(routing_key)
+                self._open_key_bytes += key_length
+                length += key_length
             self._open_count += 1
             shared.unacked_bytes += length
             if tracking is not None:
@@ -392,11 +395,11 @@ class SegmentWriter:
         """Number the open block's events and queue it for sending.  Caller holds the lock."""
         count = self._open_count
         self._last_assigned += count
-        block = _Block(b"".join(self._parts), self._keys, self._open_bytes, count, self._last_assigned,
-                       self._open_future)
+        block = _Block(b"".join(self._parts), self._keys, self._open_bytes + self._open_key_bytes, count,
+                       self._last_assigned, self._open_future)
         self._parts = []
         self._keys = []
-        self._open_bytes = 0
+        self._open_bytes = self._open_key_bytes = 0
         self._open_count = 0
         self._open_future = None
         self._blocks_unacked += 1
@@ -717,7 +720,7 @@ class SegmentWriter:
         budget and retire: ``append`` answers ``REROUTE`` from now on, ``flush`` False, and flushes
         already waiting get False."""
         events: list[tuple[bytes, str | None, Completion | None]] = []
-        freed = self._open_bytes
+        freed = self._open_bytes + self._open_key_bytes
         for block in itertools.chain(self._inflight, self._outbox):
             future = block.future
             events.extend((payload, key, future) for payload, key in zip(codec.iter_events(block.data), block.keys,
@@ -730,7 +733,7 @@ class SegmentWriter:
         self._outbox.clear()
         self._parts = []
         self._keys = []
-        self._open_bytes = self._open_count = 0
+        self._open_bytes = self._open_key_bytes = self._open_count = 0
         self._open_future = None
         self._blocks_unacked = 0
         self._last_assigned = self._acked  # the numbers after it are never used by this writer id
@@ -752,8 +755,12 @@ class SegmentWriter:
         self._parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
         self._parts.append(payload)
         self._keys.append(routing_key)
-        length += _HEADER_LENGTH + (0 if routing_key is None else len(routing_key))
+        length += _HEADER_LENGTH
         self._open_bytes += length
+        if routing_key is not None:
+            key_length = len(routing_key)
+            self._open_key_bytes += key_length
+            length += key_length
         self._open_count += 1
         self._shared.unacked_bytes += length
         future = None
@@ -791,8 +798,8 @@ class SegmentWriter:
             assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
                 self._close_at, self._blocks_unacked, self._target_bytes)
             assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys)
-            assert self._open_bytes == sum(len(part) for part in self._parts) + sum(
-                len(key) for key in self._keys if key is not None)
+            assert self._open_bytes == sum(len(part) for part in self._parts)
+            assert self._open_key_bytes == sum(len(key) for key in self._keys if key is not None)
             for block in blocks:
                 assert len(block.keys) == block.event_count
                 assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)
@@ -1189,7 +1196,7 @@ class AsyncEventStreamWriter(Generic[T]):
         for writer in self._writers.values():
             writer.check_invariants()
             with self._shared.lock:
-                total += writer._open_bytes + sum(b.charge for b in writer._inflight) + sum(
+                total += writer._open_bytes + writer._open_key_bytes + sum(b.charge for b in writer._inflight) + sum(
                     b.charge for b in writer._outbox)
         with self._shared.lock:
             assert total == self._shared.unacked_bytes, (total, self._shared.unacked_bytes)
