@@ -706,3 +706,17 @@ def test_per_event_futures_of_one_turn_are_recorded_together() -> None:
     assert calls == [(10.25, 3), (10.25, 2)]
     assert recorder.write_latency.count == 5 and recorder.write_latency.percentile(1.0) == pytest.approx(0.25)
     assert recorder.errors == ["a test write failed: ConnectionError('reset')"]
+
+
+def test_a_write_that_never_returns_fails_the_step_after_the_window() -> None:
+    class HangingProducer:
+        async def write(self, batch: Batch) -> None:
+            await asyncio.Event().wait()
+
+    async def run() -> None:
+        recorder = StepRecorder(event_bytes=100)
+        await offer(HangingProducer(), OfferPlan(rate=None, warmup_seconds=0.0, duration_seconds=0.05, event_bytes=100,
+                                                 bytes_max=10**9), recorder, write_timeout_seconds=0.05)
+
+    with pytest.raises(StepStalledError, match=r"did not return for 0\.05 s after the window"):
+        asyncio.run(run())
