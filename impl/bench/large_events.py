@@ -48,23 +48,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 import millstream
 from millstream import limits
-from millstream.bench._processes import ServerProcess, free_port, process_cpu_seconds
+from millstream.bench import _suite
+from millstream.bench._processes import free_port
 from millstream.bench._stats import median_or_none
-from millstream.bench._system import (
-    CpuSample,
-    CpuUsage,
-    MachineDescription,
-    QuietWait,
-    describe_machine,
-    wait_until_quiet,
-)
+from millstream.bench._suite import CpuMeter, Progress, Repeat, Steps, bounded, fixed, standalone_server
+from millstream.bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
 
 __all__ = ["LargeEventsConfig", "LargeEventsReport", "render_large_events_markdown", "replace_section",
            "run_large_events", "section_of", "write_large_events_json"]
@@ -85,8 +80,6 @@ ROUTING_KEY: Final = "large"
 SCENARIOS: Final = ("write-large", "read-large", "write-classic", "read-classic")
 SECTION_BEGIN: Final = "<!-- millstream bench --suite large-events: begin -->"
 SECTION_END: Final = "<!-- millstream bench --suite large-events: end -->"
-
-Progress = Callable[[int, int, str], None]
 
 
 @attrs.frozen
@@ -130,14 +123,6 @@ class Measurement:
 
 
 @attrs.frozen
-class Repeat:
-    measurements: list[Measurement]
-
-    def of(self, scenario: str) -> Measurement:
-        return next(m for m in self.measurements if m.scenario == scenario)
-
-
-@attrs.frozen
 class Summary:
     """A scenario's medians over the repeats."""
 
@@ -157,7 +142,7 @@ class LargeEventsReport:
     suite: str
     machine: MachineDescription
     config: LargeEventsConfig
-    repeats: list[Repeat]
+    repeats: list[Repeat[Measurement]]
     summaries: list[Summary]
     write_ratio: float | None  # median over repeats of large MiB/s ÷ classic MiB/s
     read_ratio: float | None
@@ -320,17 +305,14 @@ def _measure(port: int, scenario: str, stream: str, group: str, config: LargeEve
             raise RuntimeError(f"the {scenario} client did not get ready")
         baseline = _status_bytes(process.pid, "VmRSS") or 0
         reset = _reset_peak(process.pid)
-        client_start = process_cpu_seconds(process.pid)
-        server_start = process_cpu_seconds(server_pid)
-        machine_start = CpuSample.now()
+        cpu = CpuMeter(process.pid, server_pid)  # others' share excludes the client's and the server's
+        cpu.mark()
         assert process.stdin is not None
         with _RssWatch(process.pid) as watch:
             process.stdin.write("go\n")
             process.stdin.flush()
             result = json.loads(_line(process, timeout, scenario))
-        machine_end = CpuSample.now()
-        client_end = process_cpu_seconds(process.pid)
-        server_end = process_cpu_seconds(server_pid)
+        cpu.mark()
         kernel_peak = _status_bytes(process.pid, "VmHWM") if reset else None
         process.stdin.write("exit\n")
         process.stdin.flush()
@@ -341,14 +323,8 @@ def _measure(port: int, scenario: str, stream: str, group: str, config: LargeEve
             process.wait()
     if result["bytes"] != config.total_bytes:
         raise RuntimeError(f"{scenario}: moved {result['bytes']} bytes, not {config.total_bytes}")
-    client_cpu = None if client_start is None or client_end is None else client_end - client_start
-    server_cpu = None if server_start is None or server_end is None else server_end - server_start
-    usage = CpuUsage.between(machine_start, machine_end)
-    others = None
-    if client_cpu is not None and server_cpu is not None:
-        # CpuUsage's "others" is everything but this process: the client's and server's shares are not noise.
-        others = 100.0 * max(0.0, usage.others_cpu_seconds - client_cpu - server_cpu) / (
-            usage.wall_seconds * (os.cpu_count() or 1))
+    span = cpu.span()
+    (client_cpu, server_cpu), others = span.processes, span.others_percent
     seconds = result["seconds"]
     return Measurement(
         scenario=scenario, events=result["events"], bytes=result["bytes"], seconds=seconds,
@@ -360,15 +336,6 @@ def _measure(port: int, scenario: str, stream: str, group: str, config: LargeEve
 # --- the suite ---------------------------------------------------------------------------------------------
 
 
-def _server(workdir: Path, port: int) -> ServerProcess:
-    data = workdir / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "millstream.bench._serve", "standalone", "--data-dir", str(data),
-               "--port", str(port)]
-    return ServerProcess("millstream", command, port=port, log_path=workdir / "server.log",
-                         ready_pattern=r"listening on tcp://")
-
-
 async def _streams(port: int, create: Sequence[str], delete: Sequence[str]) -> None:
     """Create one-segment streams ``create`` (no retention), and seal and delete ``delete``."""
     from millstream.client import AsyncClient, RetentionPolicy, ScalingPolicy, StreamConfig
@@ -376,14 +343,13 @@ async def _streams(port: int, create: Sequence[str], delete: Sequence[str]) -> N
     client = AsyncClient(f"tcp://127.0.0.1:{port}")
     try:
         manager = client.stream_manager()
-        await asyncio.wait_for(manager.create_scope(SCOPE, exist_ok=True), limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+        await bounded(manager.create_scope(SCOPE, exist_ok=True))
         for stream in create:
-            await asyncio.wait_for(manager.create_stream(stream, StreamConfig(
-                scaling=ScalingPolicy.fixed(1), retention=RetentionPolicy.none())),
-                limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            await bounded(manager.create_stream(stream, StreamConfig(
+                scaling=ScalingPolicy.fixed(1), retention=RetentionPolicy.none())))
         for stream in delete:
-            await asyncio.wait_for(manager.seal_stream(stream), limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
-            await asyncio.wait_for(manager.delete_stream(stream), limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            await bounded(manager.seal_stream(stream))
+            await bounded(manager.delete_stream(stream))
     finally:
         await client.close()
 
@@ -395,26 +361,23 @@ def run_large_events(config: LargeEventsConfig, data_root: Path, progress: Progr
     started = time.perf_counter()
     machine = describe_machine(data_root, millstream.__version__)
     repeats = []
-    steps, step = len(SCENARIOS) * config.repeat, 0
+    steps = Steps(len(SCENARIOS) * config.repeat, progress)
     with tempfile.TemporaryDirectory(prefix="millstream-bench-large-events-", dir=data_root) as temp:
         port = free_port()
-        with _server(Path(temp), port) as server:
+        with standalone_server(Path(temp), port) as server:
             for number in range(1, config.repeat + 1):
                 streams = {kind: f"{SCOPE}/{kind}-{number}" for kind in ("large", "classic")}
                 asyncio.run(_streams(port, list(streams.values()), []))
                 measurements = []
                 for scenario in SCENARIOS:
-                    if progress is not None:
-                        progress(step, steps, f"repeat {number}: {scenario}")
-                    step += 1
+                    steps.next(f"repeat {number}: {scenario}")
                     kind = scenario.split("-")[1]
                     measurements.append(_measure(port, scenario, streams[kind], f"{SCOPE}/{kind}-readers-{number}",
                                                  config, server.pid, Path(temp) / "clients.log"))
                 asyncio.run(_streams(port, [], list(streams.values())))
                 repeats.append(Repeat(measurements))
         shutil.rmtree(Path(temp) / "data", ignore_errors=True)
-    if progress is not None:
-        progress(steps, steps, "done")
+    steps.finish()
 
     def ratio(large: str, classic: str) -> float | None:
         return median_or_none([r.of(large).mib_per_second / r.of(classic).mib_per_second for r in repeats])
@@ -442,10 +405,6 @@ def _summary(scenario: str, measurements: Sequence[Measurement]) -> Summary:
 # --- the report --------------------------------------------------------------------------------------------
 
 
-def _fixed(value: float | None, digits: int) -> str:
-    return "—" if value is None else f"{value:,.{digits}f}"
-
-
 def ratio_met(ratio: float | None) -> str:
     if ratio is None:
         return "not measured"
@@ -464,10 +423,10 @@ def render_large_events_markdown(report: LargeEventsReport, *,
             "read-large": f"read it (`EventTooLargeError` → `stream_event()`, {PIECE_BYTES // MIB} MiB reads)",
             "write-classic": f"write {config.classic_events} x {classic_mib} MiB events (`write_event`, flush)",
             "read-classic": "read them (`read_next_event`)"}
-    rows = [f"| {what[s.scenario]} | {_fixed(s.mib_per_second, 1)} | {_fixed(s.seconds, 2)} "
-            f"| {_fixed(s.rss_above_baseline_mib, 1)} | {_fixed(s.rss_above_baseline_max_mib, 1)} "
-            f"| {_fixed(s.rss_baseline_mib, 1)} | {_fixed(s.client_cpu_seconds, 2)} "
-            f"| {_fixed(s.server_cpu_seconds, 2)} | {_fixed(s.others_percent, 0)} |" for s in report.summaries]
+    rows = [f"| {what[s.scenario]} | {fixed(s.mib_per_second, 1)} | {fixed(s.seconds, 2)} "
+            f"| {fixed(s.rss_above_baseline_mib, 1)} | {fixed(s.rss_above_baseline_max_mib, 1)} "
+            f"| {fixed(s.rss_baseline_mib, 1)} | {fixed(s.client_cpu_seconds, 2)} "
+            f"| {fixed(s.server_cpu_seconds, 2)} | {fixed(s.others_percent, 0)} |" for s in report.summaries]
     large_rss = max((report.summary(s).rss_above_baseline_max_mib or 0.0) for s in ("write-large", "read-large"))
     rss_limit = RSS_ABOVE_BASELINE_MAX_BYTES // MIB
     resets = all(m.peak_reset for r in report.repeats for m in r.measurements)
@@ -491,8 +450,8 @@ def render_large_events_markdown(report: LargeEventsReport, *,
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Large ÷ classic throughput, same bytes, same repeat: writing **{_fixed(report.write_ratio, 2)}** "
-        f"({ratio_met(report.write_ratio)}), reading **{_fixed(report.read_ratio, 2)}** "
+        f"Large ÷ classic throughput, same bytes, same repeat: writing **{fixed(report.write_ratio, 2)}** "
+        f"({ratio_met(report.write_ratio)}), reading **{fixed(report.read_ratio, 2)}** "
         f"({ratio_met(report.read_ratio)}); target: large at most {THROUGHPUT_RATIO_TOLERANCE:.0%} slower "
         "than classic.",
         f"Client peak RSS above its baseline with the large event, worst repeat: **{large_rss:.1f} MiB** "
@@ -514,25 +473,18 @@ def render_large_events_markdown(report: LargeEventsReport, *,
 def replace_section(document: str, section: str) -> str:
     """``document`` with its large-events section (between the markers) replaced by ``section``, or with
     ``section`` appended if it has none."""
-    begin, end = document.find(SECTION_BEGIN), document.find(SECTION_END)
-    if begin >= 0 and end > begin:
-        return document[:begin] + section.rstrip("\n") + document[end + len(SECTION_END):]
-    return (document.rstrip("\n") + "\n\n" if document.strip() else "") + section
+    return _suite.replace_section(document, section, SECTION_BEGIN, SECTION_END)
 
 
 def section_of(document: str) -> str | None:
     """The large-events section of ``document`` (markers included), if it has one -- for a writer of the
     rest of the file (the peers harness) to keep it."""
-    begin, end = document.find(SECTION_BEGIN), document.find(SECTION_END)
-    return document[begin:end + len(SECTION_END)] + "\n" if begin >= 0 and end > begin else None
+    return _suite.section_of(document, SECTION_BEGIN, SECTION_END)
 
 
 def write_large_events_json(report: LargeEventsReport, output_dir: Path) -> Path:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stamp = report.machine.date_utc.replace(":", "").replace("-", "")
-    path = output_dir / f"{SUITE_NAME}-{stamp}.json"
-    path.write_text(json.dumps(attrs.asdict(report), indent=2, default=str) + "\n")
-    return path
+    """The whole report, raw per-repeat results included, as ``large-events-<UTC date>.json``."""
+    return _suite.write_json(report, output_dir)
 
 
 if __name__ == "__main__":

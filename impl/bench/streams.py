@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,18 +47,12 @@ from typing import Any, Final
 
 import attrs
 import millstream
-from millstream import limits
+from millstream.bench import _suite
 from millstream.bench._keys import KeySpace
-from millstream.bench._processes import ServerProcess, free_port, process_cpu_seconds
+from millstream.bench._processes import free_port
 from millstream.bench._stats import Latency, LatencySamples, median_or_none
-from millstream.bench._system import (
-    CpuSample,
-    CpuUsage,
-    MachineDescription,
-    QuietWait,
-    describe_machine,
-    wait_until_quiet,
-)
+from millstream.bench._suite import CpuMeter, Progress, Steps, Window, bounded, standalone_server
+from millstream.bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
 
 __all__ = ["SCALING_FIGURE", "ScaledClock", "StreamsConfig", "StreamsReport", "plot_scaling", "render_streams_markdown",
            "replace_section", "run_streams", "write_streams_json"]
@@ -82,8 +74,6 @@ SECTION_END: Final = "<!-- millstream bench --suite streams: end -->"
 #: (name, segments, keyed) of the throughput measurements, in the order they run in a repeat.
 THROUGHPUT: Final = (("keys-1", 1, True), ("nokeys-1", 1, False), ("keys-16", 16, True), ("nokeys-16", 16, False))
 
-Progress = Callable[[int, int, str], None]
-
 
 @attrs.frozen
 class StreamsConfig:
@@ -100,16 +90,6 @@ class StreamsConfig:
     time_factor: float = 60.0
     quiet_idle_percent_min: float = 80.0
     quiet_timeout_seconds: float = 20.0
-
-
-@attrs.frozen
-class Window:
-    """CPU during one measured window: this process (the client), the server, everything else."""
-
-    wall_seconds: float
-    client_cpu_seconds: float
-    server_cpu_seconds: float | None
-    others_percent: float | None  # of the whole machine, server excluded
 
 
 @attrs.frozen
@@ -186,27 +166,6 @@ class ScaledClock:
         await asyncio.sleep(max(0.0, seconds) / self.factor)
 
 
-class _Cpu:
-    def __init__(self, server_pid: int | None) -> None:
-        self._server_pid = server_pid
-        self._start = (CpuSample.now(), self._server())
-
-    def _server(self) -> float | None:
-        return None if self._server_pid is None else process_cpu_seconds(self._server_pid)
-
-    def window(self) -> Window:
-        (start, server_start), (end, server_end) = self._start, (CpuSample.now(), self._server())
-        usage = CpuUsage.between(start, end)
-        server = None if server_start is None or server_end is None else server_end - server_start
-        others = 100.0 * max(0.0, usage.others_cpu_seconds - (server or 0.0)) / (
-            usage.wall_seconds * (os.cpu_count() or 1))
-        return Window(usage.wall_seconds, usage.own_cpu_seconds, server, others)
-
-
-async def _call(awaitable: Any) -> Any:
-    return await asyncio.wait_for(awaitable, limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
-
-
 def _keys(keyed: bool, segments: int) -> list[str | None]:
     return KeySpace(keyed=keyed, key_count=ROUTING_KEYS, partitions=segments, seed=KEY_SEED).ring_keys
 
@@ -215,8 +174,8 @@ async def _create_stream(client: Any, name: str, policy: Any) -> str:
     from millstream.client import StreamConfig
 
     manager = client.stream_manager()
-    await _call(manager.create_scope(SCOPE, exist_ok=True))
-    await _call(manager.create_stream(f"{SCOPE}/{name}", StreamConfig(scaling=policy)))
+    await bounded(manager.create_scope(SCOPE, exist_ok=True))
+    await bounded(manager.create_stream(f"{SCOPE}/{name}", StreamConfig(scaling=policy)))
     return f"{SCOPE}/{name}"
 
 
@@ -243,20 +202,22 @@ async def _throughput(port: int, name: str, segments: int, keyed: bool, config: 
                     await writer.write_event(payload, routing_key=keys[turn % ring])
                     turn += 1
                 written += 1000
-            await _call(writer.flush())
+            await bounded(writer.flush())
             return written
 
         try:
             await write_until(time.perf_counter() + config.warmup_seconds)
-            cpu = _Cpu(server_pid)
+            cpu = CpuMeter(server_pid)
+            cpu.mark()
             started = time.perf_counter()
             events = await write_until(started + config.duration_seconds)
             elapsed = time.perf_counter() - started
+            cpu.mark()
             window = cpu.window()
         finally:
-            await _call(writer.close())
+            await bounded(writer.close())
     finally:
-        await _call(client.close())
+        await bounded(client.close())
     return Throughput(name, segments, keyed, events, events / elapsed, window, quiet)
 
 
@@ -274,9 +235,9 @@ async def _end_to_end(port: int, config: StreamsConfig, server_pid: int) -> EndT
     stop = asyncio.Event()
     try:
         stream = f"{SCOPE}/e2e"
-        group = await _call(client.reader_group(f"{SCOPE}/e2e-group", config=ReaderGroupConfig(
+        group = await bounded(client.reader_group(f"{SCOPE}/e2e-group", config=ReaderGroupConfig(
             [stream], automatic_checkpoint_seconds=0)))
-        readers = [await _call(group.reader(f"reader-{n}", config=ReaderConfig())) for n in range(READERS)]
+        readers = [await bounded(group.reader(f"reader-{n}", config=ReaderConfig())) for n in range(READERS)]
 
         async def consume(reader: Any) -> None:
             nonlocal read
@@ -298,12 +259,13 @@ async def _end_to_end(port: int, config: StreamsConfig, server_pid: int) -> EndT
             for reader in readers:
                 tasks.create_task(consume(reader))
             begin = time.perf_counter()
-            cpu: _Cpu | None = None
+            cpu = CpuMeter(server_pid)
             turn = 0
             end = begin + config.end_to_end_warmup_seconds + config.end_to_end_seconds
             while (now := time.perf_counter()) < end:
-                if cpu is None and now >= begin + config.end_to_end_warmup_seconds:
-                    measuring, cpu, window_start = True, _Cpu(server_pid), now
+                if not measuring and now >= begin + config.end_to_end_warmup_seconds:
+                    cpu.mark()
+                    measuring, window_start = True, now
                 due = begin + turn * interval
                 if due > now:
                     await asyncio.sleep(due - now)
@@ -313,18 +275,18 @@ async def _end_to_end(port: int, config: StreamsConfig, server_pid: int) -> EndT
                     written += 1
                 turn += 1
                 if turn % 50 == 0:
-                    await _call(writer.flush())  # (a paced writer: its blocks go out at once)
-            await _call(writer.flush())
+                    await bounded(writer.flush())  # (a paced writer: its blocks go out at once)
+            await bounded(writer.flush())
             await asyncio.sleep(0.5)  # the last events reach their readers
             measuring = False
             stop.set()
-        assert cpu is not None
+        cpu.mark()
         window = cpu.window()
         for reader in readers:
-            await _call(reader.close())
-        await _call(writer.close())
+            await bounded(reader.close())
+        await bounded(writer.close())
     finally:
-        await _call(client.close())
+        await bounded(client.close())
     return EndToEnd(READERS, config.end_to_end_rate, written, read, samples.summary(), window)
 
 
@@ -374,7 +336,8 @@ async def _scaling(workdir: Path, config: StreamsConfig) -> Scaling:
 
         begin = time.perf_counter()
         controller_begin = clock.monotonic()
-        cpu = _Cpu(None)
+        cpu = CpuMeter()  # (the node is in this process: its CPU is this process's)
+        cpu.mark()
         next_sample = begin + SCALING_SAMPLE_SECONDS
         turn = 0
         while (now := time.perf_counter()) < begin + config.scaling_seconds:
@@ -388,7 +351,7 @@ async def _scaling(workdir: Path, config: StreamsConfig) -> Scaling:
             future.add_done_callback(acknowledged(sent))
             turn += 1
             if turn % 10 == 0:
-                await _call(writer.flush())  # (paced: one event's block goes out without waiting for more)
+                await bounded(writer.flush())  # (paced: one event's block goes out without waiting for more)
             if time.perf_counter() >= next_sample:
                 summary = bucket.summary()
                 samples.append(ScalingSample(
@@ -398,12 +361,13 @@ async def _scaling(workdir: Path, config: StreamsConfig) -> Scaling:
                     p99_ms=summary.p99_ms))
                 bucket, acked = LatencySamples(), 0
                 next_sample += SCALING_SAMPLE_SECONDS
-        await _call(writer.flush())
-        await _call(writer.close())
+        await bounded(writer.flush())
+        await bounded(writer.close())
+        cpu.mark()
         window = cpu.window()
         scales = len(record.history.epochs) - 1
     finally:
-        await _call(client.close())
+        await bounded(client.close())
         await controller.stop()
         await server.stop()
     return Scaling(config.scaling_rate, SCALING_EVENT_BYTES, target, config.time_factor, samples,
@@ -445,15 +409,6 @@ def plot_scaling(scaling: Scaling, path: Path) -> Path:
 # --- the suite --------------------------------------------------------------------------------------------
 
 
-def _server(workdir: Path, port: int) -> ServerProcess:
-    data = workdir / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "millstream.bench._serve", "standalone", "--data-dir", str(data),
-               "--port", str(port)]
-    return ServerProcess("millstream", command, port=port, log_path=workdir / "server.log",
-                         ready_pattern=r"listening on tcp://")
-
-
 async def _create_streams(port: int) -> None:
     from millstream.client import AsyncClient, ScalingPolicy
 
@@ -463,7 +418,7 @@ async def _create_streams(port: int) -> None:
             await _create_stream(client, f"tp-{segments}", ScalingPolicy.fixed(segments))
         await _create_stream(client, "e2e", ScalingPolicy.fixed(READERS))
     finally:
-        await _call(client.close())
+        await bounded(client.close())
 
 
 def run_streams(config: StreamsConfig, data_root: Path, progress: Progress | None = None, *,
@@ -472,36 +427,28 @@ def run_streams(config: StreamsConfig, data_root: Path, progress: Progress | Non
     in this process; data in a temporary directory under ``data_root``, removed at the end."""
     started = time.perf_counter()
     machine = describe_machine(data_root, millstream.__version__)
-    steps, step = len(THROUGHPUT) * config.repeat + 2, 0
-
-    def note(what: str) -> None:
-        nonlocal step
-        if progress is not None:
-            progress(step, steps, what)
-        step += 1
-
+    steps = Steps(len(THROUGHPUT) * config.repeat + 2, progress)
     repeats: list[list[Throughput]] = []
     end_to_end: list[EndToEnd] = []
     result: Scaling | None = None
     with tempfile.TemporaryDirectory(prefix="millstream-bench-streams-", dir=data_root) as temp:
         port = free_port()
-        with _server(Path(temp), port) as server:
+        with standalone_server(Path(temp), port) as server:
             asyncio.run(_create_streams(port))
             for number in range(config.repeat):
                 measured = []
                 for name, segments, keyed in THROUGHPUT:
-                    note(f"repeat {number + 1}: {name}")
+                    steps.next(f"repeat {number + 1}: {name}")
                     quiet = wait_until_quiet(config.quiet_idle_percent_min, config.quiet_timeout_seconds, 0.5)
                     measured.append(asyncio.run(_throughput(port, name, segments, keyed, config, server.pid, quiet)))
                 repeats.append(measured)
-            note("end-to-end, 16 readers")
+            steps.next("end-to-end, 16 readers")
             end_to_end.append(asyncio.run(_end_to_end(port, config, server.pid)))
         shutil.rmtree(Path(temp) / "data", ignore_errors=True)
         if scaling:
-            note("scaling")
+            steps.next("scaling")
             result = asyncio.run(_scaling(Path(temp) / "scaling", config))
-    if progress is not None:
-        progress(steps, steps, "done")
+    steps.finish()
     medians = {name: median_or_none([m.events_per_second for r in repeats for m in r if m.name == name])
                for name, _, _ in THROUGHPUT}
     ratios = {}
@@ -576,10 +523,7 @@ def render_streams_markdown(report: StreamsReport, *, command: str = "millstream
 
 def replace_section(document: str, section: str) -> str:
     """``document`` with its streams section replaced by ``section`` (appended if it has none)."""
-    begin, end = document.find(SECTION_BEGIN), document.find(SECTION_END)
-    if begin >= 0 and end > begin:
-        return document[:begin] + section.rstrip("\n") + document[end + len(SECTION_END):]
-    return document.rstrip("\n") + ("\n\n" if document.strip() else "") + section
+    return _suite.replace_section(document, section, SECTION_BEGIN, SECTION_END)
 
 
 def write_streams_json(report: StreamsReport, output_dir: Path) -> Path:

@@ -18,18 +18,18 @@ Every measurement is bounded in time and bytes; data goes to a temporary directo
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 import millstream
+from millstream.bench import _suite
 from millstream.bench._stats import Latency, LatencySamples, median_or_none
+from millstream.bench._suite import Progress, Steps, fixed
 from millstream.bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
 from millstream.segmentstore.container import SegmentContainer, StorageSettings
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
@@ -45,8 +45,6 @@ READ_BYTES: Final = 2 * 1024 * 1024
 INGEST_BYTES_MAX: Final = 1024 * 1024 * 1024
 #: The tail appender during catch-up: one 1 KB append at a time.
 TAIL_RECORD_BYTES: Final = 1_000
-
-Progress = Callable[[int, int, str], None]
 
 
 @attrs.frozen
@@ -245,16 +243,14 @@ async def _catch_up(directory: Path, config: TieringConfig) -> tuple[CatchUpRun,
 def run_tiering(config: TieringConfig, data_root: Path, progress: Progress | None = None) -> TieringReport:
     machine = describe_machine(data_root, millstream.__version__)
     repeats = []
-    steps, step = 3 * config.repeat, 0
+    steps = Steps(3 * config.repeat, progress)
     with tempfile.TemporaryDirectory(prefix="millstream-bench-tiering-", dir=data_root) as temp:
         root = Path(temp)
         for number in range(config.repeat):
             quiet = []
             results: dict[str, Any] = {}
             for what in ("ingest-off", "ingest-on", "catch-up"):
-                if progress is not None:
-                    progress(step, steps, f"repeat {number + 1}: {what}")
-                step += 1
+                steps.next(f"repeat {number + 1}: {what}")
                 quiet.append(wait_until_quiet(config.quiet_idle_percent_min, config.quiet_timeout_seconds, 0.5))
                 directory = root / f"{number}-{what}"
                 directory.mkdir()
@@ -264,28 +260,20 @@ def run_tiering(config: TieringConfig, data_root: Path, progress: Progress | Non
                     results[what] = asyncio.run(_ingest(directory, what == "ingest-on", config))
                 shutil.rmtree(directory)
             repeats.append(Repeat(results["ingest-off"], results["ingest-on"], results["catch-up"], quiet))
-        if progress is not None:
-            progress(steps, steps, "done")
-
-    def median(values: list[float | None]) -> float | None:
-        return median_or_none(values)
+        steps.finish()
 
     return TieringReport(
         suite=SUITE_NAME, machine=machine, config=config, repeats=repeats,
-        ingest_off_mb_s=median([r.ingest_off.megabytes_per_second for r in repeats]),
-        ingest_on_mb_s=median([r.ingest_on.megabytes_per_second for r in repeats]),
-        tiering_cost_ratio=median([r.ingest_on.megabytes_per_second / r.ingest_off.megabytes_per_second
+        ingest_off_mb_s=median_or_none([r.ingest_off.megabytes_per_second for r in repeats]),
+        ingest_on_mb_s=median_or_none([r.ingest_on.megabytes_per_second for r in repeats]),
+        tiering_cost_ratio=median_or_none([r.ingest_on.megabytes_per_second / r.ingest_off.megabytes_per_second
                                    for r in repeats]),
-        catch_up_mb_s=median([r.catch_up.catch_up_megabytes_per_second for r in repeats]),
-        raw_read_mb_s=median([r.catch_up.raw_megabytes_per_second for r in repeats]),
-        catch_up_ratio=median([r.catch_up.ratio for r in repeats]),
-        tail_p95_alone_ms=median([r.catch_up.tail_latency_alone.p95_ms for r in repeats]),
-        tail_p95_during_ms=median([r.catch_up.tail_latency_during.p95_ms for r in repeats]),
+        catch_up_mb_s=median_or_none([r.catch_up.catch_up_megabytes_per_second for r in repeats]),
+        raw_read_mb_s=median_or_none([r.catch_up.raw_megabytes_per_second for r in repeats]),
+        catch_up_ratio=median_or_none([r.catch_up.ratio for r in repeats]),
+        tail_p95_alone_ms=median_or_none([r.catch_up.tail_latency_alone.p95_ms for r in repeats]),
+        tail_p95_during_ms=median_or_none([r.catch_up.tail_latency_during.p95_ms for r in repeats]),
     )
-
-
-def _fixed(value: float | None, digits: int) -> str:
-    return "—" if value is None else f"{value:,.{digits}f}"
 
 
 def render_tiering_markdown(report: TieringReport) -> str:
@@ -300,22 +288,19 @@ def render_tiering_markdown(report: TieringReport) -> str:
         "",
         "| measurement | MB/s | ratio |",
         "|---|---|---|",
-        f"| ingestion, Tier 2 off | {_fixed(report.ingest_off_mb_s, 1)} | |",
-        f"| ingestion, Tier 2 on (flushing) | {_fixed(report.ingest_on_mb_s, 1)} | "
-        f"{_fixed(report.tiering_cost_ratio, 2)} (on ÷ off) |",
-        f"| catch-up read from Tier 2 while appends continue | {_fixed(report.catch_up_mb_s, 1)} | "
-        f"{_fixed(report.catch_up_ratio, 2)} (÷ raw read) |",
-        f"| raw sequential read, 1 MiB reads, page cache dropped | {_fixed(report.raw_read_mb_s, 1)} | |",
+        f"| ingestion, Tier 2 off | {fixed(report.ingest_off_mb_s, 1)} | |",
+        f"| ingestion, Tier 2 on (flushing) | {fixed(report.ingest_on_mb_s, 1)} | "
+        f"{fixed(report.tiering_cost_ratio, 2)} (on ÷ off) |",
+        f"| catch-up read from Tier 2 while appends continue | {fixed(report.catch_up_mb_s, 1)} | "
+        f"{fixed(report.catch_up_ratio, 2)} (÷ raw read) |",
+        f"| raw sequential read, 1 MiB reads, page cache dropped | {fixed(report.raw_read_mb_s, 1)} | |",
         "",
-        f"Tail appender p95 (1 KB, one at a time): {_fixed(report.tail_p95_alone_ms, 3)} ms alone, "
-        f"{_fixed(report.tail_p95_during_ms, 3)} ms during the catch-up read.",
+        f"Tail appender p95 (1 KB, one at a time): {fixed(report.tail_p95_alone_ms, 3)} ms alone, "
+        f"{fixed(report.tail_p95_during_ms, 3)} ms during the catch-up read.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def write_tiering_json(report: TieringReport, output_dir: Path) -> Path:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stamp = report.machine.date_utc.replace(":", "").replace("-", "")
-    path = output_dir / f"{SUITE_NAME}-{stamp}.json"
-    path.write_text(json.dumps(attrs.asdict(report), indent=2, default=str) + "\n")
-    return path
+    """The whole report, raw per-repeat results included, as ``tiering-<UTC date>.json``."""
+    return _suite.write_json(report, output_dir)

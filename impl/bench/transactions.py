@@ -36,10 +36,7 @@ by the harness's limits.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -49,16 +46,11 @@ from typing import Any, Final
 import attrs
 import millstream
 from millstream import limits
-from millstream.bench._processes import ServerProcess, free_port, process_cpu_seconds
+from millstream.bench import _suite
+from millstream.bench._processes import free_port
 from millstream.bench._stats import Latency, LatencySamples, median_or_none
-from millstream.bench._system import (
-    CpuSample,
-    CpuUsage,
-    MachineDescription,
-    QuietWait,
-    describe_machine,
-    wait_until_quiet,
-)
+from millstream.bench._suite import CpuMeter, Progress, Repeat, Steps, Window, bounded, fixed, standalone_server
+from millstream.bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
 
 __all__ = ["TransactionsConfig", "TransactionsReport", "render_transactions_markdown", "replace_section",
            "run_transactions", "section_of", "write_transactions_json"]
@@ -80,8 +72,6 @@ SECTION_BEGIN: Final = "<!-- millstream bench --suite transactions: begin -->"
 SECTION_END: Final = "<!-- millstream bench --suite transactions: end -->"
 SCENARIOS: Final = ("serial", "concurrent", "plain", "plain-flushed")
 
-Progress = Callable[[int, int, str], None]
-
 
 @attrs.frozen
 class TransactionsConfig:
@@ -92,16 +82,6 @@ class TransactionsConfig:
     concurrency: int = 8
     quiet_idle_percent_min: float = 80.0
     quiet_timeout_seconds: float = 20.0
-
-
-@attrs.frozen
-class Window:
-    """CPU during one measured window: this process (the client), the server, everything else."""
-
-    wall_seconds: float
-    client_cpu_seconds: float
-    server_cpu_seconds: float | None
-    others_percent: float | None  # of the whole machine, server excluded
 
 
 @attrs.frozen
@@ -118,14 +98,6 @@ class Measurement:
     decided_latency: Latency | None  # commit call -> COMMITTING answered (flush + the decision)
     window: Window
     quiet: QuietWait
-
-
-@attrs.frozen
-class Repeat:
-    measurements: list[Measurement]
-
-    def of(self, scenario: str) -> Measurement:
-        return next(m for m in self.measurements if m.scenario == scenario)
 
 
 @attrs.frozen
@@ -150,7 +122,7 @@ class TransactionsReport:
     suite: str
     machine: MachineDescription
     config: TransactionsConfig
-    repeats: list[Repeat]
+    repeats: list[Repeat[Measurement]]
     summaries: list[Summary]
     transactional_over_plain: float | None  # median over repeats of concurrent events/s ÷ plain events/s
     wall_seconds: float
@@ -173,8 +145,7 @@ class _Clock:
         now = time.perf_counter()
         self.start = now + warmup
         self.end = self.start + duration
-        self._server_pid = server_pid
-        self._samples: list[tuple[CpuSample, float | None]] = []
+        self.cpu = CpuMeter(server_pid)
 
     def counts(self, at: float) -> bool:
         return self.start <= at < self.end
@@ -182,28 +153,11 @@ class _Clock:
     def running(self) -> bool:
         return time.perf_counter() < self.end
 
-    def sample_now(self) -> None:
-        self._samples.append((CpuSample.now(), process_cpu_seconds(self._server_pid)))
-
     async def sample(self) -> None:
         """Read the CPU counters at the window's start and at its end."""
         for at in (self.start, self.end):
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
-            self.sample_now()
-
-    def window(self) -> Window:
-        (start, server_start), (end, server_end) = self._samples
-        usage = CpuUsage.between(start, end)
-        if server_start is None or server_end is None:
-            return Window(usage.wall_seconds, usage.own_cpu_seconds, None, None)
-        server = server_end - server_start
-        # CpuUsage's "others" is everything but this process: the server's share is not noise.
-        others = 100.0 * max(0.0, usage.others_cpu_seconds - server) / (usage.wall_seconds * (os.cpu_count() or 1))
-        return Window(usage.wall_seconds, usage.own_cpu_seconds, server, others)
-
-
-async def _call(awaitable: Any) -> Any:
-    return await asyncio.wait_for(awaitable, limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+            self.cpu.mark()
 
 
 async def _visible(txn: Any, poll_seconds: float) -> float:
@@ -212,7 +166,7 @@ async def _visible(txn: Any, poll_seconds: float) -> float:
 
     deadline = time.perf_counter() + limits.TRANSACTION_COMPLETION_WAIT_SECONDS
     while True:
-        status = await _call(txn.check_status())
+        status = await bounded(txn.check_status())
         seen = time.perf_counter()
         if status is TransactionStatus.COMMITTED:
             return seen
@@ -239,12 +193,12 @@ async def _transactions(client: Any, lanes: int, config: TransactionsConfig, ser
         nonlocal counted
         turn = number
         while clock.running():
-            txn = await _call(writer.begin())
+            txn = await bounded(writer.begin())
             for _ in range(EVENTS_PER_TXN):
                 await txn.write_event(payload, routing_key=keys[turn % ROUTING_KEYS])
                 turn += 1
             started = time.perf_counter()
-            await _call(txn.commit())
+            await bounded(txn.commit())
             answered = time.perf_counter()
             seen = await _visible(txn, poll)
             if clock.counts(seen):
@@ -258,8 +212,8 @@ async def _transactions(client: Any, lanes: int, config: TransactionsConfig, ser
             for number in range(lanes):
                 group.create_task(lane(number))
     finally:
-        await _call(writer.close())
-    window = clock.window()
+        await bounded(writer.close())
+    window = clock.cpu.window()
     events = counted * EVENTS_PER_TXN
     return Measurement(
         scenario=scenario, lanes=lanes, poll_seconds=poll, transactions=counted, events=events,
@@ -287,24 +241,24 @@ async def _plain(client: Any, config: TransactionsConfig, server_pid: int, quiet
                 turn += 1
             written += EVENTS_PER_TXN
             if flushed:
-                await _call(writer.flush())
-        await _call(writer.flush())
+                await bounded(writer.flush())
+        await bounded(writer.flush())
         return written
 
     try:
         await write_until(clock.start)
-        clock.sample_now()
+        clock.cpu.mark()
         started = time.perf_counter()
         counted = await write_until(started + config.duration_seconds)
         elapsed = time.perf_counter() - started
-        clock.sample_now()
+        clock.cpu.mark()
     finally:
-        await _call(writer.close())
+        await bounded(writer.close())
     return Measurement(
         scenario="plain-flushed" if flushed else "plain", lanes=1, poll_seconds=None, transactions=0, events=counted,
         transactions_per_second=None, events_per_second=counted / elapsed,
         megabytes_per_second=counted * EVENT_BYTES / elapsed / 1e6, commit_latency=None, decided_latency=None,
-        window=clock.window(), quiet=quiet)
+        window=clock.cpu.window(), quiet=quiet)
 
 
 async def _measure(port: int, scenario: str, config: TransactionsConfig, server_pid: int, quiet: QuietWait,
@@ -318,7 +272,7 @@ async def _measure(port: int, scenario: str, config: TransactionsConfig, server_
         lanes = 1 if scenario == "serial" else config.concurrency
         return await _transactions(client, lanes, config, server_pid, quiet, scenario)
     finally:
-        await _call(client.close())
+        await bounded(client.close())
 
 
 async def _create_stream(port: int, segments: int) -> None:
@@ -327,22 +281,13 @@ async def _create_stream(port: int, segments: int) -> None:
     client = AsyncClient(f"tcp://127.0.0.1:{port}")
     try:
         manager = client.stream_manager()
-        await _call(manager.create_scope(SCOPE, exist_ok=True))
-        await _call(manager.create_stream(f"{SCOPE}/{STREAM}", StreamConfig(scaling=ScalingPolicy.fixed(segments))))
+        await bounded(manager.create_scope(SCOPE, exist_ok=True))
+        await bounded(manager.create_stream(f"{SCOPE}/{STREAM}", StreamConfig(scaling=ScalingPolicy.fixed(segments))))
     finally:
-        await _call(client.close())
+        await bounded(client.close())
 
 
 # --- the suite -----------------------------------------------------------------------------------------
-
-
-def _server(workdir: Path, port: int) -> ServerProcess:
-    data = workdir / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "millstream.bench._serve", "standalone", "--data-dir", str(data),
-               "--port", str(port)]
-    return ServerProcess("millstream", command, port=port, log_path=workdir / "server.log",
-                         ready_pattern=r"listening on tcp://")
 
 
 def run_transactions(config: TransactionsConfig, data_root: Path, progress: Progress | None = None,
@@ -352,23 +297,20 @@ def run_transactions(config: TransactionsConfig, data_root: Path, progress: Prog
     started = time.perf_counter()
     machine = describe_machine(data_root, millstream.__version__)
     repeats = []
-    steps, step = len(SCENARIOS) * config.repeat, 0
+    steps = Steps(len(SCENARIOS) * config.repeat, progress)
     with tempfile.TemporaryDirectory(prefix="millstream-bench-transactions-", dir=data_root) as temp:
         port = free_port()
-        with _server(Path(temp), port) as server:
+        with standalone_server(Path(temp), port) as server:
             asyncio.run(_create_stream(port, config.segments))
             for number in range(config.repeat):
                 measurements = []
                 for scenario in SCENARIOS:
-                    if progress is not None:
-                        progress(step, steps, f"repeat {number + 1}: {scenario}")
-                    step += 1
+                    steps.next(f"repeat {number + 1}: {scenario}")
                     quiet = wait_until_quiet(config.quiet_idle_percent_min, config.quiet_timeout_seconds, 0.5)
                     measurements.append(asyncio.run(_measure(port, scenario, config, server.pid, quiet)))
                 repeats.append(Repeat(measurements))
         shutil.rmtree(Path(temp) / "data", ignore_errors=True)
-    if progress is not None:
-        progress(steps, steps, "done")
+    steps.finish()
     ratios = [r.of("concurrent").events_per_second / r.of("plain").events_per_second for r in repeats
               if r.of("plain").events_per_second]
     return TransactionsReport(
@@ -402,10 +344,6 @@ def _summary(scenario: str, measurements: Sequence[Measurement]) -> Summary:
 # --- the report ----------------------------------------------------------------------------------------
 
 
-def _fixed(value: float | None, digits: int) -> str:
-    return "—" if value is None else f"{value:,.{digits}f}"
-
-
 def render_transactions_markdown(report: TransactionsReport, *, command: str = "millstream bench --suite "
                                  "transactions") -> str:
     """The suite's section of ``BENCHMARKS.md`` (and its stdout report), between ``SECTION_BEGIN`` and
@@ -421,11 +359,11 @@ def render_transactions_markdown(report: TransactionsReport, *, command: str = "
         what = {"serial": "transactions, one at a time", "concurrent": f"transactions, {lanes} at once",
                 "plain": "plain writer, same events (pipelined)",
                 "plain-flushed": f"plain writer, flushing every {EVENTS_PER_TXN} events"}[summary.scenario]
-        rows.append(f"| {what} | {_fixed(summary.transactions_per_second, 1)} | {_fixed(summary.events_per_second, 0)} "
-                    f"| {_fixed(summary.megabytes_per_second, 2)} | {_fixed(summary.commit_p50_ms, 1)} "
-                    f"| {_fixed(summary.commit_p95_ms, 1)} | {_fixed(summary.decided_p50_ms, 1)} "
-                    f"| {_fixed(summary.decided_p95_ms, 1)} | {_fixed(summary.client_cpu_us_per_event, 1)} "
-                    f"| {_fixed(summary.server_cpu_us_per_event, 1)} | {_fixed(summary.others_percent, 0)} |")
+        rows.append(f"| {what} | {fixed(summary.transactions_per_second, 1)} | {fixed(summary.events_per_second, 0)} "
+                    f"| {fixed(summary.megabytes_per_second, 2)} | {fixed(summary.commit_p50_ms, 1)} "
+                    f"| {fixed(summary.commit_p95_ms, 1)} | {fixed(summary.decided_p50_ms, 1)} "
+                    f"| {fixed(summary.decided_p95_ms, 1)} | {fixed(summary.client_cpu_us_per_event, 1)} "
+                    f"| {fixed(summary.server_cpu_us_per_event, 1)} | {fixed(summary.others_percent, 0)} |")
     lines = [
         SECTION_BEGIN,
         "## Stream transactions",
@@ -447,7 +385,7 @@ def render_transactions_markdown(report: TransactionsReport, *, command: str = "
         *rows,
         "",
         f"Transactional ÷ plain writing of the same events (events/s, {config.concurrency} transactions at once "
-        f"against one plain writer, same repeat): **{_fixed(report.transactional_over_plain, 2)}**.",
+        f"against one plain writer, same repeat): **{fixed(report.transactional_over_plain, 2)}**.",
         "",
         f"Commit latency: from the `commit()` call (which flushes the transaction's events first) to the first "
         f"status answer saying COMMITTED -- every transaction segment merged and the commit recorded, so every "
@@ -463,22 +401,15 @@ def render_transactions_markdown(report: TransactionsReport, *, command: str = "
 def replace_section(document: str, section: str) -> str:
     """``document`` with its transactions section (between the markers) replaced by ``section``, or
     with ``section`` appended if it has none."""
-    begin, end = document.find(SECTION_BEGIN), document.find(SECTION_END)
-    if begin >= 0 and end > begin:
-        return document[:begin] + section.rstrip("\n") + document[end + len(SECTION_END):]
-    return (document.rstrip("\n") + "\n\n" if document.strip() else "") + section
+    return _suite.replace_section(document, section, SECTION_BEGIN, SECTION_END)
 
 
 def section_of(document: str) -> str | None:
     """The transactions section of ``document`` (markers included), if it has one -- for a writer of
     the rest of the file (the peers harness) to keep it."""
-    begin, end = document.find(SECTION_BEGIN), document.find(SECTION_END)
-    return document[begin:end + len(SECTION_END)] + "\n" if begin >= 0 and end > begin else None
+    return _suite.section_of(document, SECTION_BEGIN, SECTION_END)
 
 
 def write_transactions_json(report: TransactionsReport, output_dir: Path) -> Path:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    stamp = report.machine.date_utc.replace(":", "").replace("-", "")
-    path = output_dir / f"{SUITE_NAME}-{stamp}.json"
-    path.write_text(json.dumps(attrs.asdict(report), indent=2, default=str) + "\n")
-    return path
+    """The whole report, raw per-repeat results included, as ``transactions-<UTC date>.json``."""
+    return _suite.write_json(report, output_dir)

@@ -35,7 +35,7 @@ import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -44,6 +44,7 @@ import millstream
 from millstream.bench._container import ContainerRun, FloorRun, measure_per_append_floor, run_container_scenario
 from millstream.bench._disk import FdatasyncRun, GroupCommitRun, measure_fdatasync, measure_group_commit
 from millstream.bench._stats import median_or_none
+from millstream.bench._suite import Progress, Steps
 from millstream.bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
 from millstream.bench.scenarios import SCENARIOS, Mode, Scenario
 
@@ -73,9 +74,6 @@ BYTES_PER_MEASUREMENT_MAX: Final = 1024 * 1024 * 1024
 
 #: A probe of the machine's idleness lasts this long (the quiet wait is a series of them).
 QUIET_PROBE_SECONDS: Final = 1.0
-
-#: Called before each step with (steps done, steps in all, what comes next), and once at the end.
-Progress = Callable[[int, int, str], None]
 
 
 @attrs.frozen(kw_only=True)
@@ -186,7 +184,7 @@ def run_write_path(config: WritePathConfig, data_root: Path, data_root_reason: s
     """Run the suite with its data in a temporary directory under ``data_root`` (removed afterwards)."""
     data_root.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix="millstream-bench-", dir=data_root))
-    steps = _Steps(config.repeat * steps_per_repeat(config), progress)
+    steps = Steps(config.repeat * steps_per_repeat(config), progress)
     try:
         machine = describe_machine(workspace, millstream.__version__)
         repeats = [_run_repeat(config, workspace, number, steps) for number in range(1, config.repeat + 1)]
@@ -209,25 +207,7 @@ def steps_per_repeat(config: WritePathConfig) -> int:
     return 1 + 2 * len(config.scenarios) + floor
 
 
-class _Steps:
-    """Counts the suite's measurements for the progress indicator."""
-
-    def __init__(self, total: int, progress: Progress | None) -> None:
-        self.total = total
-        self.done = 0
-        self._progress = progress
-
-    def next(self, label: str) -> None:
-        if self._progress is not None:
-            self._progress(self.done, self.total, label)
-        self.done += 1
-
-    def finish(self) -> None:
-        if self._progress is not None:
-            self._progress(self.total, self.total, "done")
-
-
-def _run_repeat(config: WritePathConfig, workspace: Path, number: int, steps: _Steps) -> Repeat:
+def _run_repeat(config: WritePathConfig, workspace: Path, number: int, steps: Steps) -> Repeat:
     steps.next(f"repeat {number}/{config.repeat}: fdatasync probe")
     with _fresh_directory(workspace, f"r{number}-fdatasync") as directory:
         fdatasync = measure_fdatasync(
@@ -245,7 +225,7 @@ def _run_repeat(config: WritePathConfig, workspace: Path, number: int, steps: _S
 
 
 def _run_scenario(config: WritePathConfig, workspace: Path, number: int, scenario: Scenario,
-                  steps: _Steps) -> ScenarioRepeat:
+                  steps: Steps) -> ScenarioRepeat:
     """The container, then at once the raw loop at the batch size the container achieved."""
     steps.next(f"repeat {number}/{config.repeat}: {scenario.name} container")
     with _fresh_directory(workspace, f"r{number}-{scenario.name}-container") as directory:
