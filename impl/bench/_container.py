@@ -218,52 +218,35 @@ async def _await_each(append: Append, payload: bytes, phase: _Phase) -> None:
 
 async def _keep_in_flight(append: Append, payload: bytes, window: int, phase: _Phase) -> None:
     """Keep ``window`` appends in flight: top the window up whenever acknowledgements made room."""
-    loop = asyncio.get_running_loop()
-    clock = time.perf_counter
-    in_flight: set[asyncio.Task[int]] = set()
-    failures: list[BaseException] = []
-    room = asyncio.Event()
-
-    def on_done(started: float, task: asyncio.Task[int]) -> None:
-        in_flight.discard(task)
-        if task.cancelled():
-            failures.append(asyncio.CancelledError())
-        elif (error := task.exception()) is not None:
-            failures.append(error)
-        else:
-            phase.record(started, clock())
-        room.set()
-
-    try:
-        while not failures and phase.may_issue():
-            while len(in_flight) < window and phase.may_issue():
-                phase.issued += 1
-                task = loop.create_task(append(SEGMENT_NAME, payload))
-                task.add_done_callback(partial(on_done, clock()))
-                in_flight.add(task)
-            room.clear()
-            await room.wait()
-        if in_flight:
-            _done, pending = await asyncio.wait(set(in_flight), timeout=_DRAIN_TIMEOUT_SECONDS)
-            if pending:
-                raise TimeoutError(f"{len(pending)} appends unacknowledged {_DRAIN_TIMEOUT_SECONDS} s after the end")
-    finally:
-        for task in in_flight:  # only after a failure or cancellation: the tasks are ours to end
-            task.cancel()
-    if failures:
-        raise failures[0]
+    await _keep_window(partial(append, SEGMENT_NAME, payload), window, phase, "appends")
 
 
 async def _keep_blocks_in_flight(container: SegmentContainer, block: bytes, events: int, window: int,
                                  phase: _Phase) -> None:
     """Keep ``window`` blocks of ``events`` events in flight, as the server appends a writer's blocks:
     each carries ReplaceIfEquals(writer id, its last event number, the previous block's)."""
+    last_event_number = NULL_ATTRIBUTE_VALUE
+
+    def next_block() -> Coroutine[Any, Any, int]:
+        nonlocal last_event_number
+        number = (0 if last_event_number == NULL_ATTRIBUTE_VALUE else last_event_number) + events
+        update = AttributeUpdate(WRITER_ID, AttributeUpdateType.REPLACE_IF_EQUALS, number, last_event_number)
+        last_event_number = number
+        return container.append(SEGMENT_NAME, block, (update,))
+
+    await _keep_window(next_block, window, phase, "blocks")
+
+
+async def _keep_window(issue: Callable[[], Coroutine[Any, Any, int]], window: int, phase: _Phase,
+                       what: str) -> None:
+    """Keep ``window`` calls of ``issue`` (each an append, as its own task) in flight while ``phase``
+    lets them be issued, topping the window up whenever acknowledgements made room; then collect the
+    ones in flight (bounded).  The first failure ends it and is raised."""
     loop = asyncio.get_running_loop()
     clock = time.perf_counter
     in_flight: set[asyncio.Task[int]] = set()
     failures: list[BaseException] = []
     room = asyncio.Event()
-    last_event_number = NULL_ATTRIBUTE_VALUE
 
     def on_done(started: float, task: asyncio.Task[int]) -> None:
         in_flight.discard(task)
@@ -279,10 +262,7 @@ async def _keep_blocks_in_flight(container: SegmentContainer, block: bytes, even
         while not failures and phase.may_issue():
             while len(in_flight) < window and phase.may_issue():
                 phase.issued += 1
-                number = (0 if last_event_number == NULL_ATTRIBUTE_VALUE else last_event_number) + events
-                update = AttributeUpdate(WRITER_ID, AttributeUpdateType.REPLACE_IF_EQUALS, number, last_event_number)
-                last_event_number = number
-                task = loop.create_task(container.append(SEGMENT_NAME, block, (update,)))
+                task = loop.create_task(issue())
                 task.add_done_callback(partial(on_done, clock()))
                 in_flight.add(task)
             room.clear()
@@ -290,7 +270,7 @@ async def _keep_blocks_in_flight(container: SegmentContainer, block: bytes, even
         if in_flight:
             _done, pending = await asyncio.wait(set(in_flight), timeout=_DRAIN_TIMEOUT_SECONDS)
             if pending:
-                raise TimeoutError(f"{len(pending)} blocks unacknowledged {_DRAIN_TIMEOUT_SECONDS} s after the end")
+                raise TimeoutError(f"{len(pending)} {what} unacknowledged {_DRAIN_TIMEOUT_SECONDS} s after the end")
     finally:
         for task in in_flight:  # only after a failure or cancellation: the tasks are ours to end
             task.cancel()
