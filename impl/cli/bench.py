@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -108,36 +109,31 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     from millstream.bench.scenarios import scenarios_named
     from millstream.bench.write_path import WritePathConfig, run_write_path, write_json
 
+    context = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return context.get_parameter_source(name) is not ParameterSource.DEFAULT
+
+    # The suites with timings of their own keep them unless --duration or --warmup is given.
+    duration = duration_seconds if given("duration_seconds") else None
+    warmup = warmup_seconds if given("warmup_seconds") else None
     if workload_files or suite in HARNESS_SUITE_NAMES:
-        context = click.get_current_context()
-
-        def given(name: str) -> bool:
-            return context.get_parameter_source(name) is not ParameterSource.DEFAULT
-
         _bench_harness(
             suite="custom" if workload_files else suite, workload_files=workload_files, system_names=system_names,
             markdown_path=markdown_path, figures_dir=figures_dir, disk_probe_seconds=disk_probe_seconds,
             use_fio=use_fio, profile=profile,
-            duration_seconds=duration_seconds if given("duration_seconds") else None,
-            warmup_seconds=warmup_seconds if given("warmup_seconds") else None, output_dir=output_dir,
+            duration_seconds=duration, warmup_seconds=warmup, output_dir=output_dir,
             data_dir=data_dir, quiet_idle_percent_min=quiet_idle_percent_min,
             quiet_timeout_seconds=quiet_timeout_seconds if given("quiet_timeout_seconds") else None,
             progress=progress)
         return
     if suite == "transactions":
-        given_timing = click.get_current_context().get_parameter_source
-        _bench_transactions(
-            duration_seconds if given_timing("duration_seconds") is not ParameterSource.DEFAULT else None,
-            warmup_seconds if given_timing("warmup_seconds") is not ParameterSource.DEFAULT else None,
-            repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min, quiet_timeout_seconds, progress)
+        _bench_transactions(duration, warmup, repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min,
+                            quiet_timeout_seconds, progress)
         return
     if suite == "streams":
-        given_timing = click.get_current_context().get_parameter_source
-        _bench_streams(
-            duration_seconds if given_timing("duration_seconds") is not ParameterSource.DEFAULT else None,
-            warmup_seconds if given_timing("warmup_seconds") is not ParameterSource.DEFAULT else None,
-            repeat, scaling_seconds, output_dir, data_dir, markdown_path, figures_dir, quiet_idle_percent_min,
-            quiet_timeout_seconds, progress)
+        _bench_streams(duration, warmup, repeat, scaling_seconds, output_dir, data_dir, markdown_path, figures_dir,
+                       quiet_idle_percent_min, quiet_timeout_seconds, progress)
         return
     if suite == "large-events":
         _bench_large_events(event_mib, repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min,
@@ -167,14 +163,37 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     click.echo(f"raw results: {path}", err=True)
 
 
-def _bench_tiering(duration_seconds: float, warmup_seconds: float, repeat: int, output_dir: Path,
-                   data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float,
-                   progress: bool) -> None:
+def _data_root(data_dir: Path | None) -> Path:
+    """Where a suite's temporary directory goes (``--data-dir``, else the temp directory if it is on a
+    disk, else the working directory), made if missing."""
     from millstream.bench._system import choose_data_root
-    from millstream.bench.tiering import TieringConfig, render_tiering_markdown, run_tiering, write_tiering_json
 
     data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
     data_root.mkdir(parents=True, exist_ok=True)
+    return data_root
+
+
+def _command_line() -> str:
+    """The command as it was given, for a report to say how it was made."""
+    return "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
+
+
+def _show_section(section: str, markdown_path: Path | None, replace_section: Callable[[str, str], str]) -> None:
+    """Put a suite's ``section`` into ``--markdown`` (replacing its old one, the rest of the file kept)
+    if given, and print it."""
+    if markdown_path is not None:
+        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
+        markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
+        click.echo(f"report: {markdown_path}", err=True)
+    click.echo(section)
+
+
+def _bench_tiering(duration_seconds: float, warmup_seconds: float, repeat: int, output_dir: Path,
+                   data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float,
+                   progress: bool) -> None:
+    from millstream.bench.tiering import TieringConfig, render_tiering_markdown, run_tiering, write_tiering_json
+
+    data_root = _data_root(data_dir)
     config = TieringConfig(duration_seconds=duration_seconds, warmup_seconds=warmup_seconds, repeat=repeat,
                            quiet_idle_percent_min=quiet_idle_percent_min, quiet_timeout_seconds=quiet_timeout_seconds)
     with contextlib.ExitStack() as stack:
@@ -188,7 +207,6 @@ def _bench_transactions(duration_seconds: float | None, warmup_seconds: float | 
                         quiet_timeout_seconds: float, progress: bool) -> None:
     """The transactions suite; with ``--markdown``, its section of that file is replaced (or added)."""
     import attrs
-    from millstream.bench._system import choose_data_root
     from millstream.bench.transactions import (
         TransactionsConfig,
         render_transactions_markdown,
@@ -197,8 +215,7 @@ def _bench_transactions(duration_seconds: float | None, warmup_seconds: float | 
         write_transactions_json,
     )
 
-    data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
-    data_root.mkdir(parents=True, exist_ok=True)
+    data_root = _data_root(data_dir)
     config = TransactionsConfig(repeat=repeat, quiet_idle_percent_min=quiet_idle_percent_min,
                                 quiet_timeout_seconds=quiet_timeout_seconds)
     if duration_seconds is not None:
@@ -207,13 +224,7 @@ def _bench_transactions(duration_seconds: float | None, warmup_seconds: float | 
         config = attrs.evolve(config, warmup_seconds=warmup_seconds)
     with contextlib.ExitStack() as stack:
         report = run_transactions(config, data_root, Progress(stack, "transactions") if progress else None)
-    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
-    section = render_transactions_markdown(report, command=command)
-    if markdown_path is not None:
-        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
-        markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
-        click.echo(f"report: {markdown_path}", err=True)
-    click.echo(section)
+    _show_section(render_transactions_markdown(report, command=_command_line()), markdown_path, replace_section)
     click.echo(f"raw results: {write_transactions_json(report, output_dir)}", err=True)
 
 
@@ -223,7 +234,6 @@ def _bench_streams(duration_seconds: float | None, warmup_seconds: float | None,
     """The streams suite; with ``--markdown``, its section of that file is replaced (or added) and the
     scaling run's plot is written beside it (or into ``--figures``)."""
     import attrs
-    from millstream.bench._system import choose_data_root
     from millstream.bench.streams import (
         SCALING_FIGURE,
         StreamsConfig,
@@ -234,8 +244,7 @@ def _bench_streams(duration_seconds: float | None, warmup_seconds: float | None,
         write_streams_json,
     )
 
-    data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
-    data_root.mkdir(parents=True, exist_ok=True)
+    data_root = _data_root(data_dir)
     config = StreamsConfig(repeat=repeat, quiet_idle_percent_min=quiet_idle_percent_min,
                            quiet_timeout_seconds=quiet_timeout_seconds, scaling_seconds=scaling_seconds)
     if duration_seconds is not None:  # (the tail-read window too)
@@ -246,7 +255,6 @@ def _bench_streams(duration_seconds: float | None, warmup_seconds: float | None,
     with contextlib.ExitStack() as stack:
         report = run_streams(config, data_root, Progress(stack, "streams") if progress else None,
                              scaling=scaling_seconds > 0)
-    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
     base = markdown_path.parent if markdown_path is not None else output_dir
     figures = figures_dir if figures_dir is not None else base
     figure = None
@@ -254,12 +262,8 @@ def _bench_streams(duration_seconds: float | None, warmup_seconds: float | None,
         path = plot_scaling(report.scaling, figures / SCALING_FIGURE)
         figure = os.path.relpath(path, base)
         click.echo(f"figure: {path}", err=True)
-    section = render_streams_markdown(report, command=command, figure=figure)
-    if markdown_path is not None:
-        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
-        markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
-        click.echo(f"report: {markdown_path}", err=True)
-    click.echo(section)
+    _show_section(render_streams_markdown(report, command=_command_line(), figure=figure), markdown_path,
+                  replace_section)
     click.echo(f"raw results: {write_streams_json(report, output_dir)}", err=True)
 
 
@@ -267,7 +271,6 @@ def _bench_large_events(event_mib: int, repeat: int, output_dir: Path, data_dir:
                         markdown_path: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float,
                         progress: bool) -> None:
     """The large-events suite; with ``--markdown``, its section of that file is replaced (or added)."""
-    from millstream.bench._system import choose_data_root
     from millstream.bench.large_events import (
         LargeEventsConfig,
         render_large_events_markdown,
@@ -276,19 +279,12 @@ def _bench_large_events(event_mib: int, repeat: int, output_dir: Path, data_dir:
         write_large_events_json,
     )
 
-    data_root, _ = choose_data_root(data_dir, Path(tempfile.gettempdir()), Path.cwd())
-    data_root.mkdir(parents=True, exist_ok=True)
+    data_root = _data_root(data_dir)
     config = LargeEventsConfig(event_mib=event_mib, repeat=repeat, quiet_idle_percent_min=quiet_idle_percent_min,
                                quiet_timeout_seconds=quiet_timeout_seconds)
     with contextlib.ExitStack() as stack:
         report = run_large_events(config, data_root, Progress(stack, "large-events") if progress else None)
-    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
-    section = render_large_events_markdown(report, command=command)
-    if markdown_path is not None:
-        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
-        markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
-        click.echo(f"report: {markdown_path}", err=True)
-    click.echo(section)
+    _show_section(render_large_events_markdown(report, command=_command_line()), markdown_path, replace_section)
     click.echo(f"raw results: {write_large_events_json(report, output_dir)}", err=True)
 
 
@@ -342,22 +338,18 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
     if figures_dir is None:
         figures_dir = (markdown_path.parent / "docs" / "bench") if markdown_path is not None else output_dir / "figures"
     figures = plot_report(report, figures_dir)
-    command = "millstream bench " + " ".join(shlex.quote(arg) for arg in sys.argv[2:])
     base = markdown_path.parent if markdown_path is not None else Path.cwd()
     links = {name: Path(os.path.relpath(path, base)).as_posix() for name, path in figures.items()}
-    markdown = render_markdown(report, links, command=command)
+    markdown = render_markdown(report, links, command=_command_line())
     if markdown_path is not None:
-        from millstream.bench.transactions import replace_section, section_of
+        from millstream.bench import large_events, transactions
 
-        # The transactions suite's section of the file is its own: kept as it was.
-        kept = section_of(markdown_path.read_text(encoding="utf-8")) if markdown_path.exists() else None
-        markdown = markdown if kept is None else replace_section(markdown, kept)
-        from millstream.bench import large_events
-
-        # So is the large-events suite's.
-        kept = large_events.section_of(markdown_path.read_text(encoding="utf-8")) if markdown_path.exists() else None
-        markdown_path.write_text(markdown if kept is None else large_events.replace_section(markdown, kept),
-                                 encoding="utf-8")
+        # The transactions and large-events suites' sections of the file are their own: kept as they were.
+        existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
+        for suite_module in (transactions, large_events):
+            kept = suite_module.section_of(existing)
+            markdown = markdown if kept is None else suite_module.replace_section(markdown, kept)
+        markdown_path.write_text(markdown, encoding="utf-8")
         click.echo(f"report: {markdown_path}", err=True)
     click.echo(markdown)
     click.echo(f"raw results: {write_json(report, output_dir)}", err=True)
