@@ -55,7 +55,7 @@ from millstream.bench._suite import CpuMeter, Progress, Steps, Window, bounded, 
 from millstream.bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
 
 __all__ = ["SCALING_FIGURE", "ScaledClock", "StreamsConfig", "StreamsReport", "plot_scaling", "render_streams_markdown",
-           "replace_section", "run_streams", "write_streams_json"]
+           "replace_section", "run_streams", "section_of", "write_streams_json"]
 
 SUITE_NAME: Final = "streams"
 EVENT_BYTES: Final = 100
@@ -524,6 +524,12 @@ def render_streams_markdown(report: StreamsReport, *, command: str = "millstream
 def replace_section(document: str, section: str) -> str:
     """``document`` with its streams section replaced by ``section`` (appended if it has none)."""
     return _suite.replace_section(document, section, SECTION_BEGIN, SECTION_END)
+
+
+def section_of(document: str) -> str | None:
+    """The streams section of ``document`` (markers included), if it has one -- for a writer of the rest
+    of the file (the peers harness) to keep it."""
+    return _suite.section_of(document, SECTION_BEGIN, SECTION_END)
 
 
 def write_streams_json(report: StreamsReport, output_dir: Path) -> Path:

@@ -288,6 +288,18 @@ def _bench_large_events(event_mib: int, repeat: int, output_dir: Path, data_dir:
     click.echo(f"raw results: {write_large_events_json(report, output_dir)}", err=True)
 
 
+def _keep_suite_sections(markdown: str, existing: str) -> str:
+    """The peers harness's ``markdown`` with the sections the other suites (transactions, large events,
+    streams) own in the ``existing`` file put back as they were: the harness rewrites the file, they
+    are not its to drop."""
+    from millstream.bench import large_events, streams, transactions
+
+    for suite_module in (transactions, large_events, streams):
+        kept = suite_module.section_of(existing)
+        markdown = markdown if kept is None else suite_module.replace_section(markdown, kept)
+    return markdown
+
+
 def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...],
                    markdown_path: Path | None, figures_dir: Path | None, disk_probe_seconds: float, use_fio: bool,
                    profile: bool,
@@ -342,14 +354,8 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
     links = {name: Path(os.path.relpath(path, base)).as_posix() for name, path in figures.items()}
     markdown = render_markdown(report, links, command=_command_line())
     if markdown_path is not None:
-        from millstream.bench import large_events, transactions
-
-        # The transactions and large-events suites' sections of the file are their own: kept as they were.
         existing = markdown_path.read_text(encoding="utf-8") if markdown_path.exists() else ""
-        for suite_module in (transactions, large_events):
-            kept = suite_module.section_of(existing)
-            markdown = markdown if kept is None else suite_module.replace_section(markdown, kept)
-        markdown_path.write_text(markdown, encoding="utf-8")
+        markdown_path.write_text(_keep_suite_sections(markdown, existing), encoding="utf-8")
         click.echo(f"report: {markdown_path}", err=True)
     click.echo(markdown)
     click.echo(f"raw results: {write_json(report, output_dir)}", err=True)

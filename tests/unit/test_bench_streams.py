@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from millstream.bench import large_events, transactions
 from millstream.bench.streams import (
     READERS,
     SCALING_FIGURE,
@@ -22,6 +23,7 @@ from millstream.bench.streams import (
     replace_section,
 )
 from millstream.cli import main
+from millstream.cli.bench import _keep_suite_sections
 
 OTHERS = "# millstream benchmarks\n\n## quick-100B\n\nthe peers harness's tables\n"
 
@@ -73,3 +75,16 @@ def test_the_scaled_clock_runs_faster_and_sleeps_shorter() -> None:
     assert clock.monotonic() - began >= 5.0
     with pytest.raises(ValueError):
         ScaledClock(0.0)
+
+
+def test_the_peers_harness_rewriting_the_file_keeps_the_streams_section() -> None:
+    # (It once kept the transactions and large-events sections only: a quick run dropped this one.)
+    sections = [f"{module.SECTION_BEGIN}\n{name} figures\n{module.SECTION_END}\n"
+                for module, name in ((transactions, "transactions"), (large_events, "large-events"))]
+    ours = f"{SECTION_BEGIN}\nstreams figures\n{SECTION_END}\n"
+    existing = OTHERS + "\n" + "\n".join([*sections, ours])
+    fresh = "# millstream benchmarks\n\n## quick-100B\n\nnew tables\n"
+    rewritten = _keep_suite_sections(fresh, existing)
+    assert rewritten == fresh + "\n" + "\n".join([*sections, ours])
+    assert _keep_suite_sections(fresh, "") == fresh
+    assert _keep_suite_sections(rewritten, rewritten) == rewritten
