@@ -153,12 +153,18 @@ def test_a_block_overtaken_before_the_container_is_submitted_again_not_refused(t
             real_append = container.append
             delayed: list[int] = []
             calls: list[int] = []
+            # The first appends of 2 and 5 wait (as a throttled append waits before it is queued) until
+            # 8 has been submitted; then both go on, 2 first (an Event wakes its waiters in order).
+            everything_submitted = asyncio.Event()
 
             async def throttled_append(name, data, attribute_updates=(), *, expected_offset=None):  # type: ignore[no-untyped-def]
-                if attribute_updates[0].value in (2, 5) and attribute_updates[0].value not in delayed:
-                    delayed.append(attribute_updates[0].value)
-                    await asyncio.sleep(0.05)  # as a throttled append waits before it is queued
-                calls.append(attribute_updates[0].value)
+                number = attribute_updates[0].value
+                if number in (2, 5) and number not in delayed:
+                    delayed.append(number)
+                    await asyncio.wait_for(everything_submitted.wait(), 10.0)
+                calls.append(number)
+                if number == 8:
+                    everything_submitted.set()
                 return await real_append(name, data, attribute_updates, expected_offset=expected_offset)
 
             container.append = throttled_append  # type: ignore[method-assign]
