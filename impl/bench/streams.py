@@ -467,6 +467,30 @@ def _fixed(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
+def _cpu_per_event(report: StreamsReport, segments: int) -> str:
+    """CPU per event of the writer and of the server, keys against none (medians over the repeats).
+
+    Throughput swings by tens of percent between windows on a shared machine (the server's Tier-2
+    flushes and the neighbours' load come and go), while the CPU each side spends per event is steady.
+    The server cannot tell keyed events from keyless ones (keys never travel), so what keys cost is
+    the writer's extra CPU per event -- the writer is the bottleneck of this measurement."""
+    def per_event(keyed: bool, side: str) -> float | None:
+        values = []
+        for repeat in report.throughput:
+            for m in repeat:
+                cpu = m.window.client_cpu_seconds if side == "writer" else m.window.server_cpu_seconds
+                if m.segments == segments and m.keyed == keyed and m.events and cpu is not None:
+                    values.append(1e6 * cpu / m.events)
+        return median_or_none(values)
+
+    writer_keys, writer_none = per_event(True, "writer"), per_event(False, "writer")
+    server_keys, server_none = per_event(True, "server"), per_event(False, "server")
+    share = None if writer_keys is None or not writer_none else writer_none / writer_keys
+    return (f"CPU per event, keys / none: writer {_fixed(writer_keys, 2)} / {_fixed(writer_none, 2)} µs (events per "
+            f"writer CPU second, keys / none = **{_fixed(share, 3)}**), server {_fixed(server_keys, 2)} / "
+            f"{_fixed(server_none, 2)} µs")
+
+
 def render_streams_markdown(report: StreamsReport, *, command: str = "millstream bench --suite streams",
                             figure: str | None = None) -> str:
     """The suite's section of BENCHMARKS.md, between its markers."""
@@ -495,7 +519,7 @@ def render_streams_markdown(report: StreamsReport, *, command: str = "millstream
         of_best = max(keyed) / max(plain) if keyed and plain else None
         lines.append(f"- {segments} segment(s): keys / no keys = **{_fixed(ratio, 3)}** (median of the per-repeat "
                      f"ratios: {verdict} the 10% budget); ratio of the medians {_fixed(of_medians, 3)}, of the "
-                     f"least disturbed (best) windows {_fixed(of_best, 3)}")
+                     f"least disturbed (best) windows {_fixed(of_best, 3)}; {_cpu_per_event(report, segments)}")
     lines.append("")
     for e2e in report.end_to_end:
         latency = e2e.latency

@@ -52,6 +52,8 @@ def test_a_tiny_run_through_the_cli_measures_everything_and_replaces_only_its_se
         keyed = next(m for m in repeat if m["segments"] == int(segments) and m["keyed"])
         plain = next(m for m in repeat if m["segments"] == int(segments) and not m["keyed"])
         assert report["keys_over_nokeys"][segments] == keyed["events_per_second"] / plain["events_per_second"]
+        writer_keys, writer_none = (1e6 * m["window"]["client_cpu_seconds"] / m["events"] for m in (keyed, plain))
+        assert f"writer {writer_keys:,.2f} / {writer_none:,.2f} µs" in text  # (one repeat: the medians are these)
     (e2e,) = report["end_to_end"]
     assert e2e["readers"] == READERS and 0 < e2e["events_read"] <= e2e["events_written"]
     assert e2e["latency"]["count"] == e2e["events_read"] and e2e["latency"]["p50_ms"] > 0
