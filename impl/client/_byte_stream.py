@@ -41,33 +41,27 @@ from typing import Any, Final
 from uuid import UUID
 
 from millstream import limits
+from millstream.client._append_session import AppendSession
 from millstream.client._config import ClientConfig, RandomSource, random_uuid
-from millstream.client._connection import Connection
 from millstream.client._controller import ControllerClient, ControllerSegmentLocator
 from millstream.client._pool import ConnectionPool, SegmentLocator
-from millstream.client._replies import error_of_reply
 from millstream.client._segments import AsyncSegments, validate_segment_name
 from millstream.client._streams import split_stream_name
 from millstream.errors import (
     BadOffsetError,
     ConnectionLostError,
     InvalidArgumentError,
-    MillstreamError,
     ObjectClosedError,
     ProtocolError,
-    RetryableError,
     StreamSealedError,
     TransientSegmentError,
-    WrongHostError,
 )
 from millstream.naming import is_transient_segment
 from millstream.wire.commands import (
     AppendSetup,
-    Command,
     ConditionalBlockEnd,
     ConditionalCheckFailed,
     DataAppended,
-    SetupAppend,
 )
 
 __all__ = ["AsyncByteStreamWriter", "ByteStreamWriter", "ChunkPipeline", "byte_stream_segment"]
@@ -92,86 +86,49 @@ class _Chunk:
         self.resent = False  # sent on an earlier connection too: a refusal now means "stored"
 
 
-class ChunkPipeline:
+class ChunkPipeline(AppendSession):
     """Appends chunks to ``segment`` from ``base_offset`` on (its length when the pipeline starts),
     exactly once and in order (see the module docstring).  Runs on the client's event loop."""
 
     def __init__(self, segment: str, *, pool: ConnectionPool, locator: SegmentLocator, token: str,
                  writer_id: UUID, config: ClientConfig, base_offset: int = 0,
                  unacked_bytes_max: int = limits.LARGE_EVENT_UNACKED_BYTES_MAX) -> None:
-        self.segment = segment
-        self._pool = pool
-        self._locator = locator
-        self._token = token
-        self._writer_id = writer_id
-        self._config = config
-        self._clock = pool.clock
+        super().__init__(segment, pool=pool, locator=locator, token=token, writer_id=writer_id, config=config)
         self._unacked_bytes_max = unacked_bytes_max
         self._chunks: deque[_Chunk] = deque()  # not yet acknowledged, in order
         self._unacked_bytes = 0
         self._next_number = 1
         self._end_offset = base_offset  # where the next chunk goes
-        self._acked_offset = base_offset  # every byte below it is stored
-        self._sent = 0  # how many of _chunks (a prefix) went out on the current connection
-        self._connection: Connection | None = None
-        self._request_id = 0
-        self._ready = False
-        self._setup_sent_at = 0.0
-        self._session_end: asyncio.Future[BaseException] | None = None
+        self._acked_offset = base_offset  # every byte below it is stored (_sent: a prefix of _chunks went out)
         self._waiters: list[asyncio.Future[None]] = []  # woken on any acknowledgement, failure or close
         self._task: asyncio.Task[None] | None = None
         self._phase = _RUNNING
         self._error: BaseException | None = None
-        #: Sessions set up (AppendSetup received), reconnects started, chunks acknowledged by a refused
-        #: resend (evidence for tests, and what a stateful test maps onto the spec's Reconnect).
+        #: Sessions set up (AppendSetup received) and chunks acknowledged by a refused resend (with
+        #: ``reconnects``: evidence for tests, and what a stateful test maps onto the spec's Reconnect).
         self.sessions = 0
-        self.reconnects = 0
         self.refused_resends = 0
 
-    # --- Session protocol (see _connection.Session) ------------------------------------------------
+    # --- The session loop's questions (see AppendSession) -------------------------------------------
+
+    _SESSION_KIND = "a chunk session"
 
     @property
-    def request_id(self) -> int:
-        return self._request_id
+    def _label(self) -> str:
+        return f"chunks to {self.segment}"
 
-    @property
-    def writer_id(self) -> UUID:
-        return self._writer_id
+    def _oldest_sent_at(self) -> float:
+        return self._chunks[0].sent_at
 
-    def reply_deadline(self) -> float | None:
-        timeout = self._config.append_ack_timeout_seconds
-        if not self._ready:
-            return self._setup_sent_at + timeout if self._connection is not None else None
-        if self._sent:
-            return self._chunks[0].sent_at + timeout
-        return None
+    def _may_continue(self) -> bool:
+        return self._phase is _RUNNING
 
-    def on_reply(self, reply: Command) -> None:
-        kind = type(reply)
-        try:
-            if kind is DataAppended:
-                self._on_appended(reply)  # type: ignore[arg-type]
-            elif kind is ConditionalCheckFailed:
-                self._on_refused(reply)  # type: ignore[arg-type]
-            elif kind is AppendSetup:
-                self._on_setup(reply)  # type: ignore[arg-type]
-            else:
-                error = error_of_reply(reply)
-                if error is None:
-                    raise ProtocolError(f"the server answered a chunk session with {kind.__name__}")
-                self._end_session(error)
-        except ProtocolError as error:
-            _log.warning("chunks to %s: %s", self.segment, error)
-            connection = self._connection
-            self._end_session(error)
-            if connection is not None:
-                connection.close(error)
+    def _progress(self) -> int:
+        return self._acked_offset
 
-    def on_connection_lost(self, error: BaseException) -> None:
-        self._ready = False
-        end = self._session_end
-        if end is not None and not end.done():
-            end.set_result(error)
+    def _gave_up(self, reason: BaseException, attempts: int) -> BaseException:
+        return ConnectionLostError(f"chunks to {self.segment!r}: gave up after {attempts} reconnect attempts without "
+                                   f"progress; last error: {reason}")
 
     # --- State ---------------------------------------------------------------------------------------
 
@@ -279,76 +236,6 @@ class ChunkPipeline:
         chunk.sent = True
         self._sent += 1
 
-    async def _run(self) -> None:
-        backoff = self._config.backoff(self._pool.rng)
-        failures = 0
-        try:
-            while self._phase is _RUNNING:
-                acknowledged_before = self._acked_offset
-                end: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-                self._session_end = end
-                try:
-                    endpoint = await self._locator.endpoint_for(self.segment)
-                    connection = await self._pool.acquire(endpoint, for_session=True)
-                    self._begin_session(connection)
-                    reason = await end
-                except RetryableError as error:
-                    reason = error
-                except MillstreamError as error:
-                    self._fail(error)
-                    return
-                finally:
-                    self._leave_session()
-                if self._phase is not _RUNNING:
-                    return
-                if not isinstance(reason, RetryableError):
-                    self._fail(reason)
-                    return
-                if isinstance(reason, WrongHostError):
-                    self._locator.forget(self.segment)
-                if self._acked_offset > acknowledged_before:
-                    failures = 0
-                failures += 1
-                delay = backoff.delay(failures)
-                if delay is None:
-                    self._fail(ConnectionLostError(
-                        f"chunks to {self.segment!r}: gave up after {failures - 1} reconnect attempts without "
-                        f"progress; last error: {reason}"))
-                    return
-                _log.info("chunks to %s: session ended (%s); reconnecting in %.3f s", self.segment, reason, delay)
-                self.reconnects += 1
-                await self._clock.sleep(delay)
-        except Exception as error:  # a bug: fail loudly rather than leave flush waiting forever
-            _log.exception("chunks to %s: the session loop failed", self.segment)
-            self._fail(error)
-
-    def _begin_session(self, connection: Connection) -> None:
-        self._connection = connection
-        self._request_id = connection.take_request_id()
-        self._ready = False
-        self._sent = 0
-        connection.attach(self)
-        self._setup_sent_at = self._clock.monotonic()
-        connection.send(SetupAppend(self._request_id, self._writer_id, self.segment, self._token))
-
-    def _leave_session(self) -> None:
-        connection = self._connection
-        if connection is not None:
-            connection.detach(self)
-        self._connection = None
-        self._ready = False
-        self._sent = 0
-        self._session_end = None
-
-    def _end_session(self, reason: BaseException) -> None:
-        self._ready = False
-        connection = self._connection
-        if connection is not None:
-            connection.detach(self)
-        end = self._session_end
-        if end is not None and not end.done():
-            end.set_result(reason)
-
     def _on_setup(self, reply: AppendSetup) -> None:
         if reply.writer_id != self._writer_id or self._ready:
             raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
@@ -386,6 +273,8 @@ class ChunkPipeline:
             return
         self.refused_resends += 1  # stored already, by the request this one resends (module docstring)
         self._acknowledge()
+
+    _REPLY_HANDLERS = {DataAppended: _on_appended, ConditionalCheckFailed: _on_refused, AppendSetup: _on_setup}
 
     def _acknowledge(self) -> None:
         chunk = self._chunks.popleft()

@@ -70,11 +70,10 @@ from typing import Final, Generic, Protocol, TypeVar, cast
 from uuid import UUID
 
 from millstream import limits
+from millstream.client._append_session import AppendSession
 from millstream.client._batching import BlockSizeTracker
 from millstream.client._config import ClientConfig, RandomSource, random_uuid
-from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
-from millstream.client._replies import error_of_reply
 from millstream.client._routing import Router, StreamRouter
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import Serializer, is_identity
@@ -90,11 +89,10 @@ from millstream.errors import (
     ProtocolError,
     RetryableError,
     StreamSegmentSealedError,
-    WrongHostError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire import codec
-from millstream.wire.commands import AppendBlock, AppendSetup, Command, DataAppended, SetupAppend
+from millstream.wire.commands import AppendBlock, AppendSetup, DataAppended
 
 __all__ = ["AsyncEventStreamWriter", "RouterNotReadyError", "SegmentWriter", "StreamBinding", "Tracking",
            "WriterShared"]
@@ -232,7 +230,7 @@ class WriterShared:
             await waiter
 
 
-class SegmentWriter:
+class SegmentWriter(AppendSession):
     """The writer's session with one segment: numbering, blocks, acknowledgements, reconnects.
 
     ``append`` may be called from any thread; every other method runs on the event loop (the
@@ -243,15 +241,9 @@ class SegmentWriter:
 
     def __init__(self, segment: str, *, shared: WriterShared, pool: ConnectionPool, locator: SegmentLocator,
                  token: str, writer_id: UUID, config: ClientConfig, on_sealed: SealedHandler | None = None) -> None:
-        self.segment = segment
+        super().__init__(segment, pool=pool, locator=locator, token=token, writer_id=writer_id, config=config)
         self._on_sealed = on_sealed
-        self._writer_id = writer_id
         self._shared = shared
-        self._pool = pool
-        self._locator = locator
-        self._token = token
-        self._config = config
-        self._clock = pool.clock
         # Producer side: under shared.lock, any thread.
         self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
         self._keys: list[str | None] = []  # the open block's routing keys, one per event
@@ -270,29 +262,13 @@ class SegmentWriter:
         self._closing = False
         self._retired = False  # sealed and handed over: appends answer REROUTE
         # Loop side.
-        self._inflight: deque[_Block] = deque()  # closed, not acknowledged, in number order
-        self._sent = 0  # how many of _inflight (a prefix) went out on the current session
+        self._inflight: deque[_Block] = deque()  # closed, not acknowledged, in number order (_sent: a prefix)
         self._acked = 0  # the last event number acknowledged
-        self._connection: Connection | None = None
-        self._request_id = 0
-        self._ready = False
-        self._setup_sent_at = 0.0
-        self._session_end: asyncio.Future[BaseException] | None = None
         self._flush_waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._task: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
-        #: Sessions started after the first (evidence for tests).
-        self.reconnects = 0
 
-    # --- Session protocol (see _connection.Session) ------------------------------------------------
-
-    @property
-    def request_id(self) -> int:
-        return self._request_id
-
-    @property
-    def writer_id(self) -> UUID:
-        return self._writer_id
+    # --- State ---------------------------------------------------------------------------------------
 
     @property
     def acknowledged_event_number(self) -> int:
@@ -308,38 +284,24 @@ class SegmentWriter:
         """Whether the segment was sealed and this writer's events were handed over elsewhere."""
         return self._retired
 
-    def reply_deadline(self) -> float | None:
-        timeout = self._config.append_ack_timeout_seconds
-        if not self._ready:
-            return self._setup_sent_at + timeout if self._connection is not None else None
-        if self._sent:
-            return self._inflight[0].sent_at + timeout
-        return None
+    # --- The session loop's questions (see AppendSession) -------------------------------------------
 
-    def on_reply(self, reply: Command) -> None:
-        kind = type(reply)
-        try:
-            if kind is DataAppended:
-                self._on_acknowledged(reply)  # type: ignore[arg-type]
-            elif kind is AppendSetup:
-                self._on_setup(reply)  # type: ignore[arg-type]
-            else:
-                error = error_of_reply(reply)
-                if error is None:
-                    raise ProtocolError(f"the server answered an append session with {kind.__name__}")
-                self._end_session(error)
-        except ProtocolError as error:
-            _log.warning("writer %s on %s: %s", self._writer_id, self.segment, error)
-            connection = self._connection
-            self._end_session(error)
-            if connection is not None:
-                connection.close(error)
+    _RETRYABLE = (RetryableError, InvalidEventNumberError)
 
-    def on_connection_lost(self, error: BaseException) -> None:
-        self._ready = False
-        end = self._session_end
-        if end is not None and not end.done():
-            end.set_result(error)
+    def _oldest_sent_at(self) -> float:
+        return self._inflight[0].sent_at
+
+    def _may_continue(self) -> bool:
+        return not self._closing and self._failed is None
+
+    def _progress(self) -> int:
+        return self._acked
+
+    async def _ended_for_good(self, reason: BaseException) -> None:
+        if isinstance(reason, StreamSegmentSealedError) and self._on_sealed is not None:
+            await self._hand_over(reason)
+        else:
+            self._fail(reason)
 
     # --- Producer side (any thread) ----------------------------------------------------------------
 
@@ -463,47 +425,6 @@ class SegmentWriter:
             return  # the connection is closing: the session ends and re-sends after setting up again
         self._sent += 1
 
-    async def _run(self) -> None:
-        backoff = self._config.backoff(self._pool.rng)
-        failures = 0
-        while not self._closing:
-            acknowledged_before = self._acked
-            end: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-            self._session_end = end
-            try:
-                endpoint = await self._locator.endpoint_for(self.segment)
-                connection = await self._pool.acquire(endpoint, for_session=True)
-                self._begin_session(connection)
-                reason = await end
-            except (RetryableError, InvalidEventNumberError) as error:
-                reason = error
-            except MillstreamError as error:
-                self._fail(error)
-                return
-            finally:
-                self._leave_session()
-            if self._closing or self._failed is not None:
-                return
-            if not isinstance(reason, (RetryableError, InvalidEventNumberError)):
-                if isinstance(reason, StreamSegmentSealedError) and self._on_sealed is not None:
-                    await self._hand_over(reason)
-                    return
-                self._fail(reason)
-                return
-            if isinstance(reason, WrongHostError):
-                self._locator.forget(self.segment)
-            if self._acked > acknowledged_before:
-                failures = 0
-            failures += 1
-            delay = backoff.delay(failures)
-            if delay is None:
-                self._fail(self._gave_up(reason, failures - 1))
-                return
-            _log.info("writer %s on %s: session ended (%s); reconnecting in %.3f s", self._writer_id, self.segment,
-                      reason, delay)
-            self.reconnects += 1
-            await self._clock.sleep(delay)
-
     async def _hand_over(self, reason: StreamSegmentSealedError) -> None:
         """The segment is sealed: let the stream layer move the events on (``on_sealed``).  Whatever it
         raises becomes this writer's failure -- the events stay here, unacknowledged."""
@@ -528,33 +449,6 @@ class SegmentWriter:
             error = ConnectionLostError(message)
         error.__cause__ = reason
         return error
-
-    def _begin_session(self, connection: Connection) -> None:
-        self._connection = connection
-        self._request_id = connection.take_request_id()
-        self._ready = False
-        self._sent = 0
-        connection.attach(self)
-        self._setup_sent_at = self._clock.monotonic()
-        connection.send(SetupAppend(self._request_id, self._writer_id, self.segment, self._token))
-
-    def _leave_session(self) -> None:
-        connection = self._connection
-        if connection is not None:
-            connection.detach(self)
-        self._connection = None
-        self._ready = False
-        self._session_end = None
-
-    def _end_session(self, reason: BaseException) -> None:
-        """A reply ended the session (an error reply, or a protocol error): stop routing replies here."""
-        self._ready = False
-        connection = self._connection
-        if connection is not None:
-            connection.detach(self)
-        end = self._session_end
-        if end is not None and not end.done():
-            end.set_result(reason)
 
     def _on_setup(self, reply: AppendSetup) -> None:
         if reply.writer_id != self._writer_id or self._ready:
@@ -584,6 +478,8 @@ class SegmentWriter:
             return  # stale or reordered: a later acknowledgement covered it already
         self._drain_outbox()
         self._acknowledge_through(number, sent_on_this_session=self._ready)
+
+    _REPLY_HANDLERS = {DataAppended: _on_acknowledged, AppendSetup: _on_setup}
 
     def _acknowledge_through(self, number: int, *, sent_on_this_session: bool) -> None:
         """Every block up to event ``number`` is durable: settle it and free its bytes."""
