@@ -185,8 +185,12 @@ class Steps:
     def next(self, label: str) -> None:
         """Say that ``label`` comes next."""
         if self._progress is not None:
-            self._progress(self.done, self.total, label)
+            self._progress(min(self.done, self.total), self.total, label)
         self.done += 1
+
+    def skip(self, count: int) -> None:
+        """``count`` measurements will not run (their system is missing or did not start)."""
+        self.done += count
 
     def finish(self) -> None:
         if self._progress is not None:

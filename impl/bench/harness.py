@@ -44,6 +44,7 @@ from millstream.bench._keys import KeySpace
 from millstream.bench._load import OfferPlan, StepRecorder, offer
 from millstream.bench._processes import ServerProcess, free_port
 from millstream.bench._stats import Latency, LatencySamples
+from millstream.bench._suite import Steps
 from millstream.bench._system import (
     CpuSample,
     CpuUsage,
@@ -213,7 +214,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
     started = clock()
     data_root.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix="millstream-harness-", dir=data_root))
-    steps = _Steps(1 + sum(len(w.rates) * len(w.systems) for w in config.workloads), progress)
+    steps = Steps(1 + sum(len(w.rates) * len(w.systems) for w in config.workloads), progress)
     quiet_waits: list[QuietWait] = []
     try:
         machine = describe_machine(workspace, millstream.__version__)
@@ -240,25 +241,6 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         quiet_waits_timed_out=sum(1 for wait in quiet_waits if not wait.quiet), wakeup_lateness=wakeup)
 
 
-class _Steps:
-    def __init__(self, total: int, progress: Progress | None) -> None:
-        self.total = total
-        self.done = 0
-        self._progress = progress
-
-    def next(self, label: str) -> None:
-        if self._progress is not None:
-            self._progress(min(self.done, self.total), self.total, label)
-        self.done += 1
-
-    def skip(self, count: int) -> None:
-        self.done += count
-
-    def finish(self) -> None:
-        if self._progress is not None:
-            self._progress(self.total, self.total, "done")
-
-
 #: The sleep whose lateness ``measure_wakeup_lateness`` times, and how many it takes at most.
 _WAKEUP_SLEEP_SECONDS: Final = 0.001
 _WAKEUP_SAMPLES_MAX: Final = 10_000
@@ -282,7 +264,7 @@ def _wait_quiet(config: HarnessConfig) -> QuietWait:
 
 
 def _run_system(config: HarnessConfig, driver: Driver | None, system: str, workload: Workload, workdir: Path,
-                steps: _Steps, quiet_waits: list[QuietWait]) -> SystemRun:
+                steps: Steps, quiet_waits: list[QuietWait]) -> SystemRun:
     if driver is None:
         steps.skip(len(workload.rates))
         return SystemRun(workload=workload.name, system=system, title=system, equal_durability=False,
