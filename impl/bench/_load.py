@@ -266,9 +266,14 @@ class BatchAcknowledgements:
     the system under test.  Instead the first completion of a turn schedules one ``call_soon`` that
     records all of that turn's completions at once: the same latency, read once.  A failed or
     cancelled future is reported to the recorder as the step's error.
+
+    A client whose events share futures (millstream's writer hands every event of a block the block's
+    one future) is tracked with ``track(future)`` instead: one callback per distinct future, counting
+    the events it answers for, rather than one per event -- the same latencies, recorded when the same
+    future completes, without a callback per event on a future that is one object.
     """
 
-    __slots__ = ("_pending", "_recorder", "_scheduled", "_sent_at", "_what")
+    __slots__ = ("_counts", "_pending", "_recorder", "_scheduled", "_sent_at", "_what")
 
     def __init__(self, recorder: StepRecorder, sent_at: float, what: str) -> None:
         self._recorder = recorder
@@ -276,8 +281,26 @@ class BatchAcknowledgements:
         self._what = what
         self._pending = 0
         self._scheduled = False
+        #: Events per tracked future whose callback has not run yet.
+        self._counts: dict[asyncio.Future[Any], int] = {}
 
     def __call__(self, future: asyncio.Future[Any]) -> None:
+        self._completed(future, 1)
+
+    def track(self, future: asyncio.Future[Any]) -> None:
+        """One more event is answered by ``future`` (which may answer for others too)."""
+        counts = self._counts
+        count = counts.get(future)
+        if count is None:
+            counts[future] = 1
+            future.add_done_callback(self._tracked_done)
+        else:  # the callback has not run: it will count this event too
+            counts[future] = count + 1
+
+    def _tracked_done(self, future: asyncio.Future[Any]) -> None:
+        self._completed(future, self._counts.pop(future))
+
+    def _completed(self, future: asyncio.Future[Any], count: int) -> None:
         if future.cancelled():
             self._recorder.failed(f"{self._what} was cancelled")
             return
@@ -285,7 +308,7 @@ class BatchAcknowledgements:
         if error is not None:
             self._recorder.failed(f"{self._what} failed: {error!r}")
             return
-        self._pending += 1
+        self._pending += count
         if not self._scheduled:
             self._scheduled = True
             future.get_loop().call_soon(self._record)

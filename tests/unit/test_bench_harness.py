@@ -708,6 +708,43 @@ def test_per_event_futures_of_one_turn_are_recorded_together() -> None:
     assert recorder.errors == ["a test write failed: ConnectionError('reset')"]
 
 
+def test_shared_futures_are_tracked_with_one_callback_each_and_every_event_counted() -> None:
+    async def run() -> tuple[StepRecorder, list[tuple[float, int]], list[int]]:
+        recorder = StepRecorder(event_bytes=100, clock=lambda: 10.5)
+        recorder.plan_window(10.0, 11.0)
+        recorder.sent(10.25, 7)
+        calls: list[tuple[float, int]] = []
+        original = recorder.acknowledged
+
+        def spy(sent_at: float, count: int = 1) -> None:
+            calls.append((sent_at, count))
+            original(sent_at, count)
+
+        recorder.acknowledged = spy  # type: ignore[method-assign]
+        acks = BatchAcknowledgements(recorder, 10.25, "a test write")
+        loop = asyncio.get_running_loop()
+        block_a, block_b = loop.create_future(), loop.create_future()
+        for future in (block_a, block_b, block_a, block_a, block_b):  # interleaved, as over two segments
+            acks.track(future)
+        callbacks = [len(block_a._callbacks), len(block_b._callbacks)]  # type: ignore[attr-defined]
+        block_a.set_result(None)
+        acks.track(block_a)  # returned after its block completed, before the callback ran: still counted
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        block_b.set_result(None)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        acks.track(block_b)  # a done future seen afresh: a callback of its own
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return recorder, calls, callbacks
+
+    recorder, calls, callbacks = asyncio.run(run())
+    assert callbacks == [1, 1]
+    assert calls == [(10.25, 4), (10.25, 2), (10.25, 1)]
+    assert recorder.acknowledged_total == 7 and recorder.write_latency.count == 7
+
+
 def test_a_write_that_never_returns_fails_the_step_after_the_window() -> None:
     class HangingProducer:
         async def write(self, batch: Batch) -> None:

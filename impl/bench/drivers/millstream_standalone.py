@@ -8,9 +8,12 @@ Mapping.  Segment ``i`` of a workload is ``bench/<workload>/<i>.#epoch.0``, crea
 (``AsyncClient.segments().create``).  One ``AsyncEventStreamWriter`` over the workload's segments
 (``AsyncClient.event_writer(names)``) writes every event with the workload's routing key (``None``:
 the writer spreads keyless events itself); its batching is its own, adaptive, with no knob.  Each
-event is written with ``write_event_future``, and its acknowledgement is that future completing --
-one future per event, as NATS's ``publish_async`` gives one per message, so both clients pay the same
-kind of per-event bookkeeping.  A consumer is an ``AsyncSegmentReader`` per segment, starting at the
+event is written with ``write_event_future``, and its acknowledgement is that future completing.
+The writer hands every event of a block the block's one future (NATS's ``publish_async`` makes one
+per message), so the driver adds one callback per distinct future, counting the events it answers
+for (``BatchAcknowledgements.track``): each event's latency is still its own send time to the
+completion of the future it got, with no callback per event on an object shared by thousands.  A
+consumer is an ``AsyncSegmentReader`` per segment, starting at the
 segment's length when opened, doing long-poll tail reads (``read_events(wait_seconds=...)``).
 
 The client's API differs from the first plan (``write_event`` returning a future; a
@@ -114,9 +117,9 @@ class _MillstreamSession(Session):
         write_event_future = self._writer.write_event_future
         acknowledged = BatchAcknowledgements(self._recorder, batch.sent_at, "a millstream write")
         payload = batch.payload
+        track = acknowledged.track
         for key in self._keys.keys(batch.first_sequence, batch.count):
-            future = await write_event_future(payload, routing_key=key)
-            future.add_done_callback(acknowledged)
+            track(await write_event_future(payload, routing_key=key))
 
     async def open_consumer(self, partitions: Sequence[int]) -> Consumer:
         readers = []
