@@ -115,23 +115,32 @@ class DataFrameBuilder:
             buffer += head
             buffer += tail
             return end - len(buffer) <= ENTRY_HEADER_LENGTH
-        return self._append_spanning(sequence_number, memoryview(head + bytes(tail)))
+        return self._append_spanning(sequence_number, head, tail)
 
-    def _append_spanning(self, sequence_number: int, record: memoryview) -> bool:
-        position, flags = 0, FIRST
-        while True:
-            room = self._capacity_end - len(self._buffer) - ENTRY_HEADER_LENGTH
-            piece = min(len(record) - position, room)
-            last = position + piece == len(record)
-            if last:
-                flags |= LAST
-            self._buffer += _ENTRY_HEADER.pack(piece, flags, sequence_number)
-            self._buffer += record[position:position + piece]
-            position += piece
-            flags = 0
-            if last:
-                return self._capacity_end - len(self._buffer) < ENTRY_HEADER_LENGTH + 1
-            self._seal()
+    def _append_spanning(self, sequence_number: int, head: bytes, tail: bytes | memoryview) -> bool:
+        """Cut the record ``head + tail`` into entries, each copied straight into its frame (a large
+        record is never first joined into one buffer: that would copy it twice more)."""
+        length = len(head) + len(tail)
+        with memoryview(head) as head_view, memoryview(tail) as tail_view:
+            position, flags = 0, FIRST
+            while True:
+                room = self._capacity_end - len(self._buffer) - ENTRY_HEADER_LENGTH
+                piece = min(length - position, room)
+                last = position + piece == length
+                if last:
+                    flags |= LAST
+                buffer = self._buffer
+                buffer += _pack_entry_header(piece, flags, sequence_number)
+                end = position + piece
+                if position < len(head_view):
+                    buffer += head_view[position:min(end, len(head_view))]
+                if end > len(head_view):
+                    buffer += tail_view[max(position - len(head_view), 0):end - len(head_view)]
+                position = end
+                flags = 0
+                if last:
+                    return self._capacity_end - len(buffer) < ENTRY_HEADER_LENGTH + 1
+                self._seal()
 
     def flush(self) -> bool:
         """Seal the frame being built, if it holds anything; return whether a frame was sealed."""

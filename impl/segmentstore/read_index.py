@@ -132,17 +132,22 @@ class SegmentReadIndex:
         if offset < self.memory_start:
             return None
         index = bisect.bisect_right(self._block_starts, offset) - 1
-        parts = []
+        pieces: list[memoryview] = []
         end = offset + length
-        while offset < end:
-            block, start = self._blocks[index], self._block_starts[index]
-            if block is None:
-                return None
-            piece_end = min(end, start + len(block))
-            parts.append(block[offset - start:piece_end - start])
-            offset = piece_end
-            index += 1
-        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+        try:
+            while offset < end:
+                block, start = self._blocks[index], self._block_starts[index]
+                if block is None:
+                    return None
+                piece_end = min(end, start + len(block))
+                with memoryview(block) as whole:  # (slicing the block itself would be a second copy)
+                    pieces.append(whole[offset - start:piece_end - start])
+                offset = piece_end
+                index += 1
+            return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)  # the one copy
+        finally:
+            for piece in pieces:  # released before an append may grow a block again
+                piece.release()
 
     def memory_run_end(self, offset: int, limit: int) -> int:
         """The end (at most ``limit``) of the run of bytes from ``offset`` that memory holds."""
