@@ -56,9 +56,10 @@ def _run_node(node: Any, data_dir: Path) -> None:
               help="TCP port to listen on (0: pick a free one; the line printed at start says which).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind.  The default keeps the node private to this machine.")
-@click.option("--containers", "container_count", type=click.IntRange(1, 1024), default=4, show_default=True,
-              help="Segment containers (fixed for a data directory once it is first used).")
-def standalone(data_dir: Path, port: int, host: str, container_count: int) -> None:
+@click.option("--containers", "container_count", type=click.IntRange(1, 1024), default=None,
+              help="Segment containers (fixed for a data directory once it is first used).  [default: the "
+                   "data directory's count, else 1: one process gains nothing from more]")
+def standalone(data_dir: Path, port: int, host: str, container_count: int | None) -> None:
     """Run a millstream node: the segment store with every container, on local files.
 
     It prints one line when it is ready,

@@ -86,6 +86,20 @@ def test_a_data_directory_keeps_its_container_count(tmp_path: Path) -> None:
         pass
     with pytest.raises(InvalidArgumentError, match="2 containers"):
         millstream.standalone(tmp_path, container_count=3)
+    with millstream.standalone(tmp_path) as node:  # no count named: the directory's
+        assert node.node.config.container_count == 2
+
+
+def test_a_new_data_directory_gets_one_container_unless_told_otherwise(tmp_path: Path) -> None:
+    from millstream.standalone import CONTAINER_COUNT_DEFAULT, recorded_container_count
+
+    assert CONTAINER_COUNT_DEFAULT == 1 and recorded_container_count(tmp_path / "fresh") is None
+    with millstream.standalone(tmp_path / "fresh") as node:
+        assert node.node.config.container_count == 1
+    assert recorded_container_count(tmp_path / "fresh") == 1
+    with millstream.standalone(tmp_path / "four", container_count=4) as node:
+        assert node.node.config.container_count == 4
+    assert recorded_container_count(tmp_path / "four") == 4
 
 
 def test_the_cli_serves_over_tcp_until_sigterm(tmp_path: Path) -> None:
