@@ -8,8 +8,10 @@ fast as it can -- pipelined, no flush until the end of the window -- to a stream
 fixed segments, with a routing key per event drawn from ``ROUTING_KEYS`` keys (OpenMessaging's
 RANDOM_NANO: ``millstream.bench._keys``), or with none.  Events/s is the events written in the
 window over the time until the flush at its end returned (all of them durable).  The four
-combinations run interleaved in every repeat, so drift in the machine's load hits them alike; the
-headline is keys over no keys at the same segment count (median over repeats).
+combinations run interleaved in every repeat, keys and no keys in turn first (``repeat_order``: the
+node holds more data with every window, so whichever ran second would meet more background work --
+a drift that alternating cancels); the headline is keys over no keys at the same segment count
+(median over repeats).
 
 Tail reads (``end-to-end``).  The same node; a stream of ``READERS`` fixed segments and a reader
 group of ``READERS`` readers in this process, each reading as fast as it can; one writer writes keyed
@@ -168,6 +170,13 @@ class ScaledClock:
 
 def _keys(keyed: bool, segments: int) -> list[str | None]:
     return KeySpace(keyed=keyed, key_count=ROUTING_KEYS, partitions=segments, seed=KEY_SEED).ring_keys
+
+
+def repeat_order(number: int) -> tuple[tuple[str, int, bool], ...]:
+    """``THROUGHPUT`` in the order repeat ``number`` (from 0) runs it: each segment count's keys and
+    no-keys windows back to back, keys first in even repeats and no keys first in odd ones."""
+    pairs = [THROUGHPUT[index:index + 2] for index in range(0, len(THROUGHPUT), 2)]
+    return tuple(run for pair in pairs for run in (pair if number % 2 == 0 else pair[::-1]))
 
 
 async def _create_stream(client: Any, name: str, policy: Any) -> str:
@@ -437,7 +446,7 @@ def run_streams(config: StreamsConfig, data_root: Path, progress: Progress | Non
             asyncio.run(_create_streams(port))
             for number in range(config.repeat):
                 measured = []
-                for name, segments, keyed in THROUGHPUT:
+                for name, segments, keyed in repeat_order(number):
                     steps.next(f"repeat {number + 1}: {name}")
                     quiet = wait_until_quiet(config.quiet_idle_percent_min, config.quiet_timeout_seconds, 0.5)
                     measured.append(asyncio.run(_throughput(port, name, segments, keyed, config, server.pid, quiet)))
@@ -500,7 +509,7 @@ def render_streams_markdown(report: StreamsReport, *, command: str = "millstream
              f"(millstream {report.machine.millstream_version}).  One writer, {EVENT_BYTES}-byte events, "
              f"{ROUTING_KEYS:,} random routing keys or none, against a standalone node in another process "
              f"(durable FileLog); {config.duration_seconds:g} s windows, medians of {config.repeat} interleaved "
-             "repeats.  The machine is shared: others' CPU is recorded for each window.", "",
+             "repeats (keys and no keys first in turn).  The machine is shared: others' CPU is recorded for each window.", "",
              "| stream | routing keys | events/s (median) | per repeat | others' CPU % (median) |",
              "|---|---|---|---|---|"]
     for name, segments, keyed in THROUGHPUT:

@@ -20,12 +20,21 @@ from millstream.bench.streams import (
     SECTION_END,
     THROUGHPUT,
     ScaledClock,
+    repeat_order,
     replace_section,
 )
 from millstream.cli import main
 from millstream.cli.bench import _keep_suite_sections
 
 OTHERS = "# millstream benchmarks\n\n## quick-100B\n\nthe peers harness's tables\n"
+
+
+def test_repeats_alternate_which_of_keys_and_no_keys_runs_first_at_each_segment_count() -> None:
+    first, second = repeat_order(0), repeat_order(1)
+    assert sorted(first) == sorted(second) == sorted(THROUGHPUT)
+    assert [name for name, _, _ in first] == ["keys-1", "nokeys-1", "keys-16", "nokeys-16"]
+    assert [name for name, _, _ in second] == ["nokeys-1", "keys-1", "nokeys-16", "keys-16"]
+    assert repeat_order(2) == first and repeat_order(3) == second
 
 
 def test_a_tiny_run_through_the_cli_measures_everything_and_replaces_only_its_section(tmp_path: Path) -> None:
@@ -45,7 +54,7 @@ def test_a_tiny_run_through_the_cli_measures_everything_and_replaces_only_its_se
 
     report = json.loads((tmp_path / "out" / "streams.json").read_text())
     (repeat,) = report["throughput"]
-    assert [(m["name"], m["segments"], m["keyed"]) for m in repeat] == list(THROUGHPUT)
+    assert [(m["name"], m["segments"], m["keyed"]) for m in repeat] == list(repeat_order(0))
     for m in repeat:
         assert m["events"] > 0 and m["window"]["server_cpu_seconds"] is not None
     for segments in ("1", "16"):
