@@ -272,6 +272,33 @@ class SegmentContainer:
         unless the segment's length is exactly that.  Raises ``StreamSegmentSealedError`` on a sealed
         segment and ``BadAttributeUpdateError`` if an attribute condition fails; nothing is appended then.
         """
+        operation = self._append_operation(name, data, attribute_updates, expected_offset)
+        writer = self._storage_writer
+        if writer is not None and writer.unflushed_bytes > writer.unflushed_bytes_max:
+            await self._throttle(writer)
+        processor = self._running_processor()
+        if processor.queue_full:
+            await processor.wait_for_space()
+        return await processor.enqueue(operation)
+
+    def append_at_once(self, name: str, data: bytes | bytearray | memoryview,
+                       attribute_updates: Sequence[AttributeUpdate] = (), *,
+                       expected_offset: int | None = None) -> asyncio.Future[int] | None:
+        """``append`` for a caller that keeps no coroutine per append (the server, once per block): the
+        future of the offset, with ``append``'s errors -- or None, having done nothing, when the append
+        would have to wait (Tier 2 lags, or the processor's queue is full): then await ``append``.
+        Raises what ``append`` raises before it would wait."""
+        writer = self._storage_writer
+        if writer is not None and writer.unflushed_bytes > writer.unflushed_bytes_max:
+            return None
+        processor = self._running_processor()
+        if processor.queue_full:
+            return None
+        return processor.enqueue(self._append_operation(name, data, attribute_updates, expected_offset))
+
+    def _append_operation(self, name: str, data: bytes | bytearray | memoryview,
+                          attribute_updates: Sequence[AttributeUpdate],
+                          expected_offset: int | None) -> StreamSegmentAppendOperation:
         if type(data) is not bytes:  # (what nearly every caller passes, and needs no more checks)
             data = _byte_view(data)
         if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
@@ -285,15 +312,13 @@ class SegmentContainer:
         # A name the committed metadata knows was checked when its segment was created.
         known = type(name) is str and name in self._metadata.ids_by_name
         operation.segment_name = name if known else _check_name(name)
-        writer = self._storage_writer
-        if writer is not None and writer.unflushed_bytes > writer.unflushed_bytes_max:
-            await self._throttle(writer)
+        return operation
+
+    def _running_processor(self) -> OperationProcessor:
         processor = self._processor
         if processor is None or self._state is not ContainerState.RUNNING:
             raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
-        if processor.queue_full:
-            await processor.wait_for_space()
-        return await processor.enqueue(operation)
+        return processor
 
     async def _throttle(self, writer: StorageWriter) -> None:
         """Hold an append while Tier 2 lags: each wait is bounded, and ends early when a flush commits."""

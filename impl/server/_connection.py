@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import struct
 from collections import deque
@@ -51,6 +52,7 @@ from millstream.errors import (
     AuthenticationError,
     BadAttributeUpdateError,
     BadOffsetError,
+    ContainerUnavailableError,
     InvalidArgumentError,
     MillstreamError,
     PayloadTooLargeError,
@@ -168,6 +170,7 @@ class Connection(asyncio.BufferedProtocol):
         self._requests = 0  # non-append requests in flight
         self._read_bytes = 0  # what the reads in flight may return at most, together
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._waiting_appends = 0  # appends in a task of their own (they may wait); see _submit
         self._read_tasks: set[asyncio.Task[Any]] = set()
         self._task_group: asyncio.TaskGroup | None = None
         self._backlog: deque[Command] = deque()  # decoded, not yet dispatched (while paused)
@@ -606,29 +609,68 @@ class Connection(asyncio.BufferedProtocol):
         except MillstreamError as error:
             self._abort(f"writer {session.writer_id}: cannot append to {session.segment!r}: {error}")
             raise _Closed from None
-        self._spawn(self._append(container, session, block))
-
-    async def _append(self, container: SegmentContainer, session: WriterSession, block: PendingBlock) -> None:
+        if self._task_group is None or self._closing:
+            return
         updates = () if block.raw else (AttributeUpdate(session.writer_id.int, _REPLACE_IF_EQUALS,
                                                         block.last_event_number, block.comparison),)
+        if not self._waiting_appends:
+            # The fast path: no task per block, the operation's future calls back.  Not while an
+            # append waits in a task (throttled, or the queue full): a later block must not overtake it.
+            try:
+                future = container.append_at_once(session.segment, block.data, updates,
+                                                  expected_offset=block.expected_offset)
+            except Exception as error:
+                self._appended(container, session, block, None, error)
+                return
+            if future is not None:
+                future.add_done_callback(functools.partial(self._on_appended, container, session, block))
+                return
+        self._waiting_appends += 1
+        self._spawn(self._append(container, session, block, updates))
+
+    async def _append(self, container: SegmentContainer, session: WriterSession, block: PendingBlock,
+                      updates: tuple[AttributeUpdate, ...]) -> None:
+        """An append that may have to wait (Tier 2 lags, or the container's queue is full)."""
         try:
             offset = await container.append(session.segment, block.data, updates,
                                             expected_offset=block.expected_offset)
-        except BadAttributeUpdateError:
-            session.failed(block, Failure.COMPARISON)
-        except BadOffsetError:
-            session.failed(block, Failure.OFFSET)
-        except StreamSegmentSealedError:
-            session.failed(block, Failure.SEALED, _length_or_zero(container, session.segment))
-        except StreamSegmentNotExistsError:
-            session.failed(block, Failure.GONE)
-        except Exception as error:  # ContainerUnavailableError, or anything unexpected: the writer reconnects
-            if self._closing:
-                return
-            self._abort(f"writer {session.writer_id}: append to {session.segment!r} failed: {error!r}")
-            return
+        except Exception as error:
+            self._appended(container, session, block, None, error)
         else:
+            self._appended(container, session, block, offset, None)
+        finally:
+            self._waiting_appends -= 1
+
+    def _on_appended(self, container: SegmentContainer, session: WriterSession, block: PendingBlock,
+                     future: asyncio.Future[int]) -> None:
+        if future.cancelled():  # (nothing here cancels it; a container that stops fails it instead)
+            self._appended(container, session, block, None, ContainerUnavailableError("the append was cancelled"))
+            return
+        error = future.exception()
+        try:
+            self._appended(container, session, block, None if error is not None else future.result(), error)
+        except Exception:  # a bug: this runs as a loop callback, so say so here and end the connection
+            log.exception("%s: handling an append's outcome failed", self.peer)
+            self._abort("internal error while answering an append")
+
+    def _appended(self, container: SegmentContainer, session: WriterSession, block: PendingBlock,
+                  offset: int | None, error: BaseException | None) -> None:
+        """The container stored ``block`` at ``offset``, or refused it with ``error``: answer what may be."""
+        if error is None:
+            assert offset is not None
             session.succeeded(block, offset)
+        elif isinstance(error, BadAttributeUpdateError):
+            session.failed(block, Failure.COMPARISON)
+        elif isinstance(error, BadOffsetError):
+            session.failed(block, Failure.OFFSET)
+        elif isinstance(error, StreamSegmentSealedError):
+            session.failed(block, Failure.SEALED, _length_or_zero(container, session.segment))
+        elif isinstance(error, StreamSegmentNotExistsError):
+            session.failed(block, Failure.GONE)
+        else:  # ContainerUnavailableError, or anything unexpected: the writer reconnects
+            if not self._closing:
+                self._abort(f"writer {session.writer_id}: append to {session.segment!r} failed: {error!r}")
+            return
         if self._closing or self._writers.get(session.writer_id) is not session:
             return
         try:

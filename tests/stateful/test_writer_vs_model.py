@@ -42,7 +42,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from millstream.client import AsyncClient, ClientConfig
-from millstream.errors import ConnectionLostError, ContainerUnavailableError, StreamSegmentSealedError
+from millstream.errors import ConnectionLostError, ContainerUnavailableError, MillstreamError, StreamSegmentSealedError
 from millstream.model import idempotent_writer as iw
 from millstream.segmentstore.container import SegmentContainer
 from millstream.server import SegmentStoreServer, ServerConfig
@@ -368,10 +368,19 @@ class WriterMachine(RuleBasedStateMachine):
                 except type(segment_writer.failed):
                     break
                 raise AssertionError(f"{name} has failed, yet it took another event")
-            self.model, number = iw.write_event(self.model, name)
+            model, number = iw.write_event(self.model, name)
             tag = EventTag(name, number)
+            try:
+                future = self.run_now(record.writer.write_event_future(tag.payload(size)))
+            except MillstreamError as error:
+                # The writer failed while this call waited for its turn on the loop (a refusal that was
+                # already on its way, e.g. the seal's): it refuses the event, as a failed writer does.
+                segment_writer = record.segment_writer
+                assert segment_writer is not None and type(segment_writer.failed) is type(error), (name, error)
+                break
+            self.model = model
             self.history.write_invoked(tag)
-            record.futures.append(self.run_now(record.writer.write_event_future(tag.payload(size))))
+            record.futures.append(future)
         self.settle()
 
     @rule(name=st.sampled_from(WRITERS))
