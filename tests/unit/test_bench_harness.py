@@ -670,19 +670,26 @@ def test_cli_refuses_bad_workloads_and_systems(tmp_path: Path) -> None:
 
 
 
+def spied_recorder(sent: int) -> tuple[StepRecorder, list[tuple[float, int]]]:
+    """A recorder whose window holds 10.25 (``sent`` events sent then), and the list of its
+    ``acknowledged`` calls."""
+    recorder = StepRecorder(event_bytes=100, clock=lambda: 10.5)
+    recorder.plan_window(10.0, 11.0)
+    recorder.sent(10.25, sent)
+    calls: list[tuple[float, int]] = []
+    original = recorder.acknowledged
+
+    def spy(sent_at: float, count: int = 1) -> None:
+        calls.append((sent_at, count))
+        original(sent_at, count)
+
+    recorder.acknowledged = spy  # type: ignore[method-assign]
+    return recorder, calls
+
+
 def test_per_event_futures_of_one_turn_are_recorded_together() -> None:
     async def run() -> tuple[StepRecorder, list[tuple[float, int]]]:
-        recorder = StepRecorder(event_bytes=100, clock=lambda: 10.5)
-        recorder.plan_window(10.0, 11.0)
-        recorder.sent(10.25, 5)
-        calls: list[tuple[float, int]] = []
-        original = recorder.acknowledged
-
-        def spy(sent_at: float, count: int = 1) -> None:
-            calls.append((sent_at, count))
-            original(sent_at, count)
-
-        recorder.acknowledged = spy  # type: ignore[method-assign]
+        recorder, calls = spied_recorder(sent=5)
         acks = BatchAcknowledgements(recorder, 10.25, "a test write")
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(5)]
@@ -710,17 +717,7 @@ def test_per_event_futures_of_one_turn_are_recorded_together() -> None:
 
 def test_shared_futures_are_tracked_with_one_callback_each_and_every_event_counted() -> None:
     async def run() -> tuple[StepRecorder, list[tuple[float, int]], list[int]]:
-        recorder = StepRecorder(event_bytes=100, clock=lambda: 10.5)
-        recorder.plan_window(10.0, 11.0)
-        recorder.sent(10.25, 7)
-        calls: list[tuple[float, int]] = []
-        original = recorder.acknowledged
-
-        def spy(sent_at: float, count: int = 1) -> None:
-            calls.append((sent_at, count))
-            original(sent_at, count)
-
-        recorder.acknowledged = spy  # type: ignore[method-assign]
+        recorder, calls = spied_recorder(sent=7)
         acks = BatchAcknowledgements(recorder, 10.25, "a test write")
         loop = asyncio.get_running_loop()
         block_a, block_b = loop.create_future(), loop.create_future()
