@@ -509,7 +509,8 @@ def render_streams_markdown(report: StreamsReport, *, command: str = "millstream
              f"(millstream {report.machine.millstream_version}).  One writer, {EVENT_BYTES}-byte events, "
              f"{ROUTING_KEYS:,} random routing keys or none, against a standalone node in another process "
              f"(durable FileLog); {config.duration_seconds:g} s windows, medians of {config.repeat} interleaved "
-             "repeats (keys and no keys first in turn).  The machine is shared: others' CPU is recorded for each window.", "",
+             "repeats (keys and no keys first in turn).  The machine is shared: others' CPU is recorded for each "
+             "window.", "",
              "| stream | routing keys | events/s (median) | per repeat | others' CPU % (median) |",
              "|---|---|---|---|---|"]
     for name, segments, keyed in THROUGHPUT:
