@@ -619,9 +619,9 @@ class Connection(asyncio.BufferedProtocol):
             try:
                 future = container.append_at_once(session.segment, block.data, updates,
                                                   expected_offset=block.expected_offset)
-            except Exception as error:
-                self._appended(container, session, block, None, error)
-                return
+            except Exception as error:  # answered on a later turn, as the task path would: not from inside dispatch
+                future = asyncio.get_running_loop().create_future()
+                future.set_exception(error)
             if future is not None:
                 future.add_done_callback(functools.partial(self._on_appended, container, session, block))
                 return

@@ -218,6 +218,42 @@ def test_blocks_that_need_not_wait_are_appended_without_a_task_and_in_order(tmp_
     run(scenario)
 
 
+def test_a_container_that_refuses_an_append_at_once_closes_only_that_writers_connection(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``append_at_once`` raising (the container is restarting) is answered like the waiting path's
+    failure, on a later turn: that connection closes, the writer reconnects and re-sends, nothing is lost."""
+    from millstream.errors import ContainerUnavailableError
+
+    async def scenario() -> None:
+        async with serving(Tiers("simulated", tmp_path)) as server:
+            segment = "sc/refused"
+            client = await RawClient.connect(server.port)
+            await client.request(CreateSegment(1, segment, ""))
+            container = server.container_for(segment)
+            real = container.append_at_once
+            refusals = [ContainerUnavailableError("container 0 is recovering")]
+
+            def refusing(*args, **kwargs):  # type: ignore[no-untyped-def]
+                if refusals:
+                    raise refusals.pop()
+                return real(*args, **kwargs)
+
+            container.append_at_once = refusing  # type: ignore[method-assign]
+            writer = uuid.uuid4()
+            await client.request(SetupAppend(2, writer, segment, ""))
+            await client.send(block(writer, 1, [payload(1)], 11))
+            await client.expect_closed()
+            again = await RawClient.connect(server.port)
+            setup = await again.request(SetupAppend(3, writer, segment, ""))
+            assert setup.last_event_number == NULL_ATTRIBUTE_VALUE  # type: ignore[union-attr]
+            await again.send(block(writer, 1, [payload(1)], 12))
+            (ack,) = await again.receive_many(1)
+            assert isinstance(ack, DataAppended) and ack.event_number == 1, ack
+            assert await read_all(again, segment) == [payload(1)]
+            server.check_invariants()
+            await again.close()
+    run(scenario)
+
+
 def test_large_and_small_blocks_mixed_arrive_intact(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Blocks larger than one socket read are received into buffers of their own size; mixed with
     small ones in one pipeline, every byte still lands in order."""
