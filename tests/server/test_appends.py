@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import TYPE_CHECKING
 
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire import (
@@ -20,6 +21,10 @@ from millstream.wire import (
 
 from tests.server.raw import RawClient, Tiers, block, run, serving
 
+if TYPE_CHECKING:
+    from millstream.segmentstore.container import SegmentContainer
+    from millstream.server import SegmentStoreServer
+
 
 async def read_all(client: RawClient, segment: str) -> list[bytes]:
     data = b""
@@ -29,6 +34,13 @@ async def read_all(client: RawClient, segment: str) -> list[bytes]:
         data += reply.data
         if reply.at_tail:
             return list(iter_events(data))
+
+
+async def segment_on(server: SegmentStoreServer, segment: str) -> tuple[RawClient, SegmentContainer]:
+    """A client connected to ``server``, ``segment`` created through it, and the container that owns it."""
+    client = await RawClient.connect(server.port)
+    await client.request(CreateSegment(1, segment, ""))
+    return client, server.container_for(segment)
 
 
 def payload(number: int) -> bytes:
@@ -147,9 +159,7 @@ def test_a_block_overtaken_before_the_container_is_submitted_again_not_refused(t
     async def scenario() -> None:
         async with serving(tiers) as server:
             segment = "sc/overtaken"
-            client = await RawClient.connect(server.port)
-            await client.request(CreateSegment(1, segment, ""))
-            container = server.container_for(segment)
+            client, container = await segment_on(server, segment)
             real_append = container.append
             delayed: list[int] = []
             calls: list[int] = []
@@ -195,9 +205,7 @@ def test_blocks_that_need_not_wait_are_appended_without_a_task_and_in_order(tmp_
     async def scenario() -> None:
         async with serving(Tiers("simulated", tmp_path)) as server:
             segment = "sc/fast"
-            client = await RawClient.connect(server.port)
-            await client.request(CreateSegment(1, segment, ""))
-            container = server.container_for(segment)
+            client, container = await segment_on(server, segment)
             waited: list[int] = []
             real_append = container.append
 
@@ -226,9 +234,7 @@ def test_a_container_that_refuses_an_append_at_once_closes_only_that_writers_con
     async def scenario() -> None:
         async with serving(Tiers("simulated", tmp_path)) as server:
             segment = "sc/refused"
-            client = await RawClient.connect(server.port)
-            await client.request(CreateSegment(1, segment, ""))
-            container = server.container_for(segment)
+            client, container = await segment_on(server, segment)
             real = container.append_at_once
             refusals = [ContainerUnavailableError("container 0 is recovering")]
 
