@@ -247,8 +247,9 @@ class SegmentWriter(AppendSession):
         # Producer side: under shared.lock, any thread.
         self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
         self._keys: list[str | None] = []  # the open block's routing keys, one per event
-        self._open_bytes = 0  # the open block's framed bytes (what goes on the wire; blocks close by it)
-        self._open_key_bytes = 0  # its routing keys' characters: charged to the budget, never sent
+        # The open block's charge: its framed bytes (what goes on the wire) and its routing keys'
+        # characters (kept until acknowledged, never sent).  Blocks close by it.
+        self._open_charge = 0
         self._open_count = 0
         self._open_future: Completion | None = None  # shared by the open block's tracked events
         self._last_assigned = 0  # the last event number given to a closed block
@@ -330,11 +331,9 @@ class SegmentWriter(AppendSession):
             parts.append(payload)
             self._keys.append(routing_key)
             length += _HEADER_LENGTH
-            self._open_bytes += length
             if routing_key is not None:  # the key is kept until acknowledged: it is charged too
-                key_length = len(routing_key)
-                self._open_key_bytes += key_length
-                length += key_length
+                length += len(routing_key)
+            self._open_charge += length
             self._open_count += 1
             shared.unacked_bytes += length
             if tracking is not None:
@@ -343,7 +342,7 @@ class SegmentWriter(AppendSession):
                     future = self._open_future = tracking.factory()
                 tracking.future = future
             arm = -1
-            if self._open_bytes >= self._close_at:
+            if self._open_charge >= self._close_at:
                 self._close_block_locked()
                 shipped = SHIPPED
             else:
@@ -363,11 +362,11 @@ class SegmentWriter(AppendSession):
         """Number the open block's events and queue it for sending.  Caller holds the lock."""
         count = self._open_count
         self._last_assigned += count
-        block = _Block(b"".join(self._parts), self._keys, self._open_bytes + self._open_key_bytes, count,
+        block = _Block(b"".join(self._parts), self._keys, self._open_charge, count,
                        self._last_assigned, self._open_future)
         self._parts = []
         self._keys = []
-        self._open_bytes = self._open_key_bytes = 0
+        self._open_charge = 0
         self._open_count = 0
         self._open_future = None
         self._blocks_unacked += 1
@@ -518,7 +517,7 @@ class SegmentWriter(AppendSession):
                 self._tracker.acknowledged(self._clock.monotonic(), last.sent_at)
                 self._target_bytes = self._tracker.target()
             self._close_at = 0 if self._blocks_unacked == 0 else self._target_bytes
-            shipped = self._open_count and self._failed is None and self._open_bytes >= self._close_at
+            shipped = self._open_count and self._failed is None and self._open_charge >= self._close_at
             if shipped:
                 self._close_block_locked()
             wake = shared.unacked_bytes <= shared.unacked_bytes_max // 2
@@ -622,7 +621,7 @@ class SegmentWriter(AppendSession):
         budget and retire: ``append`` answers ``REROUTE`` from now on, ``flush`` False, and flushes
         already waiting get False."""
         events: list[tuple[bytes, str | None, Completion | None]] = []
-        freed = self._open_bytes + self._open_key_bytes
+        freed = self._open_charge
         for block in itertools.chain(self._inflight, self._outbox):
             future = block.future
             events.extend((payload, key, future) for payload, key in zip(codec.iter_events(block.data), block.keys,
@@ -635,7 +634,7 @@ class SegmentWriter(AppendSession):
         self._outbox.clear()
         self._parts = []
         self._keys = []
-        self._open_bytes = self._open_key_bytes = self._open_count = 0
+        self._open_charge = self._open_count = 0
         self._open_future = None
         self._blocks_unacked = 0
         self._last_assigned = self._acked  # the numbers after it are never used by this writer id
@@ -658,11 +657,9 @@ class SegmentWriter(AppendSession):
         self._parts.append(payload)
         self._keys.append(routing_key)
         length += _HEADER_LENGTH
-        self._open_bytes += length
         if routing_key is not None:
-            key_length = len(routing_key)
-            self._open_key_bytes += key_length
-            length += key_length
+            length += len(routing_key)
+        self._open_charge += length
         self._open_count += 1
         self._shared.unacked_bytes += length
         future = None
@@ -670,7 +667,7 @@ class SegmentWriter(AppendSession):
             future = self._open_future
             if future is None:
                 future = self._open_future = factory()
-        if self._open_bytes >= self._config.writer_block_bytes_max:
+        if self._open_charge >= self._config.writer_block_bytes_max:
             self._close_block_locked()
         return future
 
@@ -700,8 +697,8 @@ class SegmentWriter(AppendSession):
             assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
                 self._close_at, self._blocks_unacked, self._target_bytes)
             assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys)
-            assert self._open_bytes == sum(len(part) for part in self._parts)
-            assert self._open_key_bytes == sum(len(key) for key in self._keys if key is not None)
+            assert self._open_charge == sum(len(part) for part in self._parts) + sum(
+                len(key) for key in self._keys if key is not None)
             for block in blocks:
                 assert len(block.keys) == block.event_count
                 assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)
@@ -1098,7 +1095,7 @@ class AsyncEventStreamWriter(Generic[T]):
         for writer in self._writers.values():
             writer.check_invariants()
             with self._shared.lock:
-                total += writer._open_bytes + writer._open_key_bytes + sum(b.charge for b in writer._inflight) + sum(
+                total += writer._open_charge + sum(b.charge for b in writer._inflight) + sum(
                     b.charge for b in writer._outbox)
         with self._shared.lock:
             assert total == self._shared.unacked_bytes, (total, self._shared.unacked_bytes)
