@@ -13,7 +13,12 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
     StreamSegmentTruncatedError,
 )
-from millstream.segmentstore.read_index import BLOCK_LENGTH_BYTES, ReadIndex, SegmentReadIndex
+from millstream.segmentstore.read_index import (
+    BLOCK_LENGTH_BYTES,
+    SHARED_APPEND_BYTES_MIN,
+    ReadIndex,
+    SegmentReadIndex,
+)
 from millstream.testing.clock import ManualClock
 
 
@@ -27,6 +32,40 @@ def test_reads_return_exactly_what_was_appended(appends: list[bytes], data: st.D
     offset = data.draw(st.integers(0, len(whole)))
     length = data.draw(st.integers(0, len(whole) - offset))
     assert index.read_memory(offset, length) == whole[offset:offset + length]
+
+
+_SIZES = st.sampled_from([1, 100, SHARED_APPEND_BYTES_MIN - 1, SHARED_APPEND_BYTES_MIN, BLOCK_LENGTH_BYTES - 5,
+                          BLOCK_LENGTH_BYTES + 3, 2 * BLOCK_LENGTH_BYTES])
+
+
+@given(st.lists(st.tuples(_SIZES, st.sampled_from([bytes, bytearray, memoryview])), min_size=1, max_size=8),
+       st.data())
+def test_shared_and_copied_appends_read_back_and_are_counted(appends: list[tuple[int, type]],
+                                                             data: st.DataObject) -> None:
+    """Large ``bytes`` appends are kept by reference, everything else is copied into blocks: either
+    way reads return what was appended, a mutable source changed afterwards changes nothing, and the
+    cache counts every byte once (and frees them all on release)."""
+    owner = ReadIndex(ManualClock())
+    index = SegmentReadIndex(owner)
+    expected = bytearray()
+    sources: list[bytearray] = []
+    for number, (size, kind) in enumerate(appends):
+        chunk = bytes([number % 251 + 1]) * size
+        expected += chunk
+        if kind is bytes:
+            index.append(index.length, chunk)
+        else:
+            source = bytearray(chunk)
+            sources.append(source)
+            index.append(index.length, source if kind is bytearray else memoryview(source))
+    for source in sources:  # the index copied them: scribbling on them now must not show
+        source[:] = bytes(len(source))
+    assert index.length == len(expected) == owner.cached_bytes
+    offset = data.draw(st.integers(0, len(expected)))
+    length = data.draw(st.integers(0, len(expected) - offset))
+    assert index.read_memory(offset, length) == expected[offset:offset + length]
+    index.release()
+    assert owner.cached_bytes == 0
 
 
 def test_truncate_keeps_what_lies_above_the_start() -> None:
