@@ -269,13 +269,16 @@ class _RssWatch:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        # Sample first, then look at the stop flag: an operation over before this thread got going
+        # still gets its one sample (the loop used to check first, and a fast run could end with none).
+        while True:
             rss = _status_bytes(self._pid, "VmRSS")
             if rss is None:
                 return
             self.peak = max(self.peak, rss)
             self.samples += 1
-            self._stop.wait(RSS_SAMPLE_SECONDS)
+            if self._stop.wait(RSS_SAMPLE_SECONDS):
+                return
 
 
 def _line(process: subprocess.Popen[str], timeout_seconds: float, what: str) -> str:
