@@ -135,6 +135,11 @@ def _router_not_ready(routing_key: str | None) -> str:
 _NO_MEMO: Final[dict[str, str]] = {}
 
 
+def _single_segment(router: Router | None) -> str | None:
+    """The segment ``router`` sends every event to, if its view has only one (else None)."""
+    return getattr(router, "single_segment", None)
+
+
 def _memo_lookup(router: Router | None) -> Callable[[str | None], str | None]:
     """``router``'s memo's ``get`` (a C call; see ``_routing``), or one that always misses."""
     memo = getattr(router, "memo", None)
@@ -786,6 +791,9 @@ class AsyncEventStreamWriter(Generic[T]):
             router.segment_for if router is not None else _router_not_ready)
         #: The router's memo lookup, tried first on the per-event path (None: a miss, ask ``_segment_for``).
         self._lookup = _memo_lookup(router)
+        #: While the router's view has one segment: that segment, for every key that is a ``str`` (and
+        #: for no key) without asking the memo or the router (changed with ``_lookup``; None: ask them).
+        self._single = _single_segment(router)
         #: Whether the router still routes to a segment (a stream's view changes; a fixed router's not).
         self._routes_to: Callable[[str], bool] | None = None
         self._stream = stream
@@ -845,6 +853,7 @@ class AsyncEventStreamWriter(Generic[T]):
                 self._routes_to = router.routes_to
                 self._segment_for = router.segment_for
                 self._lookup = _memo_lookup(router)
+                self._single = _single_segment(router)
 
     # --- The per-event path, shared with the blocking flavour -------------------------------------
 
@@ -856,10 +865,14 @@ class AsyncEventStreamWriter(Generic[T]):
             payload = self._serialize(event)
             if type(payload) is not bytes:
                 raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        try:
-            segment = self._lookup(routing_key) or self._segment_for(routing_key)
-        except TypeError:
-            raise _bad_key(routing_key) from None
+        single = self._single
+        if single is not None and (routing_key is None or type(routing_key) is str):
+            segment = single
+        else:
+            try:
+                segment = self._lookup(routing_key) or self._segment_for(routing_key)
+            except TypeError:
+                raise _bad_key(routing_key) from None
         writer = self._writers.get(segment)
         if writer is None:
             writer = self._open_segment(segment, routing_key)
@@ -970,6 +983,7 @@ class AsyncEventStreamWriter(Generic[T]):
                                         "moved to its successors")
             router.replace(sealed, successors)  # (raises, changing nothing, if they do not fit)
             self._lookup = _memo_lookup(router)  # the new view's memo (a stale lookup meets REROUTE)
+            self._single = _single_segment(router)
             events = writer.retire_locked()
             del self._writers[writer.segment]
             for payload, key, old in events:
@@ -1009,13 +1023,17 @@ class AsyncEventStreamWriter(Generic[T]):
             payload = self._serialize(event)
             if type(payload) is not bytes:
                 raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        try:  # the memo first, in C; the router on a miss (a try costs nothing until it raises)
-            segment = self._lookup(routing_key) or self._segment_for(routing_key)
-        except RouterNotReadyError:  # a stream writer's first event
-            await self.ready()
-            segment = self._segment_for(routing_key)
-        except TypeError:
-            raise _bad_key(routing_key) from None
+        single = self._single
+        if single is not None and (routing_key is None or type(routing_key) is str):
+            segment = single  # one segment owns every key: no memo, no router
+        else:
+            try:  # the memo first, in C; the router on a miss (a try costs nothing until it raises)
+                segment = self._lookup(routing_key) or self._segment_for(routing_key)
+            except RouterNotReadyError:  # a stream writer's first event
+                await self.ready()
+                segment = self._segment_for(routing_key)
+            except TypeError:
+                raise _bad_key(routing_key) from None
         writer = self._writers.get(segment)
         if writer is None:
             writer = self._open_segment(segment, routing_key)
@@ -1100,6 +1118,7 @@ class AsyncEventStreamWriter(Generic[T]):
         with self._shared.lock:
             assert total == self._shared.unacked_bytes, (total, self._shared.unacked_bytes)
             router = self._router
+            assert self._single == _single_segment(router), (self._single, router)  # the same view
             if isinstance(router, StreamRouter):
                 router.check_invariants()
                 for segment, writer in self._writers.items():

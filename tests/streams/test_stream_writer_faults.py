@@ -377,6 +377,45 @@ def test_keys_route_by_their_position_in_the_key_space() -> None:
     run(scenario)
 
 
+def test_a_one_segment_view_takes_every_text_key_and_no_other_until_it_splits() -> None:
+    """While the stream has one segment the writer sends every event there without consulting the
+    memo or the router; a key that is not a ``str`` is still refused, and once the segment splits
+    keys route by their hash again."""
+    async def scenario() -> None:
+        controller = FakeController()
+        async with ControllerFakeServer(controller) as server, client(server.uri) as c:
+            controller.create_stream(STREAM, 1, server)
+            writer = c.event_writer(STREAM)
+            (only,) = segments_of(controller)
+            for key in KEYS[:20]:
+                await writer.write_event(key.encode(), routing_key=key)
+            await writer.write_event(b"keyless")
+            assert writer._single == only.name
+            for bad in (5, b"k", ("k",)):
+                with pytest.raises(InvalidArgumentError, match="routing key"):
+                    await writer.write_event(b"refused", routing_key=bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError, match="routing key"):
+                await writer.write_event(b"refused", routing_key=["k"])  # type: ignore[arg-type]
+            await writer.flush()
+            assert server.payloads(only.name) == [k.encode() for k in KEYS[:20]] + [b"keyless"]
+            controller.scale(STREAM, [only.segment_id], [(0.0, 0.5), (0.5, 1.0)], server=server)
+            await writer.write_event(b"meets the seal", routing_key="k")
+            await until(lambda: writer.hand_overs == 1, "the hand-over")
+            assert writer._single is None
+            for key in KEYS:
+                await writer.write_event(key.encode(), routing_key=key)
+            await writer.flush()
+            writer.check_invariants()
+            await writer.close()
+            from millstream.client import routing_key_fraction
+            successors = segments_of(controller)
+            assert len(successors) == 2 and only not in successors
+            for segment in successors:
+                expected = [k.encode() for k in KEYS if segment.owns(routing_key_fraction(k))]
+                assert [p for p in server.payloads(segment.name) if p != b"meets the seal"] == expected
+    run(scenario)
+
+
 def test_an_event_routed_by_a_stale_view_is_routed_again() -> None:
     """White box: what the blocking flavour's caller thread can meet when the loop thread hands a
     sealed segment over between routing an event and buffering it."""
