@@ -790,10 +790,11 @@ class AsyncEventStreamWriter(Generic[T]):
         self._segment_for: Callable[[str | None], str] = (
             router.segment_for if router is not None else _router_not_ready)
         #: The router's memo lookup, tried first on the per-event path (None: a miss, ask ``_segment_for``).
-        self._lookup = _memo_lookup(router)
+        self._lookup: Callable[[str | None], str | None]
         #: While the router's view has one segment: that segment, for every key that is a ``str`` (and
-        #: for no key) without asking the memo or the router (changed with ``_lookup``; None: ask them).
-        self._single = _single_segment(router)
+        #: for no key) without asking the memo or the router (None: ask them).
+        self._single: str | None
+        self._follow_view(router)
         #: Whether the router still routes to a segment (a stream's view changes; a fixed router's not).
         self._routes_to: Callable[[str], bool] | None = None
         self._stream = stream
@@ -852,8 +853,13 @@ class AsyncEventStreamWriter(Generic[T]):
                 self._router = router
                 self._routes_to = router.routes_to
                 self._segment_for = router.segment_for
-                self._lookup = _memo_lookup(router)
-                self._single = _single_segment(router)
+                self._follow_view(router)
+
+    def _follow_view(self, router: Router | None) -> None:
+        """Take the per-event shortcuts from ``router``'s current view (at start, and with the lock
+        held whenever the view changes): its memo's lookup and its single segment, if it has one."""
+        self._lookup = _memo_lookup(router)
+        self._single = _single_segment(router)
 
     # --- The per-event path, shared with the blocking flavour -------------------------------------
 
@@ -982,8 +988,7 @@ class AsyncEventStreamWriter(Generic[T]):
                 raise ObjectClosedError(f"the writer was closed before the events of sealed segment {sealed.name!r} "
                                         "moved to its successors")
             router.replace(sealed, successors)  # (raises, changing nothing, if they do not fit)
-            self._lookup = _memo_lookup(router)  # the new view's memo (a stale lookup meets REROUTE)
-            self._single = _single_segment(router)
+            self._follow_view(router)  # (a lookup by the old view meets REROUTE)
             events = writer.retire_locked()
             del self._writers[writer.segment]
             for payload, key, old in events:
