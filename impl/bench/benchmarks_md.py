@@ -2,14 +2,15 @@
 
 ``render_markdown(report, figures, command)`` is pure: the report, where its figures are (paths
 relative to the Markdown file), and the command line that produced it.  Sections: how the run went
-(machine, noise), the targets as ratios of this run's figures, the disk's physical limit, one section
-per workload (settings, figure, a row per system and offered rate, the ratio against the best
-equal-durability peer, the systems skipped and why), the configurations the peers ran with, and the
-profiles when ``--profile`` asked for them.
+(machine, noise, repeats), the targets as ratios of this run's figures, the disk's physical limit, one
+section per workload (settings, figure, a row per system and offered rate -- and per repeat, when the
+sweeps ran several times -- the ratio against the best equal-durability peer, the systems skipped and
+why), the configurations the peers ran with, and the profiles when ``--profile`` asked for them.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -68,7 +69,7 @@ def _run(report: HarnessReport) -> list[str]:
         f"({machine.cpu_model}) · {machine.kernel} · {machine.python}  ",
         f"Data on {filesystem.type} ({filesystem.source} at {filesystem.mount_point}): {report.data_root_reason}.  ",
         f"One writer process (this harness, one asyncio loop; tail readers run in it too) and one server process "
-        f"per system, all on 127.0.0.1.  The run took {report.wall_seconds / 60:.1f} min.  ",
+        f"per system, all on 127.0.0.1.  {_repeats(config.repeat)}The run took {report.wall_seconds / 60:.1f} min.  ",
         f"Quiet machine: before each measurement the harness waited for ≥ {config.quiet_idle_percent_min:g}% idle "
         f"(up to {config.quiet_timeout_seconds:g} s): {report.quiet_waits} waits, "
         f"{report.quiet_waits_timed_out} timed out; {noise_text}.  A 1 ms sleep woke up late by "
@@ -76,6 +77,13 @@ def _run(report: HarnessReport) -> list[str]:
         f"p99 {_number(report.wakeup_lateness.p99_ms, 2)} ms (scheduler noise, paid on every hop between "
         "processes and threads).  Every ratio below is of two figures from this run.",
     ]
+
+
+def _repeats(repeat: int) -> str:
+    if repeat == 1:
+        return ""
+    return (f"Every workload's sweeps ran {repeat} times, the systems taking turns in each repeat; a ratio is "
+            "taken within one repeat, and the targets are judged on the median over the repeats.  ")
 
 
 def _targets(targets: Sequence[TargetResult]) -> list[str]:
@@ -119,7 +127,7 @@ def _latency(latency: Latency | None) -> list[str]:
     return [_number(latency.p50_ms, 2), _number(latency.p95_ms, 2), _number(latency.p99_ms, 2)]
 
 
-def _step_row(run: SystemRun, step: StepResult, consumers: bool) -> list[str]:
+def _step_row(run: SystemRun, step: StepResult, consumers: bool, repeated: bool) -> list[str]:
     note = []
     if step.error:
         note.append(f"failed: {step.error}")
@@ -127,7 +135,8 @@ def _step_row(run: SystemRun, step: StepResult, consumers: bool) -> list[str]:
         note.append("fell behind the offered rate")
     if not step.quiet.quiet and step.quiet.idle_percent is not None:
         note.append(f"machine not quiet ({step.quiet.idle_percent:.0f}% idle)")
-    row = [run.system, step.rate_label, _number(step.offered_events_per_second),
+    row = [str(run.repeat + 1)] if repeated else []
+    row += [run.system, step.rate_label, _number(step.offered_events_per_second),
            _number(step.achieved_events_per_second), _number(step.achieved_megabytes_per_second, 1),
            *_latency(step.write_latency)]
     if consumers:
@@ -147,19 +156,21 @@ def _workload(report: HarnessReport, workload: Workload, figure: str | None) -> 
              f"rates: {', '.join(rate.label for rate in workload.rates)}", ""]
     if figure:
         lines += [f"![{workload.name}: latency against throughput]({figure})", ""]
-    header = ["system", "rate", "offered/s", "achieved events/s", "MB/s", "write p50 ms", "p95", "p99"]
+    repeated = report.config.repeat > 1
+    header = ["repeat"] if repeated else []
+    header += ["system", "rate", "offered/s", "achieved events/s", "MB/s", "write p50 ms", "p95", "p99"]
     if consumers:
         header += ["end-to-end p50 ms", "p95", "p99"]
     header += ["writer CPU µs/event", "server CPU µs/event", "others' CPU %", "notes"]
-    rows = [_step_row(run, step, consumers) for run in runs for step in run.steps]
+    rows = [_step_row(run, step, consumers, repeated) for run in runs for step in run.steps]
     lines += _table(header, rows) if rows else ["No system was measured in this workload."]
     comparison = _best_peer_ratio(runs)
     if comparison:
         lines += ["", comparison]
-    skipped = [run for run in runs if not run.available or run.error]
+    skipped = dict.fromkeys(f"- {run.system}: {run.error or run.detail}" for run in runs
+                            if not run.available or run.error)  # (once, though every repeat met it)
     if skipped:
-        lines += ["", "Not measured:"]
-        lines += [f"- {run.system}: {run.error or run.detail}" for run in skipped]
+        lines += ["", "Not measured:", *skipped]
     lines += ["", "Latencies are from the writer's send time (write: to the acknowledgement; end-to-end: to the "
               "tail reader's read).  CPU µs/event: CPU seconds of the writer process (client library and "
               "readers included) and of the server process during the window, per acknowledged event."]
@@ -167,17 +178,30 @@ def _workload(report: HarnessReport, workload: Workload, figure: str | None) -> 
 
 
 def _best_peer_ratio(runs: Sequence[SystemRun]) -> str | None:
-    mine = next((run for run in runs if run.system == "millstream"), None)
-    if mine is None or mine.max_step is None or not mine.max_step.achieved_events_per_second:
+    """millstream's max over each peer's, within each repeat; the median over repeats if several."""
+    ratios: dict[str, list[float]] = {}
+    weaker: set[str] = set()
+    for repeat in sorted({run.repeat for run in runs}):
+        same = [run for run in runs if run.repeat == repeat]
+        mine = next((run for run in same if run.system == "millstream"), None)
+        if mine is None or mine.max_step is None or not mine.max_step.achieved_events_per_second:
+            continue
+        for run in same:
+            if (run.system != "millstream" and run.max_step is not None and run.max_step.error is None
+                    and run.max_step.achieved_events_per_second):
+                ratios.setdefault(run.system, []).append(
+                    mine.max_step.achieved_events_per_second / run.max_step.achieved_events_per_second)
+                if not run.equal_durability:
+                    weaker.add(run.system)
+    if not ratios:
         return None
-    peers = [(run.max_step.achieved_events_per_second, run) for run in runs
-             if run.system != "millstream" and run.max_step is not None and run.max_step.error is None
-             and run.max_step.achieved_events_per_second]
-    if not peers:
-        return None
-    parts = [f"{run.system}: {mine.max_step.achieved_events_per_second / rate:.2f}x"
-             + ("" if run.equal_durability else " (weaker durability)") for rate, run in peers]
-    return "millstream's max events/s ÷ each peer's max, same run: " + ", ".join(parts) + "."
+    parts = []
+    for system, values in ratios.items():
+        each = "" if len(values) == 1 else f" (median of {', '.join(f'{v:.2f}' for v in values)})"
+        parts.append(f"{system}: {statistics.median(values):.2f}x{each}"
+                     + (" (weaker durability)" if system in weaker else ""))
+    within = "same run" if all(len(values) == 1 for values in ratios.values()) else "within each repeat"
+    return f"millstream's max events/s ÷ each peer's max, {within}: " + ", ".join(parts) + "."
 
 
 def _configurations(report: HarnessReport) -> list[str]:

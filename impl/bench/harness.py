@@ -10,11 +10,16 @@ What one run does (``run_harness``):
    separate process in a fresh directory, and runs the sweep: one *step* per offered rate, "max"
    first (relative rates such as "50%" are fractions of *this system's* max), each step preceded by
    a wait for a quiet machine.  The server is stopped and its data removed when the sweep ends.
+   With ``repeat`` > 1 the sweeps of a workload run that many times, the systems taking turns in each
+   repeat (millstream, then each peer, then millstream again...), so a noisy minute of the shared
+   machine lands on one repeat of every system rather than on every repeat of one.
 3. A step (``_run_step``): a fresh event loop, a session, the consumers positioned at the tail, the
    pacing loop (``_load.offer``) for warm-up + window, a bounded drain of acknowledgements and
    deliveries.  While the window is open, the CPU used by the writer (this process), the server and
    everybody else is recorded, so a reader can see how noisy the machine was.
-4. Judges the workloads' targets (``Targets``) on ratios of figures from this run only.
+4. Judges the workloads' targets (``Targets``) on ratios of figures from this run only: each ratio is
+   taken within one repeat (millstream's max beside the peers' maxima of the same repeat), and the
+   target is judged on the median over the repeats (every repeat's figure is reported with it).
 
 Nothing here asserts a speed: a step that fails (a peer crashed, a drain timed out) is recorded with
 its error and the run goes on; the report shows it.  Every wait is bounded (see ``millstream.limits``,
@@ -31,6 +36,7 @@ import math
 import os
 import pstats
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -92,8 +98,10 @@ class HarnessConfig:
     use_fio: bool = True
     step_bytes_max: int = BENCH_STEP_BYTES_MAX
     drain_timeout_seconds: float = BENCH_DRAIN_TIMEOUT_SECONDS
-    #: Profile millstream (writer and server) during the "max" step of each workload.
+    #: Profile millstream (writer and server) during the "max" step of each workload (first repeat).
     profile: bool = False
+    #: Sweeps of every system per workload (see the module docstring); the targets take the median.
+    repeat: int = attrs.field(default=1, validator=attrs.validators.ge(1))
 
 
 @attrs.frozen
@@ -160,6 +168,7 @@ class SystemRun:
     steps: tuple[StepResult, ...] = ()
     error: str | None = None  # the server did not start, ...
     profile: str | None = None  # a profile summary (writer and server), with --profile
+    repeat: int = 0  # which of the workload's repeated sweeps this is (from 0)
 
     def step(self, rate: Rate) -> StepResult | None:
         return next((step for step in self.steps if step.rate_label == rate.label), None)
@@ -202,6 +211,7 @@ class HarnessReport:
     wakeup_lateness: Latency = attrs.field(factory=lambda: Latency.of([]))
 
     def runs_of(self, workload: str) -> list[SystemRun]:
+        """The sweeps of ``workload``: repeat by repeat, the systems in turn within each."""
         return [run for run in self.runs if run.workload == workload]
 
 
@@ -214,7 +224,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
     started = clock()
     data_root.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix="millstream-harness-", dir=data_root))
-    steps = Steps(1 + sum(len(w.rates) * len(w.systems) for w in config.workloads), progress)
+    steps = Steps(1 + config.repeat * sum(len(w.rates) * len(w.systems) for w in config.workloads), progress)
     quiet_waits: list[QuietWait] = []
     try:
         machine = describe_machine(workspace, millstream.__version__)
@@ -228,9 +238,12 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         wakeup = measure_wakeup_lateness(config.disk_probe_seconds)
         runs: list[SystemRun] = []
         for workload in config.workloads:
-            for system in workload.systems:
-                workdir = workspace / f"{workload.name}-{system}"
-                runs.append(_run_system(config, drivers.get(system), system, workload, workdir, steps, quiet_waits))
+            for repeat in range(config.repeat):
+                for system in workload.systems:
+                    workdir = workspace / f"{workload.name}-{system}-{repeat}"
+                    run = _run_system(config, drivers.get(system), system, workload, workdir, steps, quiet_waits,
+                                      profile=config.profile and repeat == 0)
+                    runs.append(attrs.evolve(run, repeat=repeat))
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     steps.finish()
@@ -264,7 +277,7 @@ def _wait_quiet(config: HarnessConfig) -> QuietWait:
 
 
 def _run_system(config: HarnessConfig, driver: Driver | None, system: str, workload: Workload, workdir: Path,
-                steps: Steps, quiet_waits: list[QuietWait]) -> SystemRun:
+                steps: Steps, quiet_waits: list[QuietWait], *, profile: bool) -> SystemRun:
     if driver is None:
         steps.skip(len(workload.rates))
         return SystemRun(workload=workload.name, system=system, title=system, equal_durability=False,
@@ -279,7 +292,7 @@ def _run_system(config: HarnessConfig, driver: Driver | None, system: str, workl
     base = attrs.evolve(base, available=True, detail=availability.detail)
     keys = KeySpace(keyed=workload.routing_keys, key_count=workload.routing_key_count, partitions=workload.segments,
                     seed=workload.seed)
-    profiling = config.profile and system == "millstream"
+    profiling = profile and system == "millstream"
     server_profile = workdir / "server.prof" if profiling else None
     port = free_port()
     server = driver.server(workdir, port, profile_path=server_profile)
@@ -475,46 +488,72 @@ def _trim_profile(text: str) -> str:
 
 
 def judge_targets(workloads: Sequence[Workload], runs: Sequence[SystemRun], disk: DiskLimit) -> list[TargetResult]:
-    """Each workload's targets for millstream, as ratios of this run's figures (None: not measurable)."""
+    """Each workload's targets for millstream, as ratios of this run's figures (None: not measurable).
+    With repeated sweeps, each figure is taken within one repeat and the target judged on their median."""
     results: list[TargetResult] = []
     for workload in workloads:
-        targets = workload.targets
-        mine = next((run for run in runs if run.workload == workload.name and run.system == "millstream"), None)
-        mine_max = mine.max_step if mine else None
-        mine_rate = mine_max.achieved_events_per_second if mine_max and mine_max.error is None else None
-        if targets.events_per_second_vs_best_peer_min is not None:
-            peers = [(run.max_step.achieved_events_per_second, run.system) for run in runs
-                     if run.workload == workload.name and run.system != "millstream" and run.equal_durability
-                     and run.max_step is not None and run.max_step.error is None
-                     and run.max_step.achieved_events_per_second]
-            best = max(peers, default=None)
-            measured = mine_rate / best[0] if mine_rate and best else None
-            detail = (f"millstream {_rate(mine_rate)} ÷ {best[1]} {_rate(best[0])}" if best
-                      else "no equal-durability peer was measured" if mine_rate else "millstream was not measured")
-            results.append(TargetResult(workload.name, "events/s at max ÷ best equal-durability peer's", measured,
-                                        targets.events_per_second_vs_best_peer_min, True, detail))
-        if targets.write_p95_ms_at_half_max_max is not None:
-            half = mine.step(Rate(percent_of_max=50.0)) if mine else None
-            p95 = half.write_latency.p95_ms if half and half.error is None else None
-            detail = (f"at {_rate(half.offered_events_per_second)} offered, {_rate(half.achieved_events_per_second)} "
-                      "achieved" if half and half.offered_events_per_second else "not measured")
-            results.append(TargetResult(workload.name, "p95 write latency (ms) at half of max", p95,
-                                        targets.write_p95_ms_at_half_max_max, False, detail))
-        if targets.megabytes_per_second_vs_raw_loop_min is not None:
-            raw = disk.group_commit_1mib.megabytes_per_second
-            mine_mb = mine_max.achieved_megabytes_per_second if mine_max and mine_max.error is None else None
-            measured = mine_mb / raw if mine_mb and raw else None
-            results.append(TargetResult(
-                workload.name, "MB/s at max ÷ raw group-commit loop at 1 MiB writes", measured,
-                targets.megabytes_per_second_vs_raw_loop_min, True,
-                f"millstream {_megabytes(mine_mb)} ÷ raw loop {_megabytes(raw)}"))
-        if targets.end_to_end_p95_ms_max is not None and targets.end_to_end_rate is not None:
-            step = mine.step(Rate(events_per_second=targets.end_to_end_rate)) if mine else None
-            latency = step.end_to_end_latency if step and step.error is None else None
-            results.append(TargetResult(
-                workload.name, f"end-to-end p95 (ms) at {targets.end_to_end_rate:,.0f} events/s",
-                latency.p95_ms if latency else None, targets.end_to_end_p95_ms_max, False,
-                f"{latency.count:,} events read by the tail reader(s)" if latency else "not measured"))
+        mine = [run for run in runs if run.workload == workload.name]
+        repeats = sorted({run.repeat for run in mine}) or [0]
+        per_repeat = [_judge_repeat(workload, [run for run in mine if run.repeat == repeat], disk)
+                      for repeat in repeats]
+        results += [_median_target(list(judged)) for judged in zip(*per_repeat, strict=True)]
+    return results
+
+
+def _median_target(judged: list[TargetResult]) -> TargetResult:
+    """One target judged in each repeat -> the target judged on the median of the repeats' figures."""
+    if len(judged) == 1:
+        return judged[0]
+    measured = [(target, target.measured) for target in judged if target.measured is not None]
+    if not measured:
+        return attrs.evolve(judged[0], detail=f"not measured in any of {len(judged)} repeats")
+    median = statistics.median(figure for _, figure in measured)
+    closest = min(measured, key=lambda pair: abs(pair[1] - median))[0]
+    each = ", ".join("—" if target.measured is None else f"{target.measured:.2f}" for target in judged)
+    return attrs.evolve(closest, measured=median,
+                        detail=f"median of {len(judged)} repeats ({each}); the middle one: {closest.detail}")
+
+
+def _judge_repeat(workload: Workload, runs: Sequence[SystemRun], disk: DiskLimit) -> list[TargetResult]:
+    """``workload``'s targets on the sweeps of one repeat (one result per target, always in one order)."""
+    results: list[TargetResult] = []
+    targets = workload.targets
+    mine = next((run for run in runs if run.system == "millstream"), None)
+    mine_max = mine.max_step if mine else None
+    mine_rate = mine_max.achieved_events_per_second if mine_max and mine_max.error is None else None
+    if targets.events_per_second_vs_best_peer_min is not None:
+        peers = [(run.max_step.achieved_events_per_second, run.system) for run in runs
+                 if run.system != "millstream" and run.equal_durability
+                 and run.max_step is not None and run.max_step.error is None
+                 and run.max_step.achieved_events_per_second]
+        best = max(peers, default=None)
+        measured = mine_rate / best[0] if mine_rate and best else None
+        detail = (f"millstream {_rate(mine_rate)} ÷ {best[1]} {_rate(best[0])}" if best
+                  else "no equal-durability peer was measured" if mine_rate else "millstream was not measured")
+        results.append(TargetResult(workload.name, "events/s at max ÷ best equal-durability peer's", measured,
+                                    targets.events_per_second_vs_best_peer_min, True, detail))
+    if targets.write_p95_ms_at_half_max_max is not None:
+        half = mine.step(Rate(percent_of_max=50.0)) if mine else None
+        p95 = half.write_latency.p95_ms if half and half.error is None else None
+        detail = (f"at {_rate(half.offered_events_per_second)} offered, {_rate(half.achieved_events_per_second)} "
+                  "achieved" if half and half.offered_events_per_second else "not measured")
+        results.append(TargetResult(workload.name, "p95 write latency (ms) at half of max", p95,
+                                    targets.write_p95_ms_at_half_max_max, False, detail))
+    if targets.megabytes_per_second_vs_raw_loop_min is not None:
+        raw = disk.group_commit_1mib.megabytes_per_second
+        mine_mb = mine_max.achieved_megabytes_per_second if mine_max and mine_max.error is None else None
+        measured = mine_mb / raw if mine_mb and raw else None
+        results.append(TargetResult(
+            workload.name, "MB/s at max ÷ raw group-commit loop at 1 MiB writes", measured,
+            targets.megabytes_per_second_vs_raw_loop_min, True,
+            f"millstream {_megabytes(mine_mb)} ÷ raw loop {_megabytes(raw)}"))
+    if targets.end_to_end_p95_ms_max is not None and targets.end_to_end_rate is not None:
+        step = mine.step(Rate(events_per_second=targets.end_to_end_rate)) if mine else None
+        latency = step.end_to_end_latency if step and step.error is None else None
+        results.append(TargetResult(
+            workload.name, f"end-to-end p95 (ms) at {targets.end_to_end_rate:,.0f} events/s",
+            latency.p95_ms if latency else None, targets.end_to_end_p95_ms_max, False,
+            f"{latency.count:,} events read by the tail reader(s)" if latency else "not measured"))
     return results
 
 

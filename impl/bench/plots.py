@@ -68,13 +68,16 @@ def plot_workload(report: HarnessReport, workload_name: str, path: Path) -> Path
 
 
 def _panel(axes: Any, runs: list[SystemRun], *, end_to_end: bool, megabytes: bool) -> None:
-    for run in runs:
+    labelled: set[str] = set()
+    for run in runs:  # a system's repeated sweeps: one colour, one legend entry
         series = points(run, end_to_end=end_to_end, megabytes=megabytes)
         if not series:
             continue
         xs, ys = zip(*series, strict=True)
+        label = None if run.system in labelled else run.title
+        labelled.add(run.system)
         axes.plot(xs, ys, marker="o", markersize=4, linewidth=1.5, linestyle="-" if run.equal_durability else ":",
-                  color=_COLOURS.get(run.system), label=run.title)
+                  color=_COLOURS.get(run.system), label=label)
     axes.set_yscale("log")
     if not megabytes:
         from matplotlib.ticker import NullFormatter

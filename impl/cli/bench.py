@@ -48,7 +48,8 @@ __all__ = ["bench"]
 @click.option("--warmup", "warmup_seconds", type=click.FloatRange(0.0, 60.0), default=0.5, show_default=True,
               metavar="SECONDS", help="Unmeasured run before each measurement.")
 @click.option("--repeat", type=click.IntRange(1, 50), default=3, show_default=True,
-              help="Run every measurement this many times; the report gives medians.")
+              help="Run every measurement this many times (the quick and peers suites: every system's sweep, "
+                   "the systems taking turns); the report gives medians.")
 @click.option("--scenario", "scenario_names", multiple=True, metavar="NAME",
               help="Run only this scenario (repeatable): " + ", ".join(s.name for s in SCENARIOS) + ".")
 @click.option("--output", "output_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -80,7 +81,8 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     on 127.0.0.1 with fsync before acknowledgement (peers that are not installed are skipped, with a
     message).  For every offered rate it reports p50/p95/p99 write and end-to-end latency and the
     throughput achieved, as Markdown tables and latency-throughput plots, beside the disk's limit
-    measured in the same run.  `--suite quick --markdown BENCHMARKS.md` takes a few minutes.
+    measured in the same run.  Each system's sweep runs --repeat times, the systems taking turns; the
+    targets are judged on medians.  `--suite quick --markdown BENCHMARKS.md` takes about 6 minutes.
 
     The transactions suite runs stream transactions of 100 x 100-byte events against a `millstream
     standalone` node in another process: transactions/s one at a time and 8 at once, the commit
@@ -121,7 +123,7 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
         _bench_harness(
             suite="custom" if workload_files else suite, workload_files=workload_files, system_names=system_names,
             markdown_path=markdown_path, figures_dir=figures_dir, disk_probe_seconds=disk_probe_seconds,
-            use_fio=use_fio, profile=profile,
+            use_fio=use_fio, profile=profile, repeat=repeat,
             duration_seconds=duration, warmup_seconds=warmup, output_dir=output_dir,
             data_dir=data_dir, quiet_idle_percent_min=quiet_idle_percent_min,
             quiet_timeout_seconds=quiet_timeout_seconds if given("quiet_timeout_seconds") else None,
@@ -302,7 +304,7 @@ def _keep_suite_sections(markdown: str, existing: str) -> str:
 
 def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...],
                    markdown_path: Path | None, figures_dir: Path | None, disk_probe_seconds: float, use_fio: bool,
-                   profile: bool,
+                   profile: bool, repeat: int,
                    duration_seconds: float | None, warmup_seconds: float | None, output_dir: Path,
                    data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float | None,
                    progress: bool) -> None:
@@ -342,7 +344,7 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
         if not availability.available:
             click.echo(f"skipping {name}: {availability.detail}", err=True)
     config = HarnessConfig(suite=suite, workloads=workloads, quiet_idle_percent_min=quiet_idle_percent_min,
-                           disk_probe_seconds=disk_probe_seconds, use_fio=use_fio, profile=profile)
+                           disk_probe_seconds=disk_probe_seconds, use_fio=use_fio, profile=profile, repeat=repeat)
     if quiet_timeout_seconds is not None:
         config = attrs.evolve(config, quiet_timeout_seconds=quiet_timeout_seconds)
     with contextlib.ExitStack() as stack:
