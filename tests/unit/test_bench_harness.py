@@ -737,7 +737,7 @@ def test_cli_runs_a_workload_file_writes_markdown_figures_and_json(tmp_path: Pat
     result = CliRunner().invoke(main, [
         "bench", "--workload", str(workload), "--duration", "0.2", "--warmup", "0", "--quiet-timeout", "0",
         "--disk-probe", "0.05", "--no-fio", "--no-progress", "--markdown", str(tmp_path / "BENCHMARKS.md"),
-        "--output", str(tmp_path / "out"),
+        "--output", str(tmp_path / "out"), "--repeat", "2",
         "--data-dir", str(tmp_path / "data")])
     assert result.exit_code == 0, result.output
     assert "skipping nats-jetstream: nats-jetstream is not installed" in result.stderr
@@ -747,7 +747,10 @@ def test_cli_runs_a_workload_file_writes_markdown_figures_and_json(tmp_path: Pat
     assert "![cli: latency against throughput](docs/bench/custom-cli.png)" in markdown
     assert (tmp_path / "docs" / "bench" / "custom-cli.png").is_file()
     [raw] = (tmp_path / "out").glob("custom-*.json")
-    assert json.loads(raw.read_text())["runs"][0]["steps"][0]["acknowledged"] > 0
+    runs = json.loads(raw.read_text())["runs"]
+    assert runs[0]["steps"][0]["acknowledged"] > 0
+    assert [(run["system"], run["repeat"]) for run in runs] == [  # --repeat reached the harness
+        ("millstream", 0), ("nats-jetstream", 0), ("millstream", 1), ("nats-jetstream", 1)]
 
 
 def test_cli_refuses_bad_workloads_and_systems(tmp_path: Path) -> None:
