@@ -492,9 +492,9 @@ def judge_targets(workloads: Sequence[Workload], runs: Sequence[SystemRun], disk
     With repeated sweeps, each figure is taken within one repeat and the target judged on their median."""
     results: list[TargetResult] = []
     for workload in workloads:
-        mine = [run for run in runs if run.workload == workload.name]
-        repeats = sorted({run.repeat for run in mine}) or [0]
-        per_repeat = [_judge_repeat(workload, [run for run in mine if run.repeat == repeat], disk)
+        swept = [run for run in runs if run.workload == workload.name]
+        repeats = sorted({run.repeat for run in swept}) or [0]
+        per_repeat = [_judge_repeat(workload, [run for run in swept if run.repeat == repeat], disk)
                       for repeat in repeats]
         results += [_median_target(list(judged)) for judged in zip(*per_repeat, strict=True)]
     return results
