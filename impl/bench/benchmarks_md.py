@@ -118,6 +118,11 @@ def _disk(report: HarnessReport) -> list[str]:
              *_table(["probe", "throughput", "latency", "others' CPU"], rows)]
     if not disk.fio:
         lines += ["", f"fio: {disk.fio_note}."]
+    for workload in dict.fromkeys(probe.workload for probe in report.raw_loops):
+        figures = ", ".join(f"{probe.run.megabytes_per_second:,.1f}" for probe in report.raw_loops
+                            if probe.workload == workload)
+        lines += ["", f"The raw loop again right before each repeat of {workload} (its MB/s target's yardstick): "
+                      f"{figures} MB/s."]
     return lines
 
 

@@ -44,6 +44,7 @@ from millstream.bench.drivers.redis_streams import RedisStreamsDriver
 from millstream.bench.harness import (
     HarnessConfig,
     HarnessReport,
+    RawLoopProbe,
     StepResult,
     SystemRun,
     consumer_partitions,
@@ -516,8 +517,12 @@ def test_targets_are_ratios_of_this_runs_figures(sweep: Any) -> None:
     half = targets[("keyed", "p95")]
     assert half.measured == runs[("keyed", "millstream")].steps[1].write_latency.p95_ms and half.met is True
     large = targets[("large", "MB/s")]
-    raw = report.disk.group_commit_1mib.megabytes_per_second
+    # The MB/s target divides by the raw loop probed right before that workload's (only) repeat.
+    [probe] = report.raw_loops
+    assert (probe.workload, probe.repeat) == ("large", 0) and probe.run.megabytes_per_second > 0
+    raw = probe.run.megabytes_per_second
     assert large.measured == pytest.approx(runs[("large", "millstream")].max_step.achieved_megabytes_per_second / raw)
+    assert "(probed right before)" in large.detail
     end_to_end = targets[("tailing", "end-to-end")]
     assert end_to_end.measured == runs[("tailing", "millstream")].steps[1].end_to_end_latency.p95_ms
     assert end_to_end.met is True and not end_to_end.at_least
@@ -537,6 +542,7 @@ def test_markdown_carries_tables_skips_configurations_and_figures(sweep: Any, tm
     assert "- nats-jetstream-default: server did not start" in markdown
     assert "fake --name redis-streams-everysec" in markdown and "**weaker durability**" in markdown
     assert "end-to-end p50 ms" in markdown  # only the tailing workload has those columns
+    assert "The raw loop again right before each repeat of large (its MB/s target's yardstick): " in markdown
     assert report.wakeup_lateness.count > 0 and "A 1 ms sleep woke up late by p50" in markdown
     header_keyed = next(line for line in markdown.splitlines() if line.startswith("| system | rate"))
     assert "end-to-end" not in header_keyed
@@ -604,6 +610,26 @@ def test_repeated_sweeps_judge_each_target_on_the_median_of_same_repeat_figures(
     assert "median" not in single[0].detail
     missing = judge_targets([workload], [run for run in runs if run.system != "millstream"], report.disk)
     assert [t.measured for t in missing] == [None, None] and "in any of 3 repeats" in missing[0].detail
+
+
+def test_an_mb_per_second_target_divides_by_the_raw_loop_probed_before_the_same_repeat(sweep: Any) -> None:
+    report, _, _ = sweep
+    workload = parse_workload('name = "w"\nsystems = ["millstream"]\nrates = ["max"]\nevent_bytes = 10000\n'
+                              "[targets]\nmegabytes_per_second_vs_raw_loop_min = 0.5\n")
+    runs = [_swept("millstream", repeat, events) for repeat, events in enumerate([20_000, 30_000, 40_000])]
+
+    def loop(megabytes_per_second: float) -> Any:
+        return attrs.evolve(report.disk.group_commit_1mib, megabytes_per_second=megabytes_per_second)
+
+    disk = attrs.evolve(report.disk, group_commit_1mib=loop(8.0))
+    probes = [RawLoopProbe("w", 0, loop(4.0)), RawLoopProbe("w", 1, loop(10.0)), RawLoopProbe("other", 2, loop(1.0))]
+    # 2, 3 and 4 MB/s over the probes of their own repeats (4, 10) and, without one, the run's (8):
+    # 0.5, 0.3, 0.5 -- where the run's probe alone would give 0.25, 0.375, 0.5.
+    (target,) = judge_targets([workload], runs, disk, probes)
+    assert target.measured == pytest.approx(0.5) and target.met is True
+    assert "median of 3 repeats (0.50, 0.30, 0.50)" in target.detail and "(probed right before)" in target.detail
+    (alone,) = judge_targets([workload], runs, disk)
+    assert alone.measured == pytest.approx(0.375) and "probed" not in alone.detail
 
 
 @pytest.fixture(scope="module")
