@@ -22,8 +22,8 @@ where a segment is served (``get_segment_uri``), remembers the answer, and forge
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 from uuid import UUID
 
 from millstream import limits
@@ -51,7 +51,6 @@ from millstream.client._transactions import (
     transaction_id,
 )
 from millstream.errors import (
-    ConnectionLostError,
     FenceValueError,
     InvalidArgumentError,
     InvalidStreamCutError,
@@ -63,7 +62,6 @@ from millstream.wire.commands import ControllerReply, ControllerRequest
 
 __all__ = ["CONTROLLER_METHODS", "ControllerClient", "ControllerSegmentLocator"]
 
-_Result = TypeVar("_Result")
 
 #: Every controller method, and whether a repeated call is harmless (so it is re-sent after a broken
 #: connection).
@@ -134,20 +132,7 @@ class ControllerClient:
 
         if not CONTROLLER_METHODS[method]:
             return await once()
-        return await self._retrying(once)
-
-    async def _retrying(self, attempt: Callable[[], Awaitable[_Result]]) -> _Result:
-        backoff = self._pool.config.backoff(self._pool.rng)
-        failures = 0
-        while True:
-            try:
-                return await attempt()
-            except ConnectionLostError:
-                failures += 1
-                delay = backoff.delay(failures)
-                if delay is None:
-                    raise
-                await self._pool.clock.sleep(delay)
+        return await self._pool.retrying(once)
 
     # --- Scopes ------------------------------------------------------------------------------------
 

@@ -512,22 +512,15 @@ class AsyncLargeEventWriter(Generic[T]):
         (the transient segment it may have created is the store's to delete: its connection closed).
         Raises ``StreamSegmentSealedError`` if ``parent`` is sealed (the stream scaled),
         ``StreamSegmentNotExistsError`` if it is gone: the EventWriter fails the event with them."""
-        backoff = self._config.backoff(self._pool.rng)
-        failures = 0
-        while True:
-            try:
-                connection = await self._pool.acquire_with_retry(await self._locator.endpoint_for(parent))
-                reply = await connection.request(
-                    lambda rid: CreateTransientSegment(rid, writer_id, parent, self._token),
-                    what=f"create a transient segment of {parent!r}")
-                return expect(reply, SegmentCreated).segment
-            except (ConnectionLostError, RequestTimeoutError) as error:
-                failures += 1
-                delay = backoff.delay(failures)
-                if delay is None:
-                    raise
-                _log.info("creating a transient segment of %s: %s; again in %.3f s", parent, error, delay)
-                await self._pool.clock.sleep(delay)
+        async def once() -> str:
+            connection = await self._pool.acquire_with_retry(await self._locator.endpoint_for(parent))
+            reply = await connection.request(
+                lambda rid: CreateTransientSegment(rid, writer_id, parent, self._token),
+                what=f"create a transient segment of {parent!r}")
+            return expect(reply, SegmentCreated).segment
+
+        return await self._pool.retrying(once, retry_on=(ConnectionLostError, RequestTimeoutError),
+                                         what=f"creating a transient segment of {parent}")
 
     def pipeline(self, segment: str, writer_id: UUID) -> ChunkPipeline:
         return ChunkPipeline(segment, pool=self._pool, locator=self._locator, token=self._token,

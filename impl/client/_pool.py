@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as _ssl
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from millstream.client._config import ClientConfig, Endpoint, RandomSource
 from millstream.client._connection import Connection
@@ -31,6 +32,8 @@ from millstream.errors import ConnectionLostError, ObjectClosedError
 __all__ = ["ConnectionPool", "FixedLocator", "SegmentLocator"]
 
 _log = logging.getLogger(__name__)
+
+_Result = TypeVar("_Result")
 
 
 class SegmentLocator(Protocol):
@@ -131,17 +134,27 @@ class ConnectionPool:
     async def acquire_with_retry(self, endpoint: Endpoint, *, for_session: bool = False) -> Connection:
         """``acquire``, retried with bounded, jittered exponential backoff while attempts fail with
         ``ConnectionLostError``; the last failure is raised once the attempts are used up."""
+        return await self.retrying(lambda: self.acquire(endpoint, for_session=for_session),
+                                   what=f"connecting to {endpoint}")
+
+    async def retrying(self, attempt: Callable[[], Awaitable[_Result]], *,
+                       retry_on: tuple[type[Exception], ...] = (ConnectionLostError,),
+                       what: str | None = None) -> _Result:
+        """Await ``attempt()``, and again after a failure in ``retry_on``, with the configured bounded,
+        jittered exponential backoff on the pool's clock; the last failure is raised once the attempts
+        are used up.  ``what``: logged (INFO) with each failure that is retried."""
         backoff = self._config.backoff(self._rng)
         failures = 0
         while True:
             try:
-                return await self.acquire(endpoint, for_session=for_session)
-            except ConnectionLostError as error:
+                return await attempt()
+            except retry_on as error:
                 failures += 1
                 delay = backoff.delay(failures)
                 if delay is None:
                     raise
-                _log.info("connecting to %s failed (%s); attempt %d in %.3f s", endpoint, error, failures + 1, delay)
+                if what is not None:
+                    _log.info("%s failed (%s); attempt %d in %.3f s", what, error, failures + 1, delay)
                 await self._clock.sleep(delay)
 
     async def close(self) -> None:

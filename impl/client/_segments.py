@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 from uuid import UUID
 
@@ -28,7 +28,6 @@ from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._replies import expect
 from millstream.errors import (
-    ConnectionLostError,
     ContainerUnavailableError,
     InvalidArgumentError,
     PayloadTooLargeError,
@@ -69,7 +68,6 @@ from millstream.wire.commands import (
 __all__ = ["AsyncSegments", "SegmentProperties", "validate_segment_name"]
 
 _Reply = TypeVar("_Reply", bound=Command)
-_Result = TypeVar("_Result")
 
 _WAIT_MS_MAX: Final = int(limits.TAIL_READ_WAIT_MAX_SECONDS * 1000)
 
@@ -161,21 +159,7 @@ class AsyncSegments:
                 raise
         if not idempotent:
             return await once()
-        return await self._retrying(once)
-
-    async def _retrying(self, attempt: Callable[[], Awaitable[_Result]]) -> _Result:
-        """Run ``attempt`` again after a broken connection (bounded, with backoff)."""
-        backoff = self._pool.config.backoff(self._pool.rng)
-        failures = 0
-        while True:
-            try:
-                return await attempt()
-            except ConnectionLostError:
-                failures += 1
-                delay = backoff.delay(failures)
-                if delay is None:
-                    raise
-                await self._pool.clock.sleep(delay)
+        return await self._pool.retrying(once)
 
     # --- Administration ----------------------------------------------------------------------------
 

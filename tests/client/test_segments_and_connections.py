@@ -4,6 +4,7 @@ id in any order, typed errors for every error reply, keep-alives, deadlines, bro
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 
 import attrs
@@ -318,3 +319,60 @@ def test_token_is_passed_and_a_refused_one_raises_authentication_error() -> None
                 with pytest.raises(AuthenticationError):
                     await bad.segments().info("s")
     run(scenario)
+
+
+def test_pool_retrying_backs_off_on_the_injected_clock_and_gives_up_with_the_last_failure() -> None:
+    """``ConnectionPool.retrying`` (the segment, controller and transient-segment requests' retry loop):
+    a failure named in ``retry_on`` is retried after the seeded backoff's delays, slept on the pool's
+    clock; the attempts' bound raises the last failure; any other failure goes through at once."""
+    from millstream.client._pool import ConnectionPool
+
+    class RecordingClock(ManualClock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sleeps: list[float] = []
+
+        async def sleep(self, seconds: float) -> None:
+            self.sleeps.append(seconds)  # no waiting: each attempt follows at once
+
+    config = fast_config(reconnect_attempts_max=3, reconnect_delay_initial_seconds=0.01,
+                         reconnect_delay_max_seconds=0.05)
+
+    async def scenario() -> None:
+        # Fails twice, then answers: two sleeps, exactly the seeded backoff's first two delays.
+        clock = RecordingClock()
+        pool = ConnectionPool(clock=clock, config=config, rng=random.Random(7))
+        failures = [ConnectionLostError("first"), RequestTimeoutError("second")]
+
+        async def flaky() -> str:
+            if failures:
+                raise failures.pop(0)
+            return "answer"
+
+        assert await pool.retrying(flaky, retry_on=(ConnectionLostError, RequestTimeoutError)) == "answer"
+        expected = config.backoff(random.Random(7))
+        assert clock.sleeps == [expected.delay(1), expected.delay(2)]
+
+        # Never answers: three attempts' delays, then the last failure itself.
+        clock.sleeps.clear()
+        attempts: list[int] = []
+
+        async def dead() -> None:
+            attempts.append(len(attempts) + 1)
+            raise ConnectionLostError(f"attempt {len(attempts)}")
+
+        with pytest.raises(ConnectionLostError, match="attempt 4"):
+            await pool.retrying(dead)
+        assert attempts == [1, 2, 3, 4] and len(clock.sleeps) == 3
+
+        # A failure not in ``retry_on`` (by default only a lost connection is): raised at once, no sleep.
+        clock.sleeps.clear()
+
+        async def timed_out() -> None:
+            raise RequestTimeoutError("slow")
+
+        with pytest.raises(RequestTimeoutError):
+            await pool.retrying(timed_out)
+        assert clock.sleeps == []
+
+    asyncio.run(scenario())
