@@ -292,14 +292,20 @@ class Controller(TransactionWorkflows):
             lock = self._stream_locks[key] = asyncio.Lock()
         return lock
 
-    async def _locked(self, key: _Key, work: Callable[[], Awaitable[Any]]) -> Any:
-        """Run ``work`` holding the stream's lock, after finishing any workflow left pending."""
+    async def _acquire_stream_lock(self, key: _Key) -> asyncio.Lock:
+        """Take the stream's lock (the caller releases it), waiting at most ``stream_lock_wait_seconds``:
+        then ``RequestTimeoutError`` (another change holds it; the caller may try again)."""
         lock = self._lock(key)
         try:
             async with asyncio.timeout(self.config.stream_lock_wait_seconds):
                 await lock.acquire()
         except TimeoutError:
             raise RequestTimeoutError(f"stream {key[0]}/{key[1]} is busy with another change; try again") from None
+        return lock
+
+    async def _locked(self, key: _Key, work: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``work`` holding the stream's lock, after finishing any workflow left pending."""
+        lock = await self._acquire_stream_lock(key)
         try:
             if key in self._state.streams and self._state.streams[key].pending is not None:
                 await self._finish_pending(key)

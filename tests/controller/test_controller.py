@@ -415,3 +415,51 @@ def test_the_controller_state_survives_a_server_restart_on_files(tmp_path: Any) 
             controller = await test.controller()
             assert controller.state.to_snapshot() == before
     run(scenario)
+
+
+def test_a_change_that_waits_too_long_for_its_streams_lock_times_out_and_changes_nothing() -> None:
+    """While a scale holds a stream's lock (its store is slow to create the successors), another change
+    of that stream waits at most ``stream_lock_wait_seconds`` and then fails with the typed, retryable
+    ``RequestTimeoutError``, leaving the metadata as it was; the scale then finishes and the change
+    succeeds when tried again."""
+    import asyncio
+
+    from millstream.errors import RequestTimeoutError
+
+    class SlowToCreate(FlakyStore):
+        def __init__(self, inner: Any) -> None:
+            super().__init__(inner)
+            self.creating = asyncio.Event()
+            self.gate = asyncio.Event()
+            self.gate.set()
+
+        async def create_segment(self, name: str) -> bool:
+            self.creating.set()
+            await self.gate.wait()
+            return await super().create_segment(name)
+
+    async def scenario() -> None:
+        async with harness() as test:
+            store = SlowToCreate(test.store())
+            controller = await test.controller(store=store, stream_lock_wait_seconds=0.05)
+            await controller.create_scope("sc")
+            await controller.create_stream("sc", "st", FIXED2)
+            store.gate.clear()
+            store.creating.clear()
+            scaling = asyncio.ensure_future(controller.scale_stream("sc", "st", [0], [(0.0, 0.25), (0.25, 0.5)]))
+            await asyncio.wait_for(store.creating.wait(), 5)  # the scale holds the lock now
+            check = Unchanged(controller)
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await check.fails(RequestTimeoutError, controller.seal_stream("sc", "st"), match="busy with another change")
+            waited = loop.time() - began
+            # The configured wait, not some other bound (generous above: a loaded machine is slow).
+            assert 0.05 <= waited < 2.0, waited
+            await check.fails(RequestTimeoutError, controller.scale_stream("sc", "st", [1], [(0.5, 0.75), (0.75, 1.0)]),
+                              match="busy with another change")
+            store.gate.set()
+            assert await asyncio.wait_for(scaling, 5) == {"epoch": 1}
+            await controller.seal_stream("sc", "st")
+            assert controller.state.streams[("sc", "st")].sealed
+
+    run(scenario)
