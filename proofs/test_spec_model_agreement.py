@@ -30,7 +30,7 @@ from proofs import (
 )
 from proofs.explore import explore
 from proofs.tla_values import parse_dot, parse_value
-from proofs.tlc import SPEC_DIR, load_manifest, run_tlc
+from proofs.tlc import SPEC_DIR, TLC_TIMEOUT_SECONDS, load_manifest, run_tlc
 
 PROFILE = os.environ.get("MILLSTREAM_PROFILE", "ci")
 #: Each spec's agreement module: Configuration, CONSTANTS, initial_states, successors, project, check.
@@ -58,7 +58,8 @@ def _run_tlc_with_dump(spec: str, cfg: str, workdir: Path, dump: bool) -> tuple[
     # Liveness does not change the state graph; leave it out to keep the run and the dump small.
     cfg_text = re.sub(r"^PROPERTIES\s*\n(?:[ \t]+\S.*\n?)*", "", (SPEC_DIR / cfg).read_text(), flags=re.MULTILINE)
     (workdir / "agreement.cfg").write_text(cfg_text)
-    outcome = run_tlc(workdir, "Agreement", "agreement.cfg", dump_dot=workdir / "graph.dot" if dump else None)
+    outcome = run_tlc(workdir, "Agreement", "agreement.cfg", dump_dot=workdir / "graph.dot" if dump else None,
+                      timeout_seconds=TLC_TIMEOUT_SECONDS[PROFILE])
     assert outcome.returncode == 0, outcome.output[-3000:]
     printed = re.search(r'<<\s*"agreement-constants",(.*?)>>\s*\n(?:Starting|Computing|Running)', outcome.output, re.S)
     assert printed, outcome.output[:3000]

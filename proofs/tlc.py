@@ -26,13 +26,18 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SPEC_DIR", "TlcOutcome", "load_manifest", "run_tlc", "tla2tools_jar"]
+__all__ = ["SPEC_DIR", "TLC_TIMEOUT_SECONDS", "TlcOutcome", "load_manifest", "run_tlc", "tla2tools_jar"]
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 MANIFEST = SPEC_DIR / "manifest.json"
-TLC_TIMEOUT_SECONDS = 1800
+#: How long one TLC run may take, by profile.  The CI configurations finish in seconds to minutes; the
+#: nightly ones are deep on purpose (DurableLog_lifecycle_deep checks liveness over 451,700 states with
+#: one worker, and needed more than 30 minutes on the shared two-core machine), so they get hours.
+TLC_TIMEOUT_SECONDS = {"ci": 1800, "nightly": 6 * 3600}
 
 EXIT_OK, EXIT_SAFETY, EXIT_LIVENESS = 0, 12, 13
+#: ``TlcOutcome.returncode`` of a run stopped at its time limit (TLC's own codes are never negative).
+EXIT_TIMED_OUT = -1
 
 
 @dataclass
@@ -68,8 +73,10 @@ def run_tlc(
     dump_dot: Path | None = None,
     check_deadlock: bool = False,
     workers: int | None = None,
+    timeout_seconds: float = TLC_TIMEOUT_SECONDS["ci"],
 ) -> TlcOutcome:
-    """Run TLC on ``module``.tla with ``cfg`` in ``workdir``; parse what it reports.
+    """Run TLC on ``module``.tla with ``cfg`` in ``workdir``; parse what it reports.  A run still going
+    after ``timeout_seconds`` is stopped and reported with ``returncode`` ``EXIT_TIMED_OUT``.
 
     One worker unless asked otherwise: with several, TLC's breadth-first search assigns a state the
     level of whichever worker reached it first, so the reported depth varies from run to run when a
@@ -88,8 +95,15 @@ def run_tlc(
         command += ["-dump", "dot,actionlabels", str(dump_dot)]
     command.append(f"{module}.tla")
     started = time.monotonic()
-    completed = subprocess.run(
-        command, cwd=workdir, capture_output=True, text=True, timeout=TLC_TIMEOUT_SECONDS, check=False)
+    try:
+        completed = subprocess.run(
+            command, cwd=workdir, capture_output=True, text=True, timeout=timeout_seconds, check=False)
+    except subprocess.TimeoutExpired as expired:
+        partial = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part
+                          for part in (expired.stdout, expired.stderr) if part)
+        return TlcOutcome(returncode=EXIT_TIMED_OUT, distinct=None, generated=None, depth=None, violated=None,
+                          seconds=time.monotonic() - started,
+                          output=f"{partial}\nTLC did not finish within {timeout_seconds:g} s: stopped.")
     output = completed.stdout + completed.stderr
     counts = re.search(r"([\d,]+) states generated, ([\d,]+) distinct states found, 0 states left", output)
     depth = re.search(r"The depth of the complete state graph search is (\d+)", output)
@@ -133,7 +147,8 @@ def check_configs(profile: str, *, update: bool) -> list[str]:
             with tempfile.TemporaryDirectory() as temporary:
                 workdir = Path(temporary)
                 _copy_specs(workdir)
-                outcome = run_tlc(workdir, spec["model_module"], config["cfg"])
+                outcome = run_tlc(workdir, spec["model_module"], config["cfg"],
+                                  timeout_seconds=TLC_TIMEOUT_SECONDS[profile])
             line = (f"{spec_name} {config['cfg']}: rc={outcome.returncode} distinct={outcome.distinct} "
                     f"generated={outcome.generated} depth={outcome.depth} ({outcome.seconds:.1f} s)")
             print(line, flush=True)
