@@ -33,7 +33,7 @@ from typing import Final
 
 from millstream.limits import BENCH_SERVER_START_TIMEOUT_SECONDS, BENCH_SERVER_STOP_TIMEOUT_SECONDS
 
-__all__ = ["ServerFailedError", "ServerProcess", "free_port", "process_cpu_seconds"]
+__all__ = ["ServerFailedError", "ServerProcess", "free_port", "process_cpu_seconds", "process_disk_write_bytes"]
 
 _POLL_SECONDS: Final = 0.05
 _LOG_TAIL_LINES: Final = 20
@@ -60,6 +60,21 @@ def process_cpu_seconds(pid: int) -> float | None:
     fields = text[text.rindex(")") + 2:].split()
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def process_disk_write_bytes(pid: int) -> int | None:
+    """Bytes process ``pid`` (every thread) has sent towards the storage layer -- ``write_bytes`` of
+    proc(5)'s ``/proc/PID/io``: what it wrote to files, counted as it dirties the page cache, so a
+    write that a later ``fsync`` pushes out counts once -- or None if it is gone or cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/io").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == "write_bytes":
+            return int(value)
+    return None
 
 
 class ServerProcess:
@@ -127,6 +142,9 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float | None:
         return None if self._process is None else process_cpu_seconds(self._process.pid)
+
+    def disk_write_bytes(self) -> int | None:
+        return None if self._process is None else process_disk_write_bytes(self._process.pid)
 
     def stop(self, timeout_seconds: float = BENCH_SERVER_STOP_TIMEOUT_SECONDS) -> int | None:
         """Signal the server, wait for it to exit (bounded), kill it if it does not; its exit status."""

@@ -59,6 +59,9 @@ class CpuSample:
     busy_ticks: int  # all CPUs, all processes: user + nice + system + irq + softirq + steal
     total_ticks: int  # the same plus idle and iowait
     own_cpu_seconds: float  # this process, all threads: user + system
+    #: Of ``busy_ticks``, the time the hypervisor ran something else on this machine's virtual CPUs
+    #: while they had work: other tenants of the host, invisible from inside but for this count.
+    steal_ticks: int = 0
 
     @classmethod
     def now(cls) -> CpuSample:
@@ -72,6 +75,7 @@ class CpuSample:
             busy_ticks=user + nice + system + irq + softirq + steal,
             total_ticks=user + nice + system + idle + iowait + irq + softirq + steal,
             own_cpu_seconds=times.user + times.system,
+            steal_ticks=steal,
         )
 
 
@@ -84,6 +88,8 @@ class CpuUsage:
     others_cpu_seconds: float
     others_percent: float
     idle_percent: float
+    #: The part of ``others_percent`` that was the hypervisor's steal (other virtual machines).
+    steal_percent: float = 0.0
 
     @classmethod
     def between(cls, start: CpuSample, end: CpuSample) -> CpuUsage:
@@ -101,6 +107,8 @@ class CpuUsage:
             others_cpu_seconds=others,
             others_percent=100.0 * others / capacity,
             idle_percent=100.0 * (total_ticks - busy_ticks) / total_ticks,
+            steal_percent=min(100.0 * others / capacity,
+                              100.0 * (end.steal_ticks - start.steal_ticks) / ticks_per_second / capacity),
         )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from millstream.bench._stats import Latency
-from millstream.bench.harness import HarnessReport, StepResult, SystemRun, TargetResult
+from millstream.bench.harness import CpuWindow, HarnessReport, StepResult, SystemRun, TargetResult
 from millstream.bench.workload import Workload
 
 __all__ = ["render_markdown"]
@@ -60,8 +60,10 @@ def _run(report: HarnessReport) -> list[str]:
     revision = f" ({machine.source_revision})" if machine.source_revision else ""
     filesystem = machine.data_dir_filesystem
     noise = [step.cpu.others_percent for run in report.runs for step in run.steps if step.cpu is not None]
+    steal = [step.cpu.steal_percent for run in report.runs for step in run.steps if step.cpu is not None]
     noise_text = (f"other processes used {min(noise):.0f} to {max(noise):.0f}% of the machine during the measured "
-                  "windows (per step in the tables)" if noise else "no window was measured")
+                  f"windows (per step in the tables), of which the hypervisor's steal -- other virtual machines "
+                  f"running on this one's CPUs -- up to {max(steal):.0f}%" if noise else "no window was measured")
     return [
         f"## The run: suite `{report.suite}`",
         "",
@@ -75,8 +77,19 @@ def _run(report: HarnessReport) -> list[str]:
         f"{report.quiet_waits_timed_out} timed out; {noise_text}.  A 1 ms sleep woke up late by "
         f"p50 {_number(report.wakeup_lateness.p50_ms, 2)} · p95 {_number(report.wakeup_lateness.p95_ms, 2)} · "
         f"p99 {_number(report.wakeup_lateness.p99_ms, 2)} ms (scheduler noise, paid on every hop between "
-        "processes and threads).  Every ratio below is of two figures from this run.",
+        f"processes and threads).  {_round_trip(report)}Every ratio below is of two figures from this run.",
     ]
+
+
+def _round_trip(report: HarnessReport) -> str:
+    trip = report.round_trip
+    if trip is None or not trip.latency.count:
+        return ""
+    return (f"One byte to another process and back over loopback, each after 1 ms idle, took p50 "
+            f"{_number(trip.latency.p50_ms, 3)} · p95 {_number(trip.latency.p95_ms, 3)} ms and "
+            f"{_number(trip.cpu_us, 0)} µs of CPU (both processes, the wake-up from the sleep included): "
+            "a write and its acknowledgement make two such round trips (writer to server and back, server to "
+            "its log's thread and back), and below full load each of them may find its CPU idle.  ")
 
 
 def _repeats(repeat: int) -> str:
@@ -126,6 +139,13 @@ def _disk(report: HarnessReport) -> list[str]:
     return lines
 
 
+def _others(cpu: CpuWindow | None) -> str:
+    """Others' share of the machine, with the steal in it when there was any."""
+    if cpu is None:
+        return _MISSING
+    return _number(cpu.others_percent) + (f" ({cpu.steal_percent:.0f})" if cpu.steal_percent >= 0.5 else "")
+
+
 def _latency(latency: Latency | None) -> list[str]:
     if latency is None:
         return [_MISSING] * 3
@@ -147,7 +167,7 @@ def _step_row(run: SystemRun, step: StepResult, consumers: bool, repeated: bool)
     if consumers:
         row += _latency(step.end_to_end_latency)
     row += [_number(step.writer_cpu_us_per_event, 1), _number(step.server_cpu_us_per_event, 1),
-            _number(step.cpu.others_percent if step.cpu else None), "; ".join(note)]
+            _number(step.server_disk_megabytes_per_second, 1), _others(step.cpu), "; ".join(note)]
     return row
 
 
@@ -166,7 +186,8 @@ def _workload(report: HarnessReport, workload: Workload, figure: str | None) -> 
     header += ["system", "rate", "offered/s", "achieved events/s", "MB/s", "write p50 ms", "p95", "p99"]
     if consumers:
         header += ["end-to-end p50 ms", "p95", "p99"]
-    header += ["writer CPU µs/event", "server CPU µs/event", "others' CPU %", "notes"]
+    header += ["writer CPU µs/event", "server CPU µs/event", "server disk writes MB/s", "others' CPU % (steal)",
+               "notes"]
     rows = [_step_row(run, step, consumers, repeated) for run in runs for step in run.steps]
     lines += _table(header, rows) if rows else ["No system was measured in this workload."]
     comparison = _best_peer_ratio(runs)
@@ -178,7 +199,11 @@ def _workload(report: HarnessReport, workload: Workload, figure: str | None) -> 
         lines += ["", "Not measured:", *skipped]
     lines += ["", "Latencies are from the writer's send time (write: to the acknowledgement; end-to-end: to the "
               "tail reader's read).  CPU µs/event: CPU seconds of the writer process (client library and "
-              "readers included) and of the server process during the window, per acknowledged event."]
+              "readers included) and of the server process during the window, per acknowledged event.  Server "
+              "disk writes: the bytes the server process wrote to files during the window (its log, and "
+              "millstream's Tier-2 copy; counted as written, whether or not the disk has them yet), per second.  "
+              "Others' CPU: the rest of the machine's busy time, in brackets the part of it that was the "
+              "hypervisor's steal (other virtual machines on the host's CPUs)."]
     return lines
 
 

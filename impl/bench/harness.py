@@ -37,7 +37,10 @@ import math
 import os
 import pstats
 import shutil
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -70,11 +73,13 @@ __all__ = [
     "HarnessConfig",
     "HarnessReport",
     "RawLoopProbe",
+    "RoundTrip",
     "StepResult",
     "SystemRun",
     "TargetResult",
     "consumer_partitions",
     "judge_targets",
+    "measure_round_trip",
     "measure_wakeup_lateness",
     "run_harness",
     "write_json",
@@ -109,7 +114,9 @@ class HarnessConfig:
 
 @attrs.frozen
 class CpuWindow:
-    """CPU during one measured window: seconds per party, and others' share of the whole machine."""
+    """CPU during one measured window: seconds per party, and others' share of the whole machine; and
+    what the server wrote to its disk meanwhile (where the bytes went: a store that keeps two copies
+    writes each event's bytes twice)."""
 
     wall_seconds: float
     writer_cpu_seconds: float  # this process: the writer, its client library and the consumers
@@ -117,6 +124,8 @@ class CpuWindow:
     others_cpu_seconds: float
     others_percent: float
     idle_percent: float
+    server_disk_write_bytes: int | None = None  # None: the server's counters could not be read
+    steal_percent: float = 0.0  # of ``others_percent``: the hypervisor's (other virtual machines)
 
 
 @attrs.frozen
@@ -155,6 +164,13 @@ class StepResult:
         if self.cpu is None or self.cpu.server_cpu_seconds is None or not self.acknowledged:
             return None
         return 1e6 * self.cpu.server_cpu_seconds / self.acknowledged
+
+    @property
+    def server_disk_megabytes_per_second(self) -> float | None:
+        """What the server process wrote to files per second of the window (its log, its copies)."""
+        if self.cpu is None or self.cpu.server_disk_write_bytes is None or self.cpu.wall_seconds <= 0:
+            return None
+        return self.cpu.server_disk_write_bytes / self.cpu.wall_seconds / 1e6
 
 
 @attrs.frozen
@@ -223,6 +239,8 @@ class HarnessReport:
     #: busy machine every hop between writer, server and fsync thread pays it).
     wakeup_lateness: Latency = attrs.field(factory=lambda: Latency.of([]))
     raw_loops: tuple[RawLoopProbe, ...] = ()
+    #: What one message and its answer between two processes cost here, after the CPUs idled.
+    round_trip: RoundTrip | None = None
 
     def runs_of(self, workload: str) -> list[SystemRun]:
         """The sweeps of ``workload``: repeat by repeat, the systems in turn within each."""
@@ -250,6 +268,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         disk = measure_disk_limit(disk_dir, seconds=config.disk_probe_seconds, use_fio=config.use_fio, quiet=quiet)
         shutil.rmtree(disk_dir, ignore_errors=True)
         wakeup = measure_wakeup_lateness(config.disk_probe_seconds)
+        round_trip = measure_round_trip(config.disk_probe_seconds)
         runs: list[SystemRun] = []
         raw_loops: list[RawLoopProbe] = []
         for workload in config.workloads:
@@ -269,7 +288,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         runs=tuple(runs), targets=tuple(judge_targets(config.workloads, runs, disk, raw_loops)),
         wall_seconds=clock() - started, quiet_waits=len(quiet_waits),
         quiet_waits_timed_out=sum(1 for wait in quiet_waits if not wait.quiet), wakeup_lateness=wakeup,
-        raw_loops=tuple(raw_loops))
+        raw_loops=tuple(raw_loops), round_trip=round_trip)
 
 
 def _probe_raw_loop(config: HarnessConfig, workspace: Path, workload: str, repeat: int,
@@ -301,6 +320,84 @@ def measure_wakeup_lateness(seconds: float) -> Latency:
         time.sleep(_WAKEUP_SLEEP_SECONDS)
         samples.add(max(0.0, time.perf_counter() - started - _WAKEUP_SLEEP_SECONDS))
     return samples.summary()
+
+
+@attrs.frozen
+class RoundTrip:
+    """One byte to another process over a loopback socket pair and back, each after an idle
+    millisecond: the wall time, and the CPU both processes spent per round trip."""
+
+    latency: Latency
+    #: Both processes, per round trip, the caller's waking from its sleep included (None: the echo's
+    #: figure did not come back).
+    cpu_us: float | None
+
+
+#: The echo process of ``measure_round_trip``: answers each byte; at the end writes the CPU seconds it
+#: spent after the first byte to stdout.
+_ECHO_SCRIPT: Final = """\
+import socket, sys, time
+peer = socket.socket(fileno=int(sys.argv[1]))
+first = peer.recv(1)
+peer.sendall(first)
+began = time.process_time()
+while True:
+    data = peer.recv(1)
+    if not data:
+        break
+    peer.sendall(data)
+print(time.process_time() - began, flush=True)
+"""
+_ROUND_TRIPS_MAX: Final = 5_000
+
+
+def measure_round_trip(seconds: float) -> RoundTrip | None:
+    """Round trips to an echo process for about ``seconds``, each after a 1 ms sleep, as a write
+    and its acknowledgement make them at a moderate rate: what a hop between processes costs on this
+    machine once its CPUs have idled (in a virtual machine, waking one up is the dear part).  None
+    if the echo process cannot be started."""
+    mine, theirs = socket.socketpair()
+    try:
+        echo = subprocess.Popen([sys.executable, "-c", _ECHO_SCRIPT, str(theirs.fileno())],
+                                pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True)
+    except OSError:
+        mine.close()
+        theirs.close()
+        return None
+    theirs.close()
+    samples = LatencySamples()
+    echoed_cpu: float | None = None
+    try:
+        mine.settimeout(BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+        mine.sendall(b"x")  # the first answer waits for the echo to start: not measured
+        mine.recv(1)
+        own_began = time.process_time()
+        deadline = time.perf_counter() + seconds
+        for _ in range(_ROUND_TRIPS_MAX):
+            if time.perf_counter() >= deadline:
+                break
+            time.sleep(_WAKEUP_SLEEP_SECONDS)
+            started = time.perf_counter()
+            mine.sendall(b"x")
+            if mine.recv(1) != b"x":
+                return None
+            samples.add(time.perf_counter() - started)
+        own = time.process_time() - own_began
+        mine.shutdown(socket.SHUT_WR)
+        output, _ = echo.communicate(timeout=BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
+        with contextlib.suppress(ValueError):
+            echoed_cpu = float(output.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    finally:
+        mine.close()
+        if echo.poll() is None:
+            echo.kill()
+        echo.wait()
+    summary = samples.summary()
+    count = summary.count
+    cpu_us = None if echoed_cpu is None or not count else 1e6 * (own + echoed_cpu) / count
+    return RoundTrip(summary, cpu_us)
 
 
 def _wait_quiet(config: HarnessConfig) -> QuietWait:
@@ -446,15 +543,16 @@ def _describe(failure: BaseException) -> str:
 
 
 class _CpuMeter:
-    """CPU samples at the window's two ends: the machine and this process (``CpuSample``) and the server."""
+    """Samples at the window's two ends: the machine's CPU and this process's (``CpuSample``), the
+    server's CPU and the bytes it has written to files."""
 
     def __init__(self, server: ServerProcess) -> None:
         self._server = server
-        self._begin: tuple[CpuSample, float | None] | None = None
-        self._end: tuple[CpuSample, float | None] | None = None
+        self._begin: tuple[CpuSample, float | None, int | None] | None = None
+        self._end: tuple[CpuSample, float | None, int | None] | None = None
 
     def mark(self, what: str) -> None:
-        sample = (CpuSample.now(), self._server.cpu_seconds())
+        sample = (CpuSample.now(), self._server.cpu_seconds(), self._server.disk_write_bytes())
         if what == "begin":
             self._begin = sample
         else:
@@ -463,14 +561,17 @@ class _CpuMeter:
     def window(self) -> CpuWindow | None:
         if self._begin is None or self._end is None:
             return None
-        (start, server_start), (end, server_end) = self._begin, self._end
+        (start, server_start, written_start), (end, server_end, written_end) = self._begin, self._end
         usage = CpuUsage.between(start, end)
         server = None if server_start is None or server_end is None else max(0.0, server_end - server_start)
+        written = None if written_start is None or written_end is None else max(0, written_end - written_start)
         others = max(0.0, usage.others_cpu_seconds - (server or 0.0))
         capacity = usage.wall_seconds * (os.cpu_count() or 1)
         return CpuWindow(wall_seconds=usage.wall_seconds, writer_cpu_seconds=usage.own_cpu_seconds,
                          server_cpu_seconds=server, others_cpu_seconds=others,
-                         others_percent=100.0 * others / capacity, idle_percent=usage.idle_percent)
+                         others_percent=100.0 * others / capacity, idle_percent=usage.idle_percent,
+                         server_disk_write_bytes=written,
+                         steal_percent=min(usage.steal_percent, 100.0 * others / capacity))
 
 
 @contextlib.contextmanager
@@ -581,11 +682,14 @@ def _judge_repeat(workload: Workload, runs: Sequence[SystemRun], raw_loop: Group
         raw = raw_loop.megabytes_per_second
         mine_mb = mine_max.achieved_megabytes_per_second if mine_max and mine_max.error is None else None
         measured = mine_mb / raw if mine_mb and raw else None
+        disk = mine_max.server_disk_megabytes_per_second if mine_max and mine_max.error is None else None
         results.append(TargetResult(
             workload.name, "MB/s at max ÷ raw group-commit loop at 1 MiB writes", measured,
             targets.megabytes_per_second_vs_raw_loop_min, True,
             f"millstream {_megabytes(mine_mb)} ÷ raw loop {_megabytes(raw)}"
-            + (" (probed right before)" if probed_for_repeat else "")))
+            + (" (probed right before)" if probed_for_repeat else "")
+            + (f"; the server wrote {_megabytes(disk)} to its disk, {disk / mine_mb:.2f}x the events' bytes "
+               "(the log, and the Tier-2 copy)" if disk is not None and mine_mb else "")))
     if targets.end_to_end_p95_ms_max is not None and targets.end_to_end_rate is not None:
         step = mine.step(Rate(events_per_second=targets.end_to_end_rate)) if mine else None
         latency = step.end_to_end_latency if step and step.error is None else None
@@ -618,6 +722,7 @@ def write_json(report: HarnessReport, output_dir: Path) -> Path:
             step_fields["fell_behind"] = step.fell_behind
             step_fields["writer_cpu_us_per_event"] = step.writer_cpu_us_per_event
             step_fields["server_cpu_us_per_event"] = step.server_cpu_us_per_event
+            step_fields["server_disk_megabytes_per_second"] = step.server_disk_megabytes_per_second
     for target_fields, target in zip(document["targets"], report.targets, strict=True):
         target_fields["met"] = target.met
     path.write_text(json.dumps(document, indent=2, allow_nan=False, default=str) + "\n")

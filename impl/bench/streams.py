@@ -7,11 +7,15 @@ client, on 127.0.0.1.  One writer (``AsyncEventStreamWriter``) writes ``EVENT_BY
 fast as it can -- pipelined, no flush until the end of the window -- to a stream of 1 or of 16
 fixed segments, with a routing key per event drawn from ``ROUTING_KEYS`` keys (OpenMessaging's
 RANDOM_NANO: ``millstream.bench._keys``), or with none.  Events/s is the events written in the
-window over the time until the flush at its end returned (all of them durable).  The four
-combinations run interleaved in every repeat, keys and no keys in turn first (``repeat_order``: the
-node holds more data with every window, so whichever ran second would meet more background work --
-a drift that alternating cancels); the headline is keys over no keys at the same segment count
-(median over repeats).
+window over the time until the flush at its end returned (all of them durable).  The combinations
+run interleaved in every repeat, keys and no keys in turn first (``repeat_order``: the node holds
+more data with every window, so whichever ran second would meet more background work -- a drift
+that alternating cancels); the headline is keys over no keys at the same segment count (median over
+repeats).  At 1 segment a control runs beside them: ``HOT_KEYS`` keys, drawn the same way.  The
+writer does the same work per event for 16 keys as for 10,000 (a lone segment needs no routing; 16
+would take the same memo lookups), but 16 key objects stay in the CPU's cache, while each of 10,000,
+met once every 10,000 events, is cold when the writer takes its reference and again when the
+acknowledged block lets it go: the difference between the two is what the keys' memory costs.
 
 Tail reads (``end-to-end``).  The same node; a stream of ``READERS`` fixed segments and a reader
 group of ``READERS`` readers in this process, each reading as fast as it can; one writer writes keyed
@@ -62,6 +66,8 @@ __all__ = ["SCALING_FIGURE", "ScaledClock", "StreamsConfig", "StreamsReport", "p
 SUITE_NAME: Final = "streams"
 EVENT_BYTES: Final = 100
 ROUTING_KEYS: Final = 10_000
+#: The control: so few keys that their objects stay in the CPU's cache (see "Throughput" above).
+HOT_KEYS: Final = 16
 KEY_SEED: Final = 5
 READERS: Final = 16
 SCALING_EVENT_BYTES: Final = 10_000
@@ -73,8 +79,10 @@ SCOPE: Final = "bench"
 #: Where the generated section of BENCHMARKS.md begins and ends (the rest of the file is others').
 SECTION_BEGIN: Final = "<!-- millstream bench --suite streams: begin -->"
 SECTION_END: Final = "<!-- millstream bench --suite streams: end -->"
-#: (name, segments, keyed) of the throughput measurements, in the order they run in a repeat.
-THROUGHPUT: Final = (("keys-1", 1, True), ("nokeys-1", 1, False), ("keys-16", 16, True), ("nokeys-16", 16, False))
+#: (name, segments, routing keys: 0 for none) of the throughput measurements, in the order they run in
+#: a repeat (``repeat_order``): those of one segment count back to back.
+THROUGHPUT: Final = (("keys-1", 1, ROUTING_KEYS), ("hotkeys-1", 1, HOT_KEYS), ("nokeys-1", 1, 0),
+                     ("keys-16", 16, ROUTING_KEYS), ("nokeys-16", 16, 0))
 
 
 @attrs.frozen
@@ -99,6 +107,7 @@ class Throughput:
     name: str
     segments: int
     keyed: bool
+    key_count: int  # the routing keys drawn from (0: none)
     events: int
     events_per_second: float
     window: Window
@@ -146,6 +155,7 @@ class StreamsReport:
     config: StreamsConfig
     throughput: list[list[Throughput]]  # per repeat
     keys_over_nokeys: dict[int, float | None]  # segments -> median ratio
+    hot_over_nokeys: dict[int, float | None]  # segments -> median ratio, where the control ran
     medians: dict[str, float | None]  # name -> median events/s
     end_to_end: list[EndToEnd]
     scaling: Scaling | None
@@ -168,15 +178,21 @@ class ScaledClock:
         await asyncio.sleep(max(0.0, seconds) / self.factor)
 
 
-def _keys(keyed: bool, segments: int) -> list[str | None]:
-    return KeySpace(keyed=keyed, key_count=ROUTING_KEYS, partitions=segments, seed=KEY_SEED).ring_keys
+def _keys(key_count: int, segments: int) -> list[str | None]:
+    return KeySpace(keyed=key_count > 0, key_count=max(1, key_count), partitions=segments, seed=KEY_SEED).ring_keys
 
 
-def repeat_order(number: int) -> tuple[tuple[str, int, bool], ...]:
-    """``THROUGHPUT`` in the order repeat ``number`` (from 0) runs it: each segment count's keys and
-    no-keys windows back to back, keys first in even repeats and no keys first in odd ones."""
-    pairs = [THROUGHPUT[index:index + 2] for index in range(0, len(THROUGHPUT), 2)]
-    return tuple(run for pair in pairs for run in (pair if number % 2 == 0 else pair[::-1]))
+def repeat_order(number: int) -> tuple[tuple[str, int, int], ...]:
+    """``THROUGHPUT`` in the order repeat ``number`` (from 0) runs it: each segment count's windows back
+    to back, in ``THROUGHPUT``'s order (keys first) in even repeats and reversed (no keys first) in odd
+    ones."""
+    groups: list[list[tuple[str, int, int]]] = []
+    for run in THROUGHPUT:
+        if groups and groups[-1][0][1] == run[1]:
+            groups[-1].append(run)
+        else:
+            groups.append([run])
+    return tuple(run for group in groups for run in (group if number % 2 == 0 else group[::-1]))
 
 
 async def _create_stream(client: Any, name: str, policy: Any) -> str:
@@ -191,14 +207,14 @@ async def _create_stream(client: Any, name: str, policy: Any) -> str:
 # --- throughput ------------------------------------------------------------------------------------------
 
 
-async def _throughput(port: int, name: str, segments: int, keyed: bool, config: StreamsConfig, server_pid: int,
+async def _throughput(port: int, name: str, segments: int, key_count: int, config: StreamsConfig, server_pid: int,
                       quiet: QuietWait) -> Throughput:
     from millstream.client import AsyncClient
 
     client = AsyncClient(f"tcp://127.0.0.1:{port}")
     try:
         writer = client.event_writer(f"{SCOPE}/tp-{segments}")
-        keys = _keys(keyed, segments)
+        keys = _keys(key_count, segments)
         ring = len(keys)
         payload = bytes(EVENT_BYTES)
         turn = 0
@@ -227,7 +243,7 @@ async def _throughput(port: int, name: str, segments: int, keyed: bool, config: 
             await bounded(writer.close())
     finally:
         await bounded(client.close())
-    return Throughput(name, segments, keyed, events, events / elapsed, window, quiet)
+    return Throughput(name, segments, key_count > 0, key_count, events, events / elapsed, window, quiet)
 
 
 # --- tail reads by a group of readers ---------------------------------------------------------------------
@@ -261,7 +277,7 @@ async def _end_to_end(port: int, config: StreamsConfig, server_pid: int) -> EndT
                     read += 1
 
         writer = client.event_writer(stream)
-        keys = _keys(True, READERS)
+        keys = _keys(ROUTING_KEYS, READERS)
         interval = 1.0 / config.end_to_end_rate
         written = 0
         async with asyncio.TaskGroup() as tasks:
@@ -325,7 +341,7 @@ async def _scaling(workdir: Path, config: StreamsConfig) -> Scaling:
         stream = await _create_stream(client, "scaling", ScalingPolicy.by_event_rate(target, 2, min_segments=1))
         record = controller.state.streams[(SCOPE, "scaling")]
         writer = client.event_writer(stream)
-        keys = _keys(True, 16)
+        keys = _keys(ROUTING_KEYS, 16)
         payload = bytes(SCALING_EVENT_BYTES)
         interval = 1.0 / config.scaling_rate
         bucket = LatencySamples()
@@ -446,10 +462,11 @@ def run_streams(config: StreamsConfig, data_root: Path, progress: Progress | Non
             asyncio.run(_create_streams(port))
             for number in range(config.repeat):
                 measured = []
-                for name, segments, keyed in repeat_order(number):
+                for name, segments, key_count in repeat_order(number):
                     steps.next(f"repeat {number + 1}: {name}")
                     quiet = wait_until_quiet(config.quiet_idle_percent_min, config.quiet_timeout_seconds, 0.5)
-                    measured.append(asyncio.run(_throughput(port, name, segments, keyed, config, server.pid, quiet)))
+                    measured.append(asyncio.run(_throughput(port, name, segments, key_count, config, server.pid,
+                                                            quiet)))
                 repeats.append(measured)
             steps.next("end-to-end, 16 readers")
             end_to_end.append(asyncio.run(_end_to_end(port, config, server.pid)))
@@ -460,40 +477,48 @@ def run_streams(config: StreamsConfig, data_root: Path, progress: Progress | Non
     steps.finish()
     medians = {name: median_or_none([m.events_per_second for r in repeats for m in r if m.name == name])
                for name, _, _ in THROUGHPUT}
-    ratios = {}
-    for segments in sorted({s for _, s, _ in THROUGHPUT}):
-        per_repeat = []
-        for measured in repeats:
-            keyed = next(m for m in measured if m.segments == segments and m.keyed)
-            plain = next(m for m in measured if m.segments == segments and not m.keyed)
-            per_repeat.append(keyed.events_per_second / plain.events_per_second)
-        ratios[segments] = median_or_none(per_repeat)
-    return StreamsReport(SUITE_NAME, machine, config, repeats, ratios, medians, end_to_end, result,
+    ratios = {segments: _ratio_over_nokeys(repeats, segments, ROUTING_KEYS)
+              for segments in sorted({s for _, s, _ in THROUGHPUT})}
+    hot = {segments: _ratio_over_nokeys(repeats, segments, HOT_KEYS)
+           for segments in sorted({s for _, s, k in THROUGHPUT if k == HOT_KEYS})}
+    return StreamsReport(SUITE_NAME, machine, config, repeats, ratios, hot, medians, end_to_end, result,
                          time.perf_counter() - started)
+
+
+def _ratio_over_nokeys(repeats: list[list[Throughput]], segments: int, key_count: int) -> float | None:
+    """The median over the repeats of events/s with ``key_count`` keys over events/s with none, at
+    ``segments`` segments (each ratio within one repeat)."""
+    per_repeat = []
+    for measured in repeats:
+        keyed = next(m for m in measured if m.segments == segments and m.key_count == key_count)
+        plain = next(m for m in measured if m.segments == segments and m.key_count == 0)
+        per_repeat.append(keyed.events_per_second / plain.events_per_second)
+    return median_or_none(per_repeat)
 
 
 def _fixed(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
-def _cpu_per_event(report: StreamsReport, segments: int) -> str:
-    """CPU per event of the writer and of the server, keys against none (medians over the repeats).
+def _cpu_per_event(report: StreamsReport, segments: int, key_count: int = ROUTING_KEYS) -> str:
+    """CPU per event of the writer and of the server, ``key_count`` keys against none (medians over the
+    repeats).
 
     Throughput swings by tens of percent between windows on a shared machine (the server's Tier-2
     flushes and the neighbours' load come and go), while the CPU each side spends per event is steady.
     The server cannot tell keyed events from keyless ones (keys never travel), so what keys cost is
     the writer's extra CPU per event -- the writer is the bottleneck of this measurement."""
-    def per_event(keyed: bool, side: str) -> float | None:
+    def per_event(keys: int, side: str) -> float | None:
         values = []
         for repeat in report.throughput:
             for m in repeat:
                 cpu = m.window.client_cpu_seconds if side == "writer" else m.window.server_cpu_seconds
-                if m.segments == segments and m.keyed == keyed and m.events and cpu is not None:
+                if m.segments == segments and m.key_count == keys and m.events and cpu is not None:
                     values.append(1e6 * cpu / m.events)
         return median_or_none(values)
 
-    writer_keys, writer_none = per_event(True, "writer"), per_event(False, "writer")
-    server_keys, server_none = per_event(True, "server"), per_event(False, "server")
+    writer_keys, writer_none = per_event(key_count, "writer"), per_event(0, "writer")
+    server_keys, server_none = per_event(key_count, "server"), per_event(0, "server")
     share = None if writer_keys is None or not writer_none else writer_none / writer_keys
     return (f"CPU per event, keys / none: writer {_fixed(writer_keys, 2)} / {_fixed(writer_none, 2)} µs (events per "
             f"writer CPU second, keys / none = **{_fixed(share, 3)}**), server {_fixed(server_keys, 2)} / "
@@ -510,26 +535,35 @@ def render_streams_markdown(report: StreamsReport, *, command: str = "millstream
              f"{ROUTING_KEYS:,} random routing keys or none, against a standalone node in another process "
              f"(durable FileLog); {config.duration_seconds:g} s windows, medians of {config.repeat} interleaved "
              "repeats (keys and no keys first in turn).  The machine is shared: others' CPU is recorded for each "
-             "window.", "",
+             f"window.  The control: {HOT_KEYS} keys, whose objects stay in the CPU's cache -- the same routing "
+             "work per event, without a cold key object to touch.", "",
              "| stream | routing keys | events/s (median) | per repeat | others' CPU % (median) |",
              "|---|---|---|---|---|"]
-    for name, segments, keyed in THROUGHPUT:
+    for name, segments, key_count in THROUGHPUT:
         runs = [m for r in report.throughput for m in r if m.name == name]
         others = median_or_none([m.window.others_percent for m in runs if m.window.others_percent is not None])
-        keys = f"{ROUTING_KEYS:,} random" if keyed else "none"
+        keys = ("none" if key_count == 0 else f"{key_count:,} random" if key_count == ROUTING_KEYS
+                else f"{key_count:,} random (the control)")
         lines.append(f"| {segments} segment{'s' if segments > 1 else ''} | {keys} "
                      f"| {_fixed(report.medians[name])} | {', '.join(_fixed(m.events_per_second) for m in runs)} "
                      f"| {_fixed(others, 1)} |")
     lines.append("")
     for segments, ratio in report.keys_over_nokeys.items():
         verdict = "n/a" if ratio is None else ("within" if ratio >= 0.9 else "NOT within")
-        keyed = [m.events_per_second for r in report.throughput for m in r if m.segments == segments and m.keyed]
+        keyed = [m.events_per_second for r in report.throughput for m in r
+                 if m.segments == segments and m.key_count == ROUTING_KEYS]
         plain = [m.events_per_second for r in report.throughput for m in r if m.segments == segments and not m.keyed]
         of_medians = median_or_none(keyed) / median_or_none(plain) if keyed and plain else None  # type: ignore[operator]
         of_best = max(keyed) / max(plain) if keyed and plain else None
         lines.append(f"- {segments} segment(s): keys / no keys = **{_fixed(ratio, 3)}** (median of the per-repeat "
                      f"ratios: {verdict} the 10% budget); ratio of the medians {_fixed(of_medians, 3)}, of the "
                      f"least disturbed (best) windows {_fixed(of_best, 3)}; {_cpu_per_event(report, segments)}")
+    for segments, ratio in report.hot_over_nokeys.items():
+        lines.append(f"- {segments} segment(s), the control: {HOT_KEYS} keys / no keys = **{_fixed(ratio, 3)}**; "
+                     f"{_cpu_per_event(report, segments, HOT_KEYS)}.  The control does the writer's work per "
+                     f"event for {ROUTING_KEYS:,} keys, but its key objects stay in the CPU's cache: the gap between "
+                     "the two ratios is what cold key objects cost (each is touched when the event is taken and "
+                     "when its block is acknowledged), the rest of the keys' cost is the work.")
     lines.append("")
     for e2e in report.end_to_end:
         latency = e2e.latency

@@ -32,7 +32,13 @@ from millstream.bench._load import (
     offer,
     send_time_of,
 )
-from millstream.bench._processes import ServerFailedError, ServerProcess, free_port, process_cpu_seconds
+from millstream.bench._processes import (
+    ServerFailedError,
+    ServerProcess,
+    free_port,
+    process_cpu_seconds,
+    process_disk_write_bytes,
+)
 from millstream.bench._stats import Latency, percentile
 from millstream.bench._system import QuietWait
 from millstream.bench.benchmarks_md import render_markdown
@@ -341,13 +347,19 @@ def test_consumers_share_the_partitions_round_robin() -> None:
 # --- the sweep, against an in-process fake system ------------------------------------------------------------
 
 
+#: What a fake server's disk counter grows by between two reads.
+FAKE_DISK_BYTES_PER_READ = 3_000_000
+
+
 class FakeServer:
-    """Stands in for a ServerProcess: nothing to start, a made-up CPU figure."""
+    """Stands in for a ServerProcess: nothing to start, made-up CPU and disk figures (a window's two
+    reads of the disk counter are ``FAKE_DISK_BYTES_PER_READ`` apart)."""
 
     def __init__(self, fail: bool) -> None:
         self.port = 0
         self.fail = fail
         self.started = self.stopped = False
+        self.written = 0
 
     def start(self) -> None:
         if self.fail:
@@ -356,6 +368,10 @@ class FakeServer:
 
     def cpu_seconds(self) -> float:
         return 0.0
+
+    def disk_write_bytes(self) -> int:
+        self.written += FAKE_DISK_BYTES_PER_READ
+        return self.written
 
     def stop(self) -> int:
         self.stopped = True
@@ -479,6 +495,10 @@ def test_the_sweep_runs_every_available_system_at_every_rate(sweep: Any) -> None
             assert step.acknowledged == step.write_latency.count > 0  # at "max" the slow fake may send none in it
             assert step.sent_total == step.acknowledged_total >= step.acknowledged
             assert step.end_to_end_latency is None and step.cpu is not None and step.cpu.server_cpu_seconds == 0.0
+            # The server's disk counter, read at the window's two ends.
+            assert step.cpu.server_disk_write_bytes == FAKE_DISK_BYTES_PER_READ
+            assert step.server_disk_megabytes_per_second == pytest.approx(
+                FAKE_DISK_BYTES_PER_READ / step.cpu.wall_seconds / 1e6)
             assert step.achieved_megabytes_per_second == pytest.approx(step.achieved_events_per_second * 100 / 1e6)
     # The fake ceilings show: millstream's max is above the fake NATS's.
     assert (runs[("keyed", "millstream")].max_step.achieved_events_per_second
@@ -523,6 +543,8 @@ def test_targets_are_ratios_of_this_runs_figures(sweep: Any) -> None:
     raw = probe.run.megabytes_per_second
     assert large.measured == pytest.approx(runs[("large", "millstream")].max_step.achieved_megabytes_per_second / raw)
     assert "(probed right before)" in large.detail
+    disk = runs[("large", "millstream")].max_step.server_disk_megabytes_per_second
+    assert disk is not None and f"; the server wrote {disk:,.1f} MB/s to its disk, " in large.detail
     end_to_end = targets[("tailing", "end-to-end")]
     assert end_to_end.measured == runs[("tailing", "millstream")].steps[1].end_to_end_latency.p95_ms
     assert end_to_end.met is True and not end_to_end.at_least
@@ -544,13 +566,19 @@ def test_markdown_carries_tables_skips_configurations_and_figures(sweep: Any, tm
     assert "end-to-end p50 ms" in markdown  # only the tailing workload has those columns
     assert "The raw loop again right before each repeat of large (its MB/s target's yardstick): " in markdown
     assert report.wakeup_lateness.count > 0 and "A 1 ms sleep woke up late by p50" in markdown
+    trip = report.round_trip
+    assert trip is not None and trip.latency.count > 0 and trip.cpu_us is not None and trip.cpu_us > 0
+    assert (f"took p50 {trip.latency.p50_ms:,.3f} · p95 {trip.latency.p95_ms:,.3f} ms and {trip.cpu_us:,.0f} µs"
+            in markdown)
     header_keyed = next(line for line in markdown.splitlines() if line.startswith("| system | rate"))
-    assert "end-to-end" not in header_keyed
+    assert "end-to-end" not in header_keyed and "| server disk writes MB/s | others' CPU % (steal) |" in header_keyed
+    assert "of which the hypervisor's steal -- other virtual machines running on this one's CPUs -- up to " in markdown
     assert "redis-streams-everysec" in markdown and "(weaker durability)" in markdown
     document = json.loads(write_json(report, tmp_path).read_text())
     assert document["suite"] == "test" and len(document["runs"]) == len(report.runs)
     assert [t["met"] for t in document["targets"]] == [t.met for t in report.targets]
     assert "fell_behind" in document["runs"][0]["steps"][0]
+    assert document["runs"][0]["steps"][0]["server_disk_megabytes_per_second"] > 0
 
 
 def test_plots_are_pngs_with_a_panel_per_latency(sweep: Any, tmp_path: Path) -> None:
@@ -736,7 +764,22 @@ def test_a_server_process_is_ready_when_it_accepts_and_stops_on_a_signal(tmp_pat
                        ready_pattern="ready") as server:
         pid = server.pid
         assert process_cpu_seconds(pid) is not None and server.cpu_seconds() is not None
-    assert process_cpu_seconds(pid) is None  # gone after the context
+        written = process_disk_write_bytes(pid)
+        assert written is not None and written >= 0 and server.disk_write_bytes() is not None
+    assert process_cpu_seconds(pid) is None and process_disk_write_bytes(pid) is None  # gone after the context
+
+
+def test_a_round_trip_to_an_echo_process_is_timed_and_its_cpu_counted_on_both_sides() -> None:
+    from millstream.bench.harness import measure_round_trip
+
+    trip = measure_round_trip(0.2)
+    assert trip is not None
+    # About 0.2 s of round trips, each after a 1 ms sleep: some, and no more than the time allows.
+    assert 0 < trip.latency.count <= 200
+    p50, longest = trip.latency.p50_ms, trip.latency.max_ms
+    assert p50 is not None and longest is not None and 0 < p50 <= longest
+    # Both processes' CPU, per round trip: positive (each side ran), and below the whole probe's time.
+    assert trip.cpu_us is not None and 0 < trip.cpu_us < 1e6 * 0.2 * 2
 
 
 def test_fio_json_is_parsed_after_any_notices() -> None:

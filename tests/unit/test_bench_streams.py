@@ -14,7 +14,9 @@ import pytest
 from click.testing import CliRunner
 from millstream.bench import large_events, transactions
 from millstream.bench.streams import (
+    HOT_KEYS,
     READERS,
+    ROUTING_KEYS,
     SCALING_FIGURE,
     SECTION_BEGIN,
     SECTION_END,
@@ -32,8 +34,8 @@ OTHERS = "# millstream benchmarks\n\n## quick-100B\n\nthe peers harness's tables
 def test_repeats_alternate_which_of_keys_and_no_keys_runs_first_at_each_segment_count() -> None:
     first, second = repeat_order(0), repeat_order(1)
     assert sorted(first) == sorted(second) == sorted(THROUGHPUT)
-    assert [name for name, _, _ in first] == ["keys-1", "nokeys-1", "keys-16", "nokeys-16"]
-    assert [name for name, _, _ in second] == ["nokeys-1", "keys-1", "nokeys-16", "keys-16"]
+    assert [name for name, _, _ in first] == ["keys-1", "hotkeys-1", "nokeys-1", "keys-16", "nokeys-16"]
+    assert [name for name, _, _ in second] == ["nokeys-1", "hotkeys-1", "keys-1", "nokeys-16", "keys-16"]
     assert repeat_order(2) == first and repeat_order(3) == second
 
 
@@ -54,15 +56,23 @@ def test_a_tiny_run_through_the_cli_measures_everything_and_replaces_only_its_se
 
     report = json.loads((tmp_path / "out" / "streams.json").read_text())
     (repeat,) = report["throughput"]
-    assert [(m["name"], m["segments"], m["keyed"]) for m in repeat] == list(repeat_order(0))
+    assert [(m["name"], m["segments"], m["key_count"]) for m in repeat] == list(repeat_order(0))
     for m in repeat:
         assert m["events"] > 0 and m["window"]["server_cpu_seconds"] is not None
+        assert m["keyed"] == (m["key_count"] > 0)
     for segments in ("1", "16"):
-        keyed = next(m for m in repeat if m["segments"] == int(segments) and m["keyed"])
+        keyed = next(m for m in repeat if m["segments"] == int(segments) and m["key_count"] == ROUTING_KEYS)
         plain = next(m for m in repeat if m["segments"] == int(segments) and not m["keyed"])
         assert report["keys_over_nokeys"][segments] == keyed["events_per_second"] / plain["events_per_second"]
         writer_keys, writer_none = (1e6 * m["window"]["client_cpu_seconds"] / m["events"] for m in (keyed, plain))
         assert f"writer {writer_keys:,.2f} / {writer_none:,.2f} µs" in text  # (one repeat: the medians are these)
+    # The control (1 segment only): its own ratio over the same no-keys window, and its line.
+    hot = next(m for m in repeat if m["key_count"] == HOT_KEYS)
+    plain = next(m for m in repeat if m["segments"] == 1 and not m["keyed"])
+    assert hot["segments"] == 1 and list(report["hot_over_nokeys"]) == ["1"]
+    assert report["hot_over_nokeys"]["1"] == hot["events_per_second"] / plain["events_per_second"]
+    assert f"the control: {HOT_KEYS} keys / no keys = **{report['hot_over_nokeys']['1']:,.3f}**" in text
+    assert f"| 1 segment | {HOT_KEYS} random (the control) |" in text
     (e2e,) = report["end_to_end"]
     assert e2e["readers"] == READERS and 0 < e2e["events_read"] <= e2e["events_written"]
     assert e2e["latency"]["count"] == e2e["events_read"] and e2e["latency"]["p50_ms"] > 0

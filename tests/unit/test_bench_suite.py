@@ -176,3 +176,23 @@ def test_a_section_is_added_once_replaced_in_place_and_found() -> None:
     backwards = f"{END}\n{BEGIN}\n"
     assert section_of(backwards, BEGIN, END) is None
     assert replace_section(backwards, first, BEGIN, END) == backwards + "\n" + first
+
+
+def test_steal_is_counted_as_others_and_reported_as_the_part_of_it_that_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hypervisor's steal is busy time no process of this machine used: it stays in others' share
+    (the machine was not ours to use), and is also reported on its own, never above that share."""
+    from millstream.bench._system import CpuSample
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.sysconf", lambda name: 100)  # 100 ticks a second
+    start = CpuSample(at_seconds=10.0, busy_ticks=1_000, total_ticks=5_000, own_cpu_seconds=1.0, steal_ticks=200)
+    # 2 s on 2 CPUs = 400 ticks of capacity; 300 busy ticks, 50 of them ours, 120 of them stolen.
+    end = CpuSample(at_seconds=12.0, busy_ticks=1_300, total_ticks=5_400, own_cpu_seconds=1.5, steal_ticks=320)
+    usage = CpuUsage.between(start, end)
+    assert usage.others_cpu_seconds == pytest.approx(2.5)
+    assert usage.others_percent == pytest.approx(62.5) and usage.steal_percent == pytest.approx(30.0)
+    assert usage.idle_percent == pytest.approx(25.0)
+    # Coarse ticks: steal can never be reported above others' share.
+    ours = CpuSample(at_seconds=12.0, busy_ticks=1_300, total_ticks=5_400, own_cpu_seconds=3.9, steal_ticks=320)
+    capped = CpuUsage.between(start, ours)
+    assert capped.steal_percent == capped.others_percent == pytest.approx(2.5)  # (3.0 - 2.9) s of 4
