@@ -130,8 +130,9 @@ def test_abort_skips_failed_slots_and_orphans_expire_by_lease(node: Any, unique_
     assert status(node, stream, orphan.txn_id) == "open"
     driver(node, stream).abort([*reported, None], 0)  # aborting twice is harmless
     time.sleep(1.2)
-    assert node.run(node.controller.expire_leases()) >= 1
-    assert status(node, stream, orphan.txn_id) in {"aborting", "aborted"}
+    # The node's own tick (every few seconds) may have expired the lease first; either way it ends here.
+    node.run(node.controller.expire_leases())
+    assert status(node, stream, orphan.txn_id) in {"aborting", "aborted"}, "a lapsed lease aborts the orphan"
     assert read_stream(node, stream) == [] and fence(node, stream) is None
 
 
