@@ -22,6 +22,10 @@ server, or bytes the decoder rejects break the protocol: the connection closes. 
 reason) fails every one-shot request in flight with ``ConnectionLostError`` and tells every session,
 which decide for themselves whether and how to reconnect.
 
+Sending.  Commands are encoded into one outgoing buffer and written once per event-loop turn
+(``_flush``), as the server does with its replies: the blocks of many segment writers that close in
+one turn leave in one ``send``, so the server wakes once for them, not once per block.
+
 Keep-alives: a ticker on the injected clock sends ``KeepAlive`` when nothing was sent for a
 keep-alive interval, and closes the connection when nothing was received for
 ``limits.KEEPALIVE_MISSED_MAX`` intervals (the server sends keep-alives too, so a live idle server is
@@ -124,6 +128,8 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._decoder = codec.Decoder()
         self._transport: asyncio.Transport | None = None
+        self._outgoing = bytearray()  # encoded commands not yet handed to the transport (see _flush)
+        self._flush_scheduled = False
         self._hello: asyncio.Future[int] = self._loop.create_future()
         self.version: int | None = None
         self._requests: dict[int, _Pending] = {}
@@ -186,11 +192,15 @@ class Connection(asyncio.Protocol):
             return
         reason = error or ConnectionLostError(f"the connection to {self.endpoint} was closed")
         self._error = reason
-        if self._transport is not None:
+        outgoing, self._outgoing = self._outgoing, bytearray()
+        transport = self._transport
+        if transport is not None:
             if isinstance(reason, ProtocolError):
-                self._transport.abort()
+                transport.abort()
             else:
-                self._transport.close()
+                if outgoing and not transport.is_closing():
+                    transport.write(outgoing)  # sent before the close: it still leaves, then the close
+                transport.close()
         if not self._hello.done():
             self._hello.set_exception(reason if isinstance(reason, Exception) else ConnectionLostError(str(reason)))
             self._hello.exception()  # retrieved: nobody may be waiting any more
@@ -228,10 +238,22 @@ class Connection(asyncio.Protocol):
         return self._transport
 
     def send(self, command: Command) -> None:
-        """Put ``command`` on the wire (no reply is awaited).  Raises ``ConnectionLostError`` if closed."""
-        transport = self._check_open()
-        transport.write(codec.encode(command))
+        """Put ``command`` on the wire (no reply is awaited): it leaves at the end of this event-loop
+        turn, after the commands sent before it.  Raises ``ConnectionLostError`` if closed."""
+        self._check_open()
+        codec.encode_into(self._outgoing, command)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
         self._last_sent = self._clock.monotonic()
+
+    def _flush(self) -> None:
+        """Hand the outgoing buffer to the transport (once per event-loop turn, and on a clean close)."""
+        self._flush_scheduled = False
+        if not self._outgoing or self._error is not None or self._transport is None:
+            return
+        data, self._outgoing = self._outgoing, bytearray()
+        self._transport.write(data)  # (hands the buffer over: TLS keeps a reference to it)
 
     def take_request_id(self) -> int:
         request_id = self._next_request_id

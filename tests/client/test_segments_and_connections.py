@@ -376,3 +376,64 @@ def test_pool_retrying_backs_off_on_the_injected_clock_and_gives_up_with_the_las
         assert clock.sleeps == []
 
     asyncio.run(scenario())
+
+
+class _RecordingTransport(asyncio.Transport):
+    """A transport that keeps what it is given, to see how commands leave a connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert not self.is_closing(), "written after the close"
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+
+def test_commands_sent_in_one_loop_turn_leave_in_one_write_and_a_clean_close_sends_them_first() -> None:
+    async def scenario() -> None:
+        connection = Connection(parse_uri("tcp://127.0.0.1:1"), clock=ManualClock(), config=fast_config())
+        transport = _RecordingTransport()
+        connection.connection_made(transport)
+        assert codec.Decoder().feed(transport.writes.pop()) == [
+            Hello(codec.WIRE_VERSION, codec.OLDEST_COMPATIBLE_VERSION)]
+        burst: list[Command] = [GetSegmentInfo(1, "a", ""), KeepAlive(), GetSegmentInfo(2, "b", "")]
+        for command in burst:
+            connection.send(command)
+        assert transport.writes == [], "nothing leaves before the loop turn ends"
+        await asyncio.sleep(0)
+        assert len(transport.writes) == 1 and codec.Decoder().feed(transport.writes[0]) == burst
+        connection.send(GetSegmentInfo(3, "c", ""))
+        connection.close()  # before the turn ends: what was sent still leaves, ahead of the close
+        assert transport.closed and codec.Decoder().feed(transport.writes[1]) == [GetSegmentInfo(3, "c", "")]
+        await asyncio.sleep(0)
+        assert len(transport.writes) == 2, "the flush scheduled before the close sends nothing again"
+        with pytest.raises(ConnectionLostError):
+            connection.send(KeepAlive())
+
+    run(scenario)
+
+
+def test_a_connection_closed_for_a_protocol_error_drops_what_it_had_not_sent() -> None:
+    async def scenario() -> None:
+        connection = Connection(parse_uri("tcp://127.0.0.1:1"), clock=ManualClock(), config=fast_config())
+        transport = _RecordingTransport()
+        connection.connection_made(transport)
+        transport.writes.clear()
+        connection.send(GetSegmentInfo(1, "a", ""))
+        connection.close(ProtocolError("the server sent bad bytes"))
+        await asyncio.sleep(0)
+        assert transport.aborted and transport.writes == []
+
+    run(scenario)
