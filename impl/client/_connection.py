@@ -248,7 +248,7 @@ class Connection(asyncio.Protocol):
         self._last_sent = self._clock.monotonic()
 
     def _flush(self) -> None:
-        """Hand the outgoing buffer to the transport (once per event-loop turn, and on a clean close)."""
+        """Hand the outgoing buffer to the transport (once per event-loop turn; ``close`` sends what is left)."""
         self._flush_scheduled = False
         if not self._outgoing or self._error is not None or self._transport is None:
             return
