@@ -2,12 +2,17 @@
 
 Theory of operation.  One asyncio loop in the harness's process is the writer.  The pacing loop
 (``offer``) looks at the clock, works out how many events are due at the offered rate since the step
-began (``floor(elapsed * rate) + 1 - sent``), and hands them to the driver as one ``Batch`` -- at most
-``BENCH_TICK_EVENTS_MAX`` events or ``BENCH_TICK_BYTES_MAX`` bytes -- then yields and looks again.
-At "max" (no rate) every tick is a full batch and the only brake is backpressure.  The events of a
-batch share one send time, which rides in the first 8 bytes of their payload (little-endian double,
-``time.monotonic()``: one clock for the whole machine on Linux, so a reader in any process could
-use it).
+began (``floor(elapsed * rate) + 1 - sent``), and once a pacing tick's worth is due
+(``BENCH_PACING_TICK_SECONDS`` of events, at least one) hands them to the driver as one ``Batch`` --
+at most ``BENCH_TICK_EVENTS_MAX`` events or ``BENCH_TICK_BYTES_MAX`` bytes -- then yields and looks
+again; until then it sleeps.  (Sending each event the moment it fell due kept the loop spinning at
+moderate rates, a core of the writer's process spent on pacing beside the client under test.)  At
+"max" (no rate) every tick is a full batch and the only brake is backpressure.  The events of a
+batch share one send time: at a fixed rate, the moment its first event fell due (or, if later, the
+moment the loop was free again after the previous batch) -- so the wait for a tick's worth, and for
+room when the system is behind, count as latency; at "max", the moment it is handed over.  It rides
+in the first 8 bytes of their payload (little-endian double, ``time.monotonic()``: one clock for the
+whole machine on Linux, so a reader in any process could use it).
 
 Write latency is from the send time to the acknowledgement the driver reports; end-to-end latency
 from the send time to the moment a consumer reads the event.  What is *measured* is what comes back
@@ -45,6 +50,7 @@ from millstream.limits import (
     BENCH_DRAIN_TIMEOUT_SECONDS,
     BENCH_IN_FLIGHT_BYTES_MAX,
     BENCH_IN_FLIGHT_EVENTS_MAX,
+    BENCH_PACING_TICK_SECONDS,
     BENCH_TICK_BYTES_MAX,
     BENCH_TICK_EVENTS_MAX,
 )
@@ -374,31 +380,41 @@ async def _pace(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
                 tick_events_max: int) -> int:
     """The ticks of ``offer``; the number of events sent."""
     clock = recorder.clock
+    rate = plan.rate
+    tick_min = 1 if rate is None else max(1, min(tick_events_max, int(rate * BENCH_PACING_TICK_SECONDS)))
     sent = 0
     sent_bytes = 0
+    free_since = started  # when the loop was last free to send (the previous batch handed over)
     for _ in range(ticks_max):
         now = clock()
         if now >= window_end or sent_bytes >= plan.bytes_max or recorder.errors:
             break
-        if plan.rate is None:
+        if rate is None:
             count = tick_events_max
         else:
-            due = math.floor((now - started) * plan.rate) + 1 - sent
-            if due <= 0:
-                next_due = started + (sent / plan.rate)
-                await sleep(max(0.0, min(next_due, window_end) - now))
-                continue
+            due = math.floor((now - started) * rate) + 1 - sent
+            if due < tick_min:  # sleep until a tick's worth is due (the last of them falls due then)
+                ready_at = started + (sent + tick_min - 1) / rate
+                if now < ready_at:
+                    await sleep(min(ready_at, window_end) - now)
+                    continue
+                due = tick_min  # the clock is there: a tick's worth is due (whatever the floor's rounding says)
             count = min(due, tick_events_max)
         count = min(count, max(1, (plan.bytes_max - sent_bytes) // plan.event_bytes))
         if not await recorder.wait_for_room(count, window_end):
             break
-        now = clock()  # the wait may have taken a while: the events are sent now
+        now = clock()
         if now >= window_end:
             break
-        recorder.sent(now, count)  # before the write: a driver may report acknowledgements inside it
-        batch = Batch(sent_at=now, payload=make_payload(now, plan.event_bytes), count=count, first_sequence=sent)
+        # The send time (see the module docstring): at a fixed rate, when the first event fell due, or
+        # when the loop was free again if that was later; at max, now.
+        sent_at = now if rate is None else min(now, max(started + sent / rate, free_since))
+        recorder.sent(sent_at, count)  # before the write: a driver may report acknowledgements inside it
+        batch = Batch(sent_at=sent_at, payload=make_payload(sent_at, plan.event_bytes), count=count,
+                      first_sequence=sent)
         await producer.write(batch)
         sent += count
         sent_bytes += count * plan.event_bytes
         await sleep(0)  # let acknowledgements and consumers run between ticks
+        free_since = clock()
     return sent

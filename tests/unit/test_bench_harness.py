@@ -61,6 +61,7 @@ from millstream.bench.harness import (
 from millstream.bench.workload import SUITES, SYSTEM_NAMES, Rate, Workload, parse_workload, suite_workloads
 from millstream.cli import main
 from millstream.errors import InvalidArgumentError
+from millstream.limits import BENCH_PACING_TICK_SECONDS
 
 # --- workloads ---------------------------------------------------------------------------------------------
 
@@ -285,6 +286,47 @@ def test_a_paced_step_sends_at_the_offered_rate_and_counts_only_its_window() -> 
                                                            for i in range(len(producer.batches))]
     for batch in producer.batches:
         assert send_time_of(batch.payload) == batch.sent_at and len(batch.payload) == 100
+
+
+class VirtualTime:
+    """A clock that moves only when the pacing loop sleeps: pacing without a machine's timing in it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+def test_a_paced_step_sends_a_pacing_ticks_worth_at_once_stamped_when_its_first_event_fell_due() -> None:
+    rate, warmup, duration = 20_000.0, 0.05, 0.2
+    tick_min = int(rate * BENCH_PACING_TICK_SECONDS)
+    time = VirtualTime()
+
+    async def run() -> tuple[StepRecorder, InstantProducer]:
+        recorder = StepRecorder(event_bytes=100, clock=time.clock)
+        producer = InstantProducer(recorder)
+        await offer(producer, OfferPlan(rate=rate, warmup_seconds=warmup, duration_seconds=duration,
+                                        event_bytes=100, bytes_max=10**9), recorder, sleep=time.sleep)
+        await recorder.drain(consumers=False, timeout_seconds=5.0)
+        return recorder, producer
+
+    recorder, producer = asyncio.run(run())
+    started = recorder.window_start - warmup
+    batches = producer.batches
+    # The loop sleeps until a tick's worth is due instead of sending each event as it falls due: one
+    # batch per tick, stamped when its first event fell due (the wait for the rest counts as latency).
+    assert tick_min == 20 and [b.count for b in batches[:-1]] == [tick_min] * (len(batches) - 1)
+    assert batches[0].sent_at == started  # the first event falls due as the step starts
+    total = sum(b.count for b in batches)
+    assert total == recorder.sent_total == pytest.approx(rate * (warmup + duration), abs=tick_min)
+    for batch in batches:
+        assert batch.sent_at == pytest.approx(started + batch.first_sequence / rate, abs=1e-9)
+        assert send_time_of(batch.payload) == batch.sent_at
 
 
 def test_a_max_step_sends_full_ticks_and_stops_at_its_byte_bound() -> None:
