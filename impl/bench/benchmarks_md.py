@@ -198,7 +198,9 @@ def _workload(report: HarnessReport, workload: Workload, figure: str | None) -> 
     if skipped:
         lines += ["", "Not measured:", *skipped]
     lines += ["", "Latencies are from the writer's send time (write: to the acknowledgement; end-to-end: to the "
-              "tail reader's read).  CPU µs/event: CPU seconds of the writer process (client library and "
+              "tail reader's read); at a fixed rate the writer sends 1 ms of events at a time, and an event's "
+              "send time is when the first event of its batch fell due, so that wait is counted too.  "
+              "CPU µs/event: CPU seconds of the writer process (client library and "
               "readers included) and of the server process during the window, per acknowledged event.  Server "
               "disk writes: the bytes the server process wrote to files during the window (its log, and "
               "millstream's Tier-2 copy; counted as written, whether or not the disk has them yet), per second.  "
