@@ -17,6 +17,7 @@ from typing import Final
 from millstream.bench._stats import Latency
 from millstream.bench.harness import CpuWindow, HarnessReport, StepResult, SystemRun, TargetResult
 from millstream.bench.workload import Workload
+from millstream.limits import BENCH_PACING_TICK_SECONDS
 
 __all__ = ["render_markdown"]
 
@@ -198,8 +199,9 @@ def _workload(report: HarnessReport, workload: Workload, figure: str | None) -> 
     if skipped:
         lines += ["", "Not measured:", *skipped]
     lines += ["", "Latencies are from the writer's send time (write: to the acknowledgement; end-to-end: to the "
-              "tail reader's read); at a fixed rate the writer sends 1 ms of events at a time, and an event's "
-              "send time is when the first event of its batch fell due, so that wait is counted too.  "
+              f"tail reader's read); at a fixed rate the writer sends {BENCH_PACING_TICK_SECONDS * 1e3:g} ms of "
+              "events at a time, and an event's send time is when the first event of its batch fell due, so that "
+              "wait is counted too.  "
               "CPU µs/event: CPU seconds of the writer process (client library and "
               "readers included) and of the server process during the window, per acknowledged event.  Server "
               "disk writes: the bytes the server process wrote to files during the window (its log, and "

@@ -320,7 +320,8 @@ def test_a_paced_step_sends_a_pacing_ticks_worth_at_once_stamped_when_its_first_
     batches = producer.batches
     # The loop sleeps until a tick's worth is due instead of sending each event as it falls due: one
     # batch per tick, stamped when its first event fell due (the wait for the rest counts as latency).
-    assert tick_min == 20 and [b.count for b in batches[:-1]] == [tick_min] * (len(batches) - 1)
+    assert tick_min > 1  # (else there is nothing to batch, and the test would prove nothing)
+    assert [b.count for b in batches[:-1]] == [tick_min] * (len(batches) - 1)
     assert batches[0].sent_at == started  # the first event falls due as the step starts
     total = sum(b.count for b in batches)
     assert total == recorder.sent_total == pytest.approx(rate * (warmup + duration), abs=tick_min)
