@@ -183,10 +183,11 @@ class StepRecorder:
         if self._measured(sent_at):
             self.sent_measured += count
 
-    def acknowledged(self, sent_at: float, count: int = 1) -> None:
-        """``count`` events sent at ``sent_at`` are durable (the system acknowledged them) now."""
+    def acknowledged(self, sent_at: float, count: int = 1, at: float | None = None) -> None:
+        """``count`` events sent at ``sent_at`` are durable (the system acknowledged them) now, or at
+        ``at`` (on ``clock``) when the driver read the clock as the acknowledgement reached it."""
         self.acknowledged_total += count
-        now = self.clock()
+        now = self.clock() if at is None else at
         if self._measured(now):
             self.acknowledged_measured += count
             self.write_latency.record(now - sent_at, count)
@@ -268,10 +269,13 @@ class BatchAcknowledgements:
     """The done-callback for the per-event futures of one batch (``future.add_done_callback(acks)``).
 
     The futures of a block of events complete together, in one turn of the event loop; recording each
-    on its own would cost a clock read and a histogram update per event -- harness overhead charged to
-    the system under test.  Instead the first completion of a turn schedules one ``call_soon`` that
-    records all of that turn's completions at once: the same latency, read once.  A failed or
-    cancelled future is reported to the recorder as the step's error.
+    on its own would cost a histogram update per event -- harness overhead charged to the system under
+    test.  Instead the first completion of a turn schedules one ``call_soon`` that records all of that
+    turn's completions at once.  Their acknowledgement time is read as each completion's callback runs
+    (the moment an application's own callback would learn of it), and the latest of them is recorded
+    for all: not when the deferred recording runs, a loop turn later, behind whatever else that turn
+    does (a pacing tick's worth of sends).  A failed or cancelled future is reported to the recorder as
+    the step's error.
 
     A client whose events share futures (millstream's writer hands every event of a block the block's
     one future) is tracked with ``track(future)`` instead: one callback per distinct future, counting
@@ -279,7 +283,7 @@ class BatchAcknowledgements:
     future completes, without a callback per event on a future that is one object.
     """
 
-    __slots__ = ("_counts", "_pending", "_recorder", "_scheduled", "_sent_at", "_what")
+    __slots__ = ("_acknowledged_at", "_counts", "_pending", "_recorder", "_scheduled", "_sent_at", "_what")
 
     def __init__(self, recorder: StepRecorder, sent_at: float, what: str) -> None:
         self._recorder = recorder
@@ -287,6 +291,7 @@ class BatchAcknowledgements:
         self._what = what
         self._pending = 0
         self._scheduled = False
+        self._acknowledged_at = 0.0  # when the latest completion not yet recorded was seen
         #: Events per tracked future whose callback has not run yet.
         self._counts: dict[asyncio.Future[Any], int] = {}
 
@@ -315,13 +320,14 @@ class BatchAcknowledgements:
             self._recorder.failed(f"{self._what} failed: {error!r}")
             return
         self._pending += count
+        self._acknowledged_at = self._recorder.clock()
         if not self._scheduled:
             self._scheduled = True
             future.get_loop().call_soon(self._record)
 
     def _record(self) -> None:
         count, self._pending, self._scheduled = self._pending, 0, False
-        self._recorder.acknowledged(self._sent_at, count)
+        self._recorder.acknowledged(self._sent_at, count, self._acknowledged_at)
 
 
 @attrs.frozen

@@ -886,9 +886,9 @@ def spied_recorder(sent: int) -> tuple[StepRecorder, list[tuple[float, int]]]:
     calls: list[tuple[float, int]] = []
     original = recorder.acknowledged
 
-    def spy(sent_at: float, count: int = 1) -> None:
+    def spy(sent_at: float, count: int = 1, at: float | None = None) -> None:
         calls.append((sent_at, count))
-        original(sent_at, count)
+        original(sent_at, count, at)
 
     recorder.acknowledged = spy  # type: ignore[method-assign]
     return recorder, calls
@@ -948,6 +948,53 @@ def test_shared_futures_are_tracked_with_one_callback_each_and_every_event_count
     assert callbacks == [1, 1]
     assert calls == [(10.25, 4), (10.25, 2), (10.25, 1)]
     assert recorder.acknowledged_total == 7 and recorder.write_latency.count == 7
+
+
+def test_an_acknowledgement_is_timed_when_its_callback_runs_not_when_it_is_recorded_a_turn_later() -> None:
+    now = [10.5]
+    recorder = StepRecorder(event_bytes=100, clock=lambda: now[0])
+    recorder.plan_window(10.0, 11.0)
+    recorder.sent(10.25, 3)
+
+    async def run() -> None:
+        acks = BatchAcknowledgements(recorder, 10.25, "a test write")
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        acks.track(first)
+        acks.track(first)
+        acks.track(second)
+        first.set_result(None)
+        second.set_result(None)
+        await asyncio.sleep(0)  # the futures' callbacks run (at 10.5) and queue the recording
+        now[0] = 10.9  # what runs before the recording (a pacing tick, say) takes 0.3 s
+        await asyncio.sleep(0)
+
+    def tick_on_callback(future: asyncio.Future[None]) -> None:
+        now[0] += 0.1
+
+    async def run_with_a_clock_that_moves_between_callbacks() -> None:
+        loop = asyncio.get_running_loop()
+        acks = BatchAcknowledgements(recorder, 10.25, "a test write")
+        first, second = loop.create_future(), loop.create_future()
+        acks.track(first)
+        acks.track(first)
+        first.add_done_callback(tick_on_callback)  # after acks' callback: the clock moves on
+        acks.track(second)
+        first.set_result(None)
+        second.set_result(None)
+        await asyncio.sleep(0)
+        now[0] = 10.9
+        await asyncio.sleep(0)
+
+    asyncio.run(run())
+    # Recorded when seen (10.5), not when the deferred recording ran (10.9): 0.25 s, not 0.65.
+    assert recorder.acknowledged_total == 3 and recorder.write_latency.percentile(1.0) == pytest.approx(0.25)
+    now[0] = 10.5
+    recorder.sent(10.25, 3)
+    asyncio.run(run_with_a_clock_that_moves_between_callbacks())
+    # Two completions of one turn seen at 10.5 and 10.6 are both recorded at the later: never early.
+    assert recorder.acknowledged_total == 6
+    assert recorder.write_latency.percentile(1.0) == pytest.approx(0.35, rel=0.011)
 
 
 def test_a_write_that_never_returns_fails_the_step_after_the_window() -> None:
