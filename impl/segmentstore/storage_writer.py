@@ -202,11 +202,11 @@ class StorageWriter(TierTwo):
 
     def _add_unflushed(self, segment_id: int, size: int) -> None:
         before = self._unflushed.get(segment_id, 0)
-        self._unflushed[segment_id] = before + size
+        total = self._unflushed[segment_id] = before + size
         self.unflushed_bytes += size
         if before == 0:
             self._dirty_since[segment_id] = self._clock.monotonic()
-        if before < self._flush_bytes_min <= before + size or self.unflushed_bytes > self.unflushed_bytes_max:
+        if before < self._flush_bytes_min <= total or self.unflushed_bytes > self.unflushed_bytes_max:
             self._wake.set()
 
     def _on_merged(self, operation: MergeSegmentOperation) -> None:
@@ -373,6 +373,8 @@ class StorageWriter(TierTwo):
             self._recount_segment(segment_id)
             return
         start, stop = gap
+        read_at = self._clock.monotonic()
+        took_all = stop == segment.length  # every byte then unflushed: whatever is left came later
         data = self._read_index.segment(segment_id).read_memory(start, stop - start)
         if data is None:
             raise InternalError(f"segment {segment.name!r}: unflushed bytes [{start}, {stop}) are not in memory")
@@ -392,6 +394,12 @@ class StorageWriter(TierTwo):
             self._open_chunks[segment_id] = (chunk, chunk_offset + len(data), stop)
             await self._record(StorageFlushOperation(segment_id, start, len(data), chunk, chunk_offset))
             self.flushed_bytes += len(data)
+            since = self._dirty_since.get(segment_id)
+            if took_all and since is not None and since < read_at:
+                # The bytes appended while this flush ran are at most this old.  (Left at the first
+                # dirty moment, a segment written without pause was over the age after 5 s for good,
+                # and was flushed again at every turn, a few KB at a time.)
+                self._dirty_since[segment_id] = read_at
         except StorageError:
             self._garbage_possible = True  # a torn write may have left an unreferenced chunk
             raise
