@@ -61,7 +61,8 @@ CHUNK_STORAGE_THREADS_MAX: Final = 4
 STORAGE_FLUSH_BYTES_MAX: Final = 4 * MIB
 
 #: A segment with fewer unflushed bytes than this waits (up to the age below) for more, so Tier 2
-#: gets few large writes rather than many small ones.
+#: gets few large writes rather than many small ones.  (Each segment's threshold is this scaled by 1
+#: to 2, so that segments filling at one rate do not all come due at once: ``StorageWriter``.)
 STORAGE_FLUSH_BYTES_MIN: Final = 1 * MIB
 
 #: ... but no byte waits longer than this to start its way to Tier 2, so the log can be truncated

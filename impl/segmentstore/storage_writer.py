@@ -4,7 +4,8 @@ the log be truncated and the cache evict them.  ``spec/ContainerFailover.tla`` n
 Theory of operation.
 
 * *Flush* [WriteChunk, CommitFlush].  A segment's bytes that no span of its layout covers (``layout``)
-  are still in memory.  When a segment has at least ``flush_bytes_min`` of them, or its oldest has
+  are still in memory.  When a segment has at least ``flush_bytes_min`` of them (scaled by 1 to 2 per
+  segment, so that segments filling at one rate come due apart), or its oldest has
   waited ``flush_age_seconds``, or ingestion is being throttled, the writer writes up to
   ``flush_bytes_max`` of them into a chunk (durable on return), then queues a
   ``StorageFlushOperation`` through the durable log; only once that commits do the bytes count as in
@@ -75,6 +76,8 @@ _LIVE = (SegmentStatus.ACTIVE, SegmentStatus.SEALED)
 _CHUNK_NAME = re.compile(r"^c(\d+)/s(\d+)/(\d+)\.e(\d+)\.(\d+)$")
 #: Checkpoints kept as truncation candidates (the newest eligible one wins; older ones add nothing).
 _CANDIDATES_MAX = 8
+#: (sqrt(5) - 1) / 2: multiples of it modulo 1 spread as evenly as any sequence can.
+_GOLDEN_RATIO_FRACTION = 0.6180339887498949
 
 
 def chunk_name(container_id: int, segment_id: int, offset: int, epoch: int, number: int) -> str:
@@ -206,8 +209,16 @@ class StorageWriter(TierTwo):
         self.unflushed_bytes += size
         if before == 0:
             self._dirty_since[segment_id] = self._clock.monotonic()
-        if before < self._flush_bytes_min <= total or self.unflushed_bytes > self.unflushed_bytes_max:
+        if before < self._flush_threshold(segment_id) <= total or self.unflushed_bytes > self.unflushed_bytes_max:
             self._wake.set()
+
+    def _flush_threshold(self, segment_id: int) -> int:
+        """The unflushed bytes at which a segment is due: ``flush_bytes_min`` scaled by 1 to 2, spread
+        over segment ids by the golden ratio.  Segments that fill at one rate -- every segment of a
+        stream under random routing keys -- then come due one after another, not all at once: 16 flushes
+        in a row kept the log's disk and the event loop busy for ~100 ms every cycle, and the appends
+        that waited behind them were a write's p95."""
+        return self._flush_bytes_min + int(self._flush_bytes_min * (segment_id * _GOLDEN_RATIO_FRACTION % 1.0))
 
     def _on_merged(self, operation: MergeSegmentOperation) -> None:
         source, target = operation.source_segment_id, operation.target_segment_id
@@ -340,7 +351,7 @@ class StorageWriter(TierTwo):
         now = self._clock.monotonic()
         throttling = self.unflushed_bytes > self.unflushed_bytes_max // 2
         return [segment_id for segment_id, count in self._unflushed.items()
-                if throttling or count >= self._flush_bytes_min
+                if throttling or count >= self._flush_threshold(segment_id)
                 or now - self._dirty_since.get(segment_id, now) >= self._flush_age_seconds
                 or self._sealed(segment_id)]
 
