@@ -55,9 +55,9 @@ __all__ = ["BLOCK_TRANSITIONS", "BlockState", "Failure", "PendingBlock", "Writer
 
 _EVENT_HEADER = struct.Struct(">ii")
 
-#: Below this many events the plain loop is as fast as the strided check (measured: ~0.4 us per event
-#: for the loop, ~10 us fixed cost for the eight slices).
-_STRIDED_COUNT_MIN = 32
+#: From this many events on the strided check is the faster (CPython 3.11, 100 B events: the loop
+#: costs ~0.22 us per event, the eight slices ~1.0-1.3 us in all, whatever the count).
+_STRIDED_COUNT_MIN = 5
 
 
 def scan_events(data: bytes | memoryview) -> tuple[int, int]:
@@ -75,10 +75,15 @@ def scan_events(data: bytes | memoryview) -> tuple[int, int]:
         raise MalformedEventError(f"{size} bytes are too few for an event header")
     type_code, length = _EVENT_HEADER.unpack_from(view, 0)
     stride = EVENT_HEADER_LENGTH + length
+    if type_code == 0 and length >= 0 and size == stride:
+        return 1, length  # one whole event: its header is all there is to check
     if type_code == 0 and length >= 0 and size % stride == 0 and size // stride >= _STRIDED_COUNT_MIN:
         count = size // stride
         raw = view.obj if isinstance(view.obj, bytes) and len(view.obj) == size else view.tobytes()
-        if all(raw[i::stride] == raw[i:i + 1] * count for i in range(EVENT_HEADER_LENGTH)):
+        for i in range(EVENT_HEADER_LENGTH):  # (a for loop: a generator in all() costs ~0.4 us more)
+            if raw[i::stride] != raw[i:i + 1] * count:
+                break
+        else:
             return count, length
     count = position = longest = 0
     unpack = _EVENT_HEADER.unpack_from
