@@ -209,7 +209,9 @@ class StorageWriter(TierTwo):
         self.unflushed_bytes += size
         if before == 0:
             self._dirty_since[segment_id] = self._clock.monotonic()
-        if before < self._flush_threshold(segment_id) <= total or self.unflushed_bytes > self.unflushed_bytes_max:
+        # (The cheap bound first: this runs once per committed append, and no threshold is below the minimum.)
+        if ((total >= self._flush_bytes_min and before < self._flush_threshold(segment_id) <= total)
+                or self.unflushed_bytes > self.unflushed_bytes_max):
             self._wake.set()
 
     def _flush_threshold(self, segment_id: int) -> int:
