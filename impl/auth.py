@@ -61,6 +61,7 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 import attrs
+from millstream import limits
 from millstream.errors import AuthenticationError, InvalidArgumentError, ReservedSegmentError, TransientSegmentError
 from millstream.naming import SegmentKind, reader_group_state_segment_name, segment_kind
 
@@ -321,11 +322,12 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
     ``SECRET_LENGTH_MIN_BYTES``."""
     try:
         with open(path, "rb") as file:
-            secret = file.read(64 * 1024 + 1).strip()
+            secret = file.read(limits.SECRET_FILE_BYTES_MAX + 1).strip()
     except OSError as error:
         raise InvalidArgumentError(f"cannot read the secret file: {error}") from None
-    if len(secret) > 64 * 1024:
-        raise InvalidArgumentError(f"the secret file {os.fspath(path)!r} is over 64 KiB: is it the right file?")
+    if len(secret) > limits.SECRET_FILE_BYTES_MAX:
+        raise InvalidArgumentError(f"the secret file {os.fspath(path)!r} is over {limits.SECRET_FILE_BYTES_MAX} "
+                                   "bytes: is it the right file?")
     if len(secret) < SECRET_LENGTH_MIN_BYTES:
         raise InvalidArgumentError(f"the secret in {os.fspath(path)!r} must be at least {SECRET_LENGTH_MIN_BYTES} "
                                    f"bytes long (it has {len(secret)})")
