@@ -28,8 +28,9 @@ Bad input never takes the server down and never disturbs other connections: a fr
 rejects, a block whose events are malformed or do not match its accounting, an event number that
 does not increase, an append without ``SetupAppend`` -- each is logged once and closes this
 connection (after the reply that explains it, where the protocol has one).  Requests that are merely
-wrong (an unknown segment, a bad offset, a bad token, a segment another server owns) get their typed
-reply and the connection carries on.  A connection that closes drops its unanswered work: appends
+wrong (an unknown segment, a bad offset, a bad token, a segment another server owns, a change to a
+segment only the node itself changes: ``millstream.auth``) get their typed reply and the connection
+carries on.  A connection that closes drops its unanswered work: appends
 already submitted still complete in the container, unacknowledged; the writer re-sends them after
 it reconnects and the stored event number makes that safe.
 """
