@@ -12,6 +12,7 @@ clock.
 
 from __future__ import annotations
 
+import select
 import signal
 import socket
 import subprocess
@@ -183,15 +184,13 @@ class Process:
     def __init__(self, args: list[str], cwd: Path) -> None:
         self.popen = subprocess.Popen([sys.executable, "-c", "from millstream.cli import main; main()", *args], cwd=cwd,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        while True:  # (bounded: the node prints the line or exits; the test's timeout is the backstop)
-            line = self.popen.stdout.readline() if self.popen.stdout is not None else ""
-            if not line:
-                raise AssertionError(f"`millstream {' '.join(args)}` exited: {self.stop()}")
-            self.lines.append(line)
-            if " listening on " in line:
-                self.uri = line.split(" listening on ")[1].split()[0]
-                return
+        assert self.popen.stdout is not None
+        # Its first line on stdout says where it listens (its logs go to stderr).
+        ready, _, _ = select.select([self.popen.stdout], [], [], START_TIMEOUT_SECONDS)
+        line = self.popen.stdout.readline() if ready else ""
+        if " listening on " not in line:
+            raise AssertionError(f"`millstream {' '.join(args)}` did not start ({line!r}): {self.stop()}")
+        self.uri = line.split(" listening on ")[1].split()[0]
 
     def stop(self) -> str:
         """Stop it (SIGTERM: a graceful shutdown) and return what it logged."""

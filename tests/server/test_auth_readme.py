@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -52,7 +53,8 @@ def test_the_security_section_runs_as_written(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert node.stdout is not None
-        first = node.stdout.readline()  # (the node prints it once it listens, or exits)
+        ready, _, _ = select.select([node.stdout], [], [], START_TIMEOUT_SECONDS)  # (it prints once it listens)
+        first = node.stdout.readline() if ready else ""
         assert first.startswith(f"millstream standalone listening on tls://127.0.0.1:{port} "), first
         done = subprocess.run(["bash", "-e", "-c", commands], check=False, cwd=tmp_path, env=environment, text=True,
                               capture_output=True, timeout=COMMANDS_TIMEOUT_SECONDS)
