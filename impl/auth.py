@@ -50,6 +50,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -276,13 +277,22 @@ _WHO_WRITES: Final[Mapping[SegmentKind, str]] = {
 _NAME_QUOTED_MAX: Final = 200
 
 
+@functools.lru_cache(maxsize=65_536)  # (asked on every request, and a reader asks about one segment often)
+def _limited_to(segment: str) -> frozenset[SegmentOperation] | None:
+    """What a client may do to ``segment``: None for a user's segment (everything), else the
+    operations its kind allows."""
+    kind = segment_kind(segment)
+    return None if kind is SegmentKind.USER else CLIENT_OPERATIONS[kind]
+
+
 def check_client_operation(segment: str, operation: SegmentOperation) -> None:
     """Return if a client may ``operation`` ``segment`` at all (``CLIENT_OPERATIONS``); else raise
     ``ReservedSegmentError`` (``TransientSegmentError`` for a transient segment) saying who may.
     Tokens do not enter into it: the same answer holds with authentication on or off."""
-    kind = segment_kind(segment)
-    if operation in CLIENT_OPERATIONS[kind]:
+    allowed = _limited_to(segment)
+    if allowed is None or operation in allowed:
         return
+    kind = segment_kind(segment)
     quoted = repr(segment[:_NAME_QUOTED_MAX]) + ("..." if len(segment) > _NAME_QUOTED_MAX else "")
     message = f"{quoted} is {kind.value}: a client may not {operation.value} it ({_WHO_WRITES[kind]})"
     raise (TransientSegmentError if kind is SegmentKind.TRANSIENT else ReservedSegmentError)(message)
@@ -313,7 +323,8 @@ class Authorizer:
         grants the operation's permission (``check``).  Raises ``ReservedSegmentError`` /
         ``TransientSegmentError``, then ``AuthenticationError``."""
         check_client_operation(segment, operation)
-        self.check(token, segment, operation.permission)
+        if self._secret is not None:
+            self.check(token, segment, operation.permission)
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> bytes:
@@ -356,9 +367,9 @@ def exposure_warnings(host: str, *, auth: bool, tls: bool) -> list[str]:
     warnings = []
     if not auth:
         warnings.append(f"listening on {where} (not loopback) with authentication OFF: anyone who can reach the "
-                        "port can read, write and delete every stream; give --auth-secret-file (see `millstream "
-                        "token issue --help`)")
+                        "port can read, write and delete every stream; give --auth-secret-file (Python: auth_secret=; "
+                        "see `millstream token issue --help`)")
     if not tls:
         warnings.append(f"listening on {where} (not loopback) without TLS: tokens and data cross the network in "
-                        "clear; give --tls-cert and --tls-key")
+                        "clear; give --tls-cert and --tls-key (Python: ssl_context=)")
     return warnings
