@@ -17,8 +17,8 @@ through the controller too.  Large events, up to 1 GiB, are streamed without bei
 (``client.large_event_writer(stream).stream_event(key)`` returns a file-like ``EventWriter``;
 readers stream them through ``EventRead.stream_event()``), and ``client.byte_stream_writer`` writes
 raw bytes.  Tokens for an authenticating server come from ``issue_token``
-(``millstream.auth``).  Streams, readers and the Spark pipeline build on it.  Errors live in
-``millstream.errors``.
+(``millstream.auth``; from the shell, ``millstream token issue``).  Streams, readers and the Spark
+pipeline build on it.  Errors live in ``millstream.errors``.
 """
 
 from millstream import auth, client, errors

@@ -695,3 +695,14 @@ TRANSIENT_SEGMENT_MERGES_REMEMBERED_MAX: Final = 4096
 #: behaves exactly as before; a reader may raise it (``ReaderConfig.event_in_memory_bytes_max``) up to
 #: ``LARGE_EVENT_LENGTH_MAX_BYTES`` if it can afford the memory.
 READER_EVENT_IN_MEMORY_BYTES_MAX: Final = EVENT_LENGTH_MAX_BYTES
+
+# --- Tokens (millstream.auth, `millstream token issue`) ---------------------------------------------------
+
+#: The longest lifetime `millstream token issue --ttl` gives a token.  A token cannot be revoked on
+#: its own -- only changing the node's secret revokes it, with every other token -- so a leaked one
+#: is valid until it expires: a year bounds that, and an operator issues a new one instead.
+TOKEN_TTL_MAX_SECONDS: Final = 366 * 24 * 3600.0
+
+#: A secret file longer than this is refused unread (`--auth-secret-file`): a secret is a few dozen
+#: bytes, and a larger file is the wrong file (a certificate, a log), not a better secret.
+SECRET_FILE_BYTES_MAX: Final = 64 * 1024

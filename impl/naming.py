@@ -10,12 +10,15 @@ owner of any segment is a consistent hash of its *primary* (parent) name onto th
 The hash is stable across processes and Python versions (``blake2b``, never the built-in ``hash``),
 because a client, a controller and every segment store must agree on it.
 
-System segments (the controller's metadata, reader-group state) live in the reserved scope
-``_system``, which users cannot create.
+System segments (the controller's metadata) live in the reserved scope ``_system``, which users
+cannot create; a reader group's state lives in its own scope, as ``<scope>/_RG<group>``, a name no
+stream can take.  ``segment_kind`` tells these apart from users' segments by name alone, so the
+server can refuse a client what only the node itself may do (``millstream.auth``).
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import re
@@ -25,7 +28,10 @@ from uuid import UUID
 from millstream.errors import InvalidArgumentError
 
 __all__ = [
+    "LEGACY_READER_GROUP_STATE_PREFIX",
+    "READER_GROUP_STATE_PREFIX",
     "SYSTEM_SCOPE",
+    "SegmentKind",
     "TRANSACTION_DELIMITER",
     "TRANSIENT_DELIMITER",
     "container_of",
@@ -34,8 +40,10 @@ __all__ = [
     "is_transient_segment",
     "jump_consistent_hash",
     "primary_segment_name",
+    "reader_group_state_segment_name",
     "segment_id",
     "segment_id_parts",
+    "segment_kind",
     "stream_segment_name",
     "parse_stream_segment_name",
     "transaction_segment_name",
@@ -143,3 +151,59 @@ def container_of(name: str, container_count: int) -> int:
     digest = hashlib.blake2b(primary_segment_name(name).encode(), digest_size=8,
                              person=b"millstream-sc").digest()
     return jump_consistent_hash(int.from_bytes(digest, "big"), container_count)
+
+
+# --- Reserved names: what belongs to the node, not to its clients ----------------------------------
+
+#: A reader group's state segment is ``<scope>/_RG<group>`` (Pravega's name for a group's state
+#: stream): inside its scope, so a token for the scope (``scope/*``) covers it, and in the names a
+#: stream cannot take (stream names do not start with '_'), so it never collides with one.
+READER_GROUP_STATE_PREFIX: Final = "_RG"
+
+#: Where reader groups created before the state moved into the scope keep it; the controller's
+#: metadata records each group's state segment, so such a group keeps working (with a ``*`` token).
+LEGACY_READER_GROUP_STATE_PREFIX: Final = f"{SYSTEM_SCOPE}/_readergroups/"
+
+
+class SegmentKind(enum.Enum):
+    """Whose a segment is, by its name alone (``segment_kind``); ``millstream.auth.CLIENT_OPERATIONS``
+    says what a client may do to each kind."""
+
+    USER = "a user's segment"
+    TRANSACTION = "a stream transaction's segment"
+    TRANSIENT = "a large event's transient segment"
+    READER_GROUP_STATE = "a reader group's state segment"
+    RESERVED = "a segment reserved for the node itself"
+
+
+def reader_group_state_segment_name(scope: str, group: str) -> str:
+    """The segment that holds reader group ``scope/group``'s shared state."""
+    return f"{scope}/{READER_GROUP_STATE_PREFIX}{group}"
+
+
+def segment_kind(name: str) -> SegmentKind:
+    """The kind of segment ``name`` is.  Reserved: every name in a scope starting with '_' (the
+    system scope ``_system`` holds the controller's metadata; users cannot create such scopes),
+    every name ``scope/_...`` (what stream names cannot be) other than a reader group's state, and a
+    name that holds both hidden-segment delimiters (millstream makes none).  A hidden segment of a
+    reserved primary is reserved too."""
+    transaction = TRANSACTION_DELIMITER in name
+    transient = TRANSIENT_DELIMITER in name
+    if transaction and transient:
+        return SegmentKind.RESERVED
+    primary = primary_segment_name(name)
+    scope, _, rest = primary.partition("/")
+    if scope.startswith("_"):
+        if not (transaction or transient) and primary.startswith(LEGACY_READER_GROUP_STATE_PREFIX) \
+                and "/" not in primary[len(LEGACY_READER_GROUP_STATE_PREFIX):]:
+            return SegmentKind.READER_GROUP_STATE
+        return SegmentKind.RESERVED
+    if rest.startswith("_"):
+        if not (transaction or transient) and rest.startswith(READER_GROUP_STATE_PREFIX) and "/" not in rest:
+            return SegmentKind.READER_GROUP_STATE
+        return SegmentKind.RESERVED
+    if transaction:
+        return SegmentKind.TRANSACTION
+    if transient:
+        return SegmentKind.TRANSIENT
+    return SegmentKind.USER

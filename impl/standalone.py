@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar
 
 from millstream import limits
+from millstream.auth import exposure_warnings
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
 from millstream.errors import InvalidArgumentError, ObjectClosedError, StorageError
 from millstream.segmentstore.container import StorageSettings
@@ -228,6 +229,10 @@ class Node:
         except BaseException:
             await self.stop()
             raise
+        # Beyond loopback, say loudly what is open (auth off: anyone may do anything; no TLS: tokens in clear).
+        for warning in exposure_warnings(self.config.host, auth=self._auth_secret is not None,
+                                         tls=self._ssl_context is not None):
+            log.warning("%s", warning)
 
     async def stop(self) -> None:
         """Stop the started services in reverse order (each one's failure is logged, the rest still stop)."""

@@ -50,6 +50,7 @@ __all__ = [
     "ReaderGroupNotFoundError",
     "ReaderNotInGroupError",
     "RequestTimeoutError",
+    "ReservedSegmentError",
     "RetryableError",
     "ScopeExistsError",
     "ScopeNotEmptyError",
@@ -201,6 +202,15 @@ class WrongHostError(RetryableError):
 class AuthenticationError(CallerError, PermissionError):
     """The request's token is missing, malformed, forged, expired, or does not grant this access to
     this resource.  Nothing changed."""
+
+
+class ReservedSegmentError(CallerError, PermissionError):
+    """A client asked to create, append to, truncate, seal, merge, update an attribute of or delete a
+    segment that only the node itself changes that way (``millstream.auth.CLIENT_OPERATIONS``): one of
+    a reserved scope (``_system``: the controller's metadata), a reserved name in a scope
+    (``scope/_...``), a stream transaction's segment (its writers append; the controller commits and
+    aborts) or a reader group's state (its state synchronizer appends and truncates).  Refused
+    whatever the token, with authentication on or off.  Nothing changed."""
 
 
 class InvalidEventNumberError(CallerError):

@@ -31,11 +31,12 @@ def _connection_options(command: F) -> F:
     """--uri, --token and --tls-ca, shared by every command here."""
     command = click.option(
         "--tls-ca", "tls_ca", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+        envvar="MILLSTREAM_TLS_CA", show_envvar=True,
         help="Use TLS and trust the server's certificate if this CA file (PEM) signed it.  "
              "(A tls:// URI without it trusts the system's CAs.)")(command)
     command = click.option(
         "--token", envvar="MILLSTREAM_TOKEN", default="", show_envvar=True,
-        help="Access token for a server that checks tokens (issue one with millstream.issue_token).")(command)
+        help="Access token for a server that checks tokens (issue one with `millstream token issue`).")(command)
     command = click.option(
         "--uri", envvar="MILLSTREAM_URI", default=_DEFAULT_URI, show_default=True, show_envvar=True,
         help="The server: tcp://HOST:PORT or tls://HOST:PORT, as `millstream standalone` prints it.")(command)

@@ -4,11 +4,13 @@ checkpoints, resets the group and declares readers offline.
 
 Theory of operation.  A reader group reads one or more streams; each segment is read by exactly one
 reader of the group at a time.  The group's state lives in its state segment
-(``_system/_readergroups/<scope>.<group>``, created by the controller) and is shared through a
-``StateSynchronizer``: every reader keeps a copy and changes it only by the updates below, each written
-with a conditional append against the latest state (Pravega's ``ReaderGroupState``, reference 6.1-6.5;
-spec ``StreamOrdering.tla``, model ``millstream.model.stream_ordering``).  Segments are named by their
-qualified names (``scope/stream/<n>.#epoch.<e>``), so one state spans several streams.
+(``<scope>/_RG<group>``, in the group's scope so that a token for the scope covers it; created by the
+controller, which records its name -- groups made before it moved there keep theirs under
+``_system/_readergroups/``) and is shared through a ``StateSynchronizer``: every reader keeps a copy
+and changes it only by the updates below, each written with a conditional append against the latest
+state (Pravega's ``ReaderGroupState``, reference 6.1-6.5; spec ``StreamOrdering.tla``, model
+``millstream.model.stream_ordering``).  Segments are named by their qualified names
+(``scope/stream/<n>.#epoch.<e>``), so one state spans several streams.
 
 The state:
 

@@ -85,19 +85,27 @@ from millstream.errors import (
     StreamSealedError,
     StreamSegmentNotExistsError,
 )
-from millstream.naming import SYSTEM_SCOPE, stream_segment_name, validate_scope_or_stream_name
+from millstream.naming import (
+    LEGACY_READER_GROUP_STATE_PREFIX,
+    reader_group_state_segment_name,
+    stream_segment_name,
+    validate_scope_or_stream_name,
+)
 from millstream.segmentstore.tracing import Tracer
 
 __all__ = ["READER_GROUP_STATE_PREFIX", "Controller", "ControllerConfig", "reader_group_state_segment"]
 
 log = logging.getLogger("millstream.controller")
 
-#: Reader groups keep their shared state in ``_system/_readergroups/<scope>.<group>``.
-READER_GROUP_STATE_PREFIX = f"{SYSTEM_SCOPE}/_readergroups/"
+#: Reader groups created before their state moved into their scope keep it under this prefix (each
+#: group's record names its state segment, so those keep working).
+READER_GROUP_STATE_PREFIX = LEGACY_READER_GROUP_STATE_PREFIX
 
 
 def reader_group_state_segment(scope: str, group: str) -> str:
-    return f"{READER_GROUP_STATE_PREFIX}{scope}.{group}"
+    """A new reader group's state segment: ``<scope>/_RG<group>``, in its scope, so that a token for
+    the scope covers it (``naming.reader_group_state_segment_name``)."""
+    return reader_group_state_segment_name(scope, group)
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:

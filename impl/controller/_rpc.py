@@ -7,22 +7,25 @@ cuts (``{"<segment id>": offset}``), configurations -- so the controller's metho
 well-formed arguments, and anything malformed is an ``InvalidArgumentError`` naming the field, before
 anything is looked at or changed.  The reply is the controller method's result as canonical JSON.
 With authentication on, the token must grant the method's permission (READ for queries, READ_UPDATE
-for changes) on its resource: the scope for scope methods, ``scope/stream`` for stream methods,
-``scope/group`` for reader groups, ``*`` for listing scopes, the segment's stream for
+for changes) on its resource: the scope for scope methods (``scope/*`` covers it), ``scope/stream``
+for stream methods, the group's state segment's ``scope/_RG<group>`` for reader groups (so ``scope/*``
+covers them, a token for one stream does not), ``*`` for listing scopes, the segment's resource for
 ``get_segment_uri``; stream transactions and fences are the stream's (READ_UPDATE to begin, ping,
-commit or abort them).  Unknown methods are not handed here: ``knows`` says no and the server answers
-``OperationUnsupported``.
+commit or abort them).  Creating or reconfiguring a reader group also needs READ on every stream it
+is to read, checked with the rest before anything changes: a token that could not read them would
+leave a group its readers cannot use.  Unknown methods are not handed here: ``knows`` says no and the
+server answers ``OperationUnsupported``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
-from millstream.auth import Authorizer, Permission
+from millstream.auth import Authorizer, Permission, reader_group_resource
 from millstream.client._streams import ReaderGroupConfig, StreamConfig, canonical_json
 from millstream.controller._controller import Controller
 from millstream.controller._transactions import check_fence, check_lease, check_transaction_id
@@ -163,6 +166,8 @@ class _Method:
     permission: Permission
     resource: Callable[[_Args], str]
     call: Callable[[Controller, _Args], Awaitable[dict[str, Any]]]
+    #: Further resources the method reads (READ is checked on each): a reader group's streams.
+    reads: Callable[[_Args], Iterable[str]] = lambda args: ()
 
 
 def _scope_resource(args: _Args) -> str:
@@ -174,7 +179,12 @@ def _stream_resource(args: _Args) -> str:
 
 
 def _group_resource(args: _Args) -> str:
-    return f"{args['scope']}/{args['group']}"
+    return reader_group_resource(args["scope"], args["group"])
+
+
+def _group_streams(args: _Args) -> Iterable[str]:
+    config: ReaderGroupConfig = args["config"]
+    return config.streams.keys()
 
 
 _READ, _UPDATE = Permission.READ, Permission.READ_UPDATE
@@ -220,13 +230,15 @@ METHODS: Final[dict[str, _Method]] = {
         {**_STREAM_FIELDS, "from_cut": _optional_cut, "to_cut": _optional_cut}, {}, _READ, _stream_resource,
         lambda c, a: c.get_segments_between(a["scope"], a["stream"], a["from_cut"], a["to_cut"])),
     "create_reader_group": _Method({**_GROUP_FIELDS, "config": _group_config}, {}, _UPDATE, _group_resource,
-                                   lambda c, a: c.create_reader_group(a["scope"], a["group"], a["config"])),
+                                   lambda c, a: c.create_reader_group(a["scope"], a["group"], a["config"]),
+                                   _group_streams),
     "get_reader_group": _Method(_GROUP_FIELDS, {}, _READ, _group_resource,
                                 lambda c, a: c.get_reader_group(a["scope"], a["group"])),
     "update_reader_group": _Method(
         {**_GROUP_FIELDS, "config": _group_config}, {"expected_generation": _optional_generation}, _UPDATE,
         _group_resource,
-        lambda c, a: c.update_reader_group(a["scope"], a["group"], a["config"], a.get("expected_generation"))),
+        lambda c, a: c.update_reader_group(a["scope"], a["group"], a["config"], a.get("expected_generation")),
+        _group_streams),
     "delete_reader_group": _Method(_GROUP_FIELDS, {}, _UPDATE, _group_resource,
                                    lambda c, a: c.delete_reader_group(a["scope"], a["group"])),
     "list_reader_groups": _Method({"scope": _SCOPE}, {}, _READ, _scope_resource,
@@ -298,4 +310,6 @@ class ControllerRpc:
         args, token = parse_request(method, body)
         if self._authorizer is not None:
             self._authorizer.check(token, spec.resource(args), spec.permission)
+            for stream in spec.reads(args):
+                self._authorizer.check(token, stream, _READ)
         return canonical_json(await spec.call(self.controller, args))

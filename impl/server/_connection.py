@@ -28,8 +28,9 @@ Bad input never takes the server down and never disturbs other connections: a fr
 rejects, a block whose events are malformed or do not match its accounting, an event number that
 does not increase, an append without ``SetupAppend`` -- each is logged once and closes this
 connection (after the reply that explains it, where the protocol has one).  Requests that are merely
-wrong (an unknown segment, a bad offset, a bad token, a segment another server owns) get their typed
-reply and the connection carries on.  A connection that closes drops its unanswered work: appends
+wrong (an unknown segment, a bad offset, a bad token, a segment another server owns, a change to a
+segment only the node itself changes: ``millstream.auth``) get their typed reply and the connection
+carries on.  A connection that closes drops its unanswered work: appends
 already submitted still complete in the container, unacknowledged; the writer re-sends them after
 it reconnects and the stored event number makes that safe.
 """
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from millstream import limits
-from millstream.auth import Permission
+from millstream.auth import SegmentOperation
 from millstream.errors import (
     AuthenticationError,
     BadAttributeUpdateError,
@@ -57,6 +58,7 @@ from millstream.errors import (
     MillstreamError,
     PayloadTooLargeError,
     ProtocolError,
+    ReservedSegmentError,
     StreamSegmentExistsError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
@@ -137,8 +139,7 @@ _LENGTH = struct.Struct(">i")
 #: would copy them once more (and again each time its buffer grew).
 _LARGE_FRAME_BYTES = 64 * 1024
 
-_READ_PERMISSION = Permission.READ
-_UPDATE_PERMISSION = Permission.READ_UPDATE
+_READ, _APPEND = SegmentOperation.READ, SegmentOperation.APPEND
 
 
 class _Closed(Exception):
@@ -496,12 +497,18 @@ class Connection(asyncio.BufferedProtocol):
     def _on_keep_alive(self, command: KeepAlive) -> None:
         pass  # its arrival updated _last_received already
 
-    def _authorize(self, request_id: int, token: str, segment: str, permission: Permission) -> bool:
+    def _authorize(self, request_id: int, token: str, segment: str, operation: SegmentOperation) -> bool:
+        """Whether a client may ``operation`` ``segment`` (its kind allows it, whatever the token; the
+        token grants it); else reply why not and return False."""
         try:
-            self._server.authorizer.check(token, segment, permission)
+            self._server.authorizer.authorize(token, segment, operation)
         except AuthenticationError as error:
             log.info("connection %s: request %d refused: %s", self.peer, request_id, error)
             self._send(AuthTokenCheckFailed(request_id, str(error)))
+            return False
+        except (ReservedSegmentError, TransientSegmentError) as error:
+            log.info("connection %s: request %d refused: %s", self.peer, request_id, error)
+            self._send(ErrorMessage(request_id, segment, error_code_of(error), str(error)))
             return False
         return True
 
@@ -519,7 +526,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_setup_append(self, command: SetupAppend) -> None:
         request_id, segment = command.request_id, command.segment
-        if not self._authorize(request_id, command.token, segment, _UPDATE_PERMISSION):
+        if not self._authorize(request_id, command.token, segment, _APPEND):
             return
         container = self._container(request_id, segment)
         if container is None:
@@ -765,7 +772,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._check_quiet()
 
     def _on_read_segment(self, command: ReadSegment) -> None:
-        if not self._authorize(command.request_id, command.token, command.segment, _READ_PERMISSION):
+        if not self._authorize(command.request_id, command.token, command.segment, _READ):
             return
         container = self._container(command.request_id, command.segment)
         if container is not None:
@@ -785,7 +792,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_get_segment_info(self, command: GetSegmentInfo) -> None:
         request_id, segment = command.request_id, command.segment
-        if not self._authorize(request_id, command.token, segment, _READ_PERMISSION):
+        if not self._authorize(request_id, command.token, segment, _READ):
             return
         container = self._container(request_id, segment)
         if container is None:
@@ -803,7 +810,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _on_get_segment_attribute(self, command: GetSegmentAttribute) -> None:
         request_id, segment = command.request_id, command.segment
-        if not self._authorize(request_id, command.token, segment, _READ_PERMISSION):
+        if not self._authorize(request_id, command.token, segment, _READ):
             return
         container = self._container(request_id, segment)
         if container is None:
@@ -816,9 +823,9 @@ class Connection(asyncio.BufferedProtocol):
         self._send(SegmentAttribute(request_id, value))
 
     def _administer(self, request_id: int, segment: str, token: str,
-                    operation: Coroutine[Any, Any, Command]) -> None:
+                    operation: Coroutine[Any, Any, Command], what: SegmentOperation) -> None:
         """Run an administrative ``operation`` (after the token and ownership checks) as a request."""
-        if not self._authorize(request_id, token, segment, _UPDATE_PERMISSION) \
+        if not self._authorize(request_id, token, segment, what) \
                 or self._container(request_id, segment) is None:
             operation.close()
             return
@@ -838,7 +845,7 @@ class Connection(asyncio.BufferedProtocol):
                                             "CreateTransientSegment makes those")
             await self._server.container_for(command.segment).create_segment(command.segment)
             return SegmentCreated(command.request_id, command.segment)
-        self._administer(command.request_id, command.segment, command.token, create())
+        self._administer(command.request_id, command.segment, command.token, create(), SegmentOperation.CREATE)
 
     def _on_create_transient_segment(self, command: CreateTransientSegment) -> None:
         parent, writer_id = command.parent, command.writer_id
@@ -861,7 +868,7 @@ class Connection(asyncio.BufferedProtocol):
                     transients.adopt(name, self._clock.monotonic())
                 return SegmentCreated(command.request_id, name)
             raise TransientSegmentError(f"no free transient segment name for {parent!r}")
-        self._administer(command.request_id, parent, command.token, create())
+        self._administer(command.request_id, parent, command.token, create(), SegmentOperation.CREATE_TRANSIENT)
 
     def _on_seal_segment(self, command: SealSegment) -> None:
         async def seal() -> Command:
@@ -869,14 +876,14 @@ class Connection(asyncio.BufferedProtocol):
             with contextlib.suppress(StreamSegmentSealedError):  # sealing is idempotent on the wire
                 await self._server.container_for(command.segment).seal(command.segment)
             return SegmentSealed(command.request_id, command.segment)
-        self._administer(command.request_id, command.segment, command.token, seal())
+        self._administer(command.request_id, command.segment, command.token, seal(), SegmentOperation.SEAL)
 
     def _on_truncate_segment(self, command: TruncateSegment) -> None:
         async def truncate() -> Command:
             _refuse_transient(command.segment, "truncated")
             await self._server.container_for(command.segment).truncate(command.segment, command.offset)
             return SegmentTruncated(command.request_id, command.segment)
-        self._administer(command.request_id, command.segment, command.token, truncate())
+        self._administer(command.request_id, command.segment, command.token, truncate(), SegmentOperation.TRUNCATE)
 
     def _on_delete_segment(self, command: DeleteSegment) -> None:
         async def delete() -> Command:
@@ -890,11 +897,11 @@ class Connection(asyncio.BufferedProtocol):
             if is_transient_segment(segment):
                 self._server.transients.deleted(segment)  # an abort
             return SegmentDeleted(command.request_id, segment)
-        self._administer(command.request_id, command.segment, command.token, delete())
+        self._administer(command.request_id, command.segment, command.token, delete(), SegmentOperation.DELETE)
 
     def _on_merge_segments(self, command: MergeSegments) -> None:
         request_id, target, source = command.request_id, command.target, command.source
-        if not self._authorize(request_id, command.token, source, _UPDATE_PERMISSION) \
+        if not self._authorize(request_id, command.token, source, SegmentOperation.MERGE_FROM) \
                 or self._container(request_id, source) is None:
             return
 
@@ -925,7 +932,7 @@ class Connection(asyncio.BufferedProtocol):
             if transient:
                 transients.merged(source, target, offset + source_length)
             return SegmentsMerged(request_id, target, source, offset + source_length)
-        self._administer(request_id, target, command.token, merge())
+        self._administer(request_id, target, command.token, merge(), SegmentOperation.MERGE_INTO)
 
     def _on_update_segment_attribute(self, command: UpdateSegmentAttribute) -> None:
         async def update() -> Command:
@@ -937,7 +944,8 @@ class Connection(asyncio.BufferedProtocol):
             except BadAttributeUpdateError:
                 return SegmentAttributeUpdated(command.request_id, False)
             return SegmentAttributeUpdated(command.request_id, True)
-        self._administer(command.request_id, command.segment, command.token, update())
+        self._administer(command.request_id, command.segment, command.token, update(),
+                         SegmentOperation.UPDATE_ATTRIBUTE)
 
     # --- the controller ---------------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from millstream.errors import (
     ReaderGroupExistsError,
     ReaderGroupNotFoundError,
     ReaderNotInGroupError,
+    ReservedSegmentError,
     RetryableError,
     ScopeExistsError,
     ScopeNotEmptyError,
@@ -115,6 +116,8 @@ ERROR_CODES: Final[dict[int, type[MillstreamError]]] = {
     42: LargeEventFailedError,
     43: EventTooLargeError,
     44: EventReaderOpenError,
+    # Segments only the node itself changes (the system scope, internal segments).
+    45: ReservedSegmentError,
 }
 
 _CODE_OF: Final = {cls: code for code, cls in ERROR_CODES.items()}

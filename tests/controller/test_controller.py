@@ -240,7 +240,7 @@ def test_reader_group_registry() -> None:
                 {"sc/a": (other, None)})))
             reply = await controller.create_reader_group("sc", "g", config)
             assert reply == {"state_segment": reader_group_state_segment("sc", "g")} \
-                == {"state_segment": "_system/_readergroups/sc.g"}
+                == {"state_segment": "sc/_RGg"}
             assert test.segment(reply["state_segment"]).length == 0
             await check.fails(ReaderGroupExistsError, controller.create_reader_group("sc", "g", config))
             described = await controller.get_reader_group("sc", "g")

@@ -19,7 +19,7 @@ from millstream.errors import ConnectionLostError, DataCorruptionError, InvalidA
 
 from tests.readers.helpers import run
 
-SEGMENT = "_system/_test/state"
+SEGMENT = "sync/state"  # (any segment a client may create; reader groups use theirs, made by the controller)
 
 
 class ListCodec:

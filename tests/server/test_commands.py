@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from millstream.errors import BadOffsetError, StreamSegmentNotExistsError
+from millstream.errors import BadOffsetError, ReservedSegmentError, StreamSegmentNotExistsError
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.naming import transaction_segment_name
 from millstream.wire import (
@@ -34,7 +34,6 @@ from millstream.wire import (
     SegmentIsTruncated,
     SegmentRead,
     SegmentSealed,
-    SegmentsMerged,
     SegmentTruncated,
     SetupAppend,
     TruncateSegment,
@@ -124,14 +123,20 @@ def test_appends_reads_and_merges(tiers: Tiers) -> None:
             reply = await client.request(ReadSegment(11, segment, total + 1, 10, "", 0))
             assert isinstance(reply, ErrorMessage) and reply.error_code == error_code_of(BadOffsetError())
             assert await client.request(ReadSegment(12, "sc/none", 0, 10, "", 0)) == NoSuchSegment(12, "sc/none")
-            # Merge a transaction segment (same container) into the parent; the server seals it first.
+            # A transaction segment: the controller creates it (in process, as here), its writer appends
+            # over the wire; only the controller merges it (a commit): a client's merge is refused.
             transaction = transaction_segment_name(segment, uuid.uuid4())
-            await client.request(CreateSegment(13, transaction, ""))
+            container = server.container_for(segment)
+            await container.create_segment(transaction)
+            reply = await client.request(CreateSegment(13, transaction_segment_name(segment, uuid.uuid4()), ""))
+            assert isinstance(reply, ErrorMessage) and reply.error_code == error_code_of(ReservedSegmentError())
             other = uuid.uuid4()
             await client.request(SetupAppend(14, other, transaction, ""))
             await client.request(block(other, 1, [b"txn"], 15))
-            assert await client.request(MergeSegments(16, segment, transaction, "")) == SegmentsMerged(
-                16, segment, transaction, total + len(events(b"txn")))
+            reply = await client.request(MergeSegments(16, segment, transaction, ""))
+            assert isinstance(reply, ErrorMessage) and reply.error_code == error_code_of(ReservedSegmentError())
+            await container.seal(transaction)
+            assert await container.merge(segment, transaction) == total
             assert await client.request(GetSegmentInfo(17, transaction, "")) == SegmentInfo(
                 17, transaction, False, False, False, 0, 0, 0)
             # Seal mid-stream: the writer's next block gets SegmentIsSealed with the final length.
