@@ -130,7 +130,10 @@ def seal(name: str, uri: str, token: str, tls_ca: Path | None) -> None:
     click.echo(f"sealed {name}")
 
 
-@segment.command(short_help="Drop a segment's bytes below an offset.")
+# (ignore_unknown_options: so that "-1" reaches OFFSET and is refused as a negative offset, rather
+# than taken for an option that does not exist.)
+@segment.command(short_help="Drop a segment's bytes below an offset.",
+                 context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("offset", type=click.IntRange(min=0))
 @_connection_options
