@@ -138,8 +138,10 @@ def seal(name: str, uri: str, token: str, tls_ca: Path | None) -> None:
 @click.argument("offset", type=click.IntRange(min=0))
 @_connection_options
 def truncate(name: str, offset: int, uri: str, token: str, tls_ca: Path | None) -> None:
-    """Truncate a segment: its bytes below OFFSET are dropped and it starts at OFFSET.  Use the offset
-    of an event (`millstream read --show-offsets` prints them) so readers can start there."""
+    """Truncate a segment: its bytes below OFFSET are dropped and it starts at OFFSET.  In a segment
+    of events (any segment but a byte stream's) OFFSET must be where an event begins --
+    `millstream read --show-offsets` prints them -- or the segment's length; an offset inside an
+    event is refused (BadOffsetError) and nothing changes."""
     with _client(uri, token, tls_ca) as client:
         client.segments().truncate(name, offset)
     click.echo(f"truncated {name} at {offset}")

@@ -316,7 +316,8 @@ def stream_truncate(name: str, at_tail: bool, at_time: float | None, cut_json: s
                     tls_ca: Path | None) -> None:
     """Truncate a stream: delete the segments wholly before the cut and cut the others at their
     offsets.  Readers can no longer read what lies before it.  The cut must not lie before the
-    stream's current head.
+    stream's current head, and each of its offsets must be where an event begins in its segment (a
+    cut from `stream describe`, a reader's position or a checkpoint is); otherwise nothing changes.
 
     \b
     Examples:
