@@ -395,12 +395,16 @@ class SegmentContainer:
         position = known = nearest_known(segment.boundaries, start, offset)
         budget = event_boundaries.SCAN_BYTES_MAX
         base, buffer, read = position, b"", 0
+        # Reads start small and double while they hold whole events; after a hop past what was read
+        # (a long event) they start small again, so a long event costs one small read, not its length.
+        window = event_boundaries.SCAN_READ_BYTES_MIN
         while position < offset:
-            if position >= base + len(buffer):
-                base, buffer = position, b""  # (hopped over the rest of an event: read on from there)
-            else:
-                buffer, base = buffer[position - base:], position
-            want = min(offset - base - len(buffer), limits.READ_LENGTH_MAX_BYTES)
+            if position > base + len(buffer):  # hopped over the rest of a long event: read on from there
+                window = event_boundaries.SCAN_READ_BYTES_MIN
+            elif read:
+                window = min(window * 2, limits.READ_LENGTH_MAX_BYTES)
+            buffer, base = buffer[position - base:], position  # (what is left of an event header, if any)
+            want = min(offset - base - len(buffer), window)
             if read + want > budget:
                 want = budget - read
             if want <= 0:

@@ -24,10 +24,11 @@ unreadable from its head for good (every reader meets a ``MalformedEventError``)
 * *The check* (``SegmentContainer.truncate``, and the controller for every stream cut it is given) of
   an offset of a segment that holds events: the start offset and the length pass at once; otherwise
   it hops from the nearest known boundary at or below the offset, event header to event header,
-  reading at most ``limits.EVENT_BOUNDARY_SCAN_BYTES_MAX`` bytes (a large event is hopped over, not
-  read).  Landing exactly on the offset confirms it; an offset inside an event, or bytes that are not
-  an event header, refuse it with ``EventBoundaryError``; running out of budget refuses it too, saying
-  it could not be confirmed.  Memory and work per check are bounded whatever the segment's size.
+  reading at most ``limits.EVENT_BOUNDARY_SCAN_BYTES_MAX`` bytes (a long event is hopped over: of it
+  at most one small read, ``SCAN_READ_BYTES_MIN``, is made).  Landing exactly on the offset confirms
+  it; an offset inside an event, or bytes that are not an event header, refuse it with
+  ``EventBoundaryError``; running out of budget refuses it too, saying it could not be confirmed.
+  Memory and work per check are bounded whatever the segment's size.
 
 Below the specs' level of abstraction: ``spec/DurableLog.tla`` and ``ContainerFailover.tla`` count
 data in abstract units and truncate at any offset within ``[start, length]``; which offsets are event
@@ -75,6 +76,10 @@ EVENT_HEADER_LENGTH: Final = _EVENT_HEADER.size
 SPACING_BYTES_MIN = limits.EVENT_BOUNDARY_INDEX_SPACING_BYTES
 ENTRIES_MAX = limits.EVENT_BOUNDARY_INDEX_ENTRIES_MAX
 SCAN_BYTES_MAX = limits.EVENT_BOUNDARY_SCAN_BYTES_MAX
+#: The check's first read, and its read after hopping over a long event: enough for a few hundred
+#: small events' headers, little of a long event's payload (reads double from it up to
+#: ``limits.READ_LENGTH_MAX_BYTES`` while they hold whole events).
+SCAN_READ_BYTES_MIN = 64 * limits.KIB
 
 Boundaries = tuple[int, ...]
 

@@ -334,3 +334,19 @@ def test_a_log_whose_first_checkpoint_predates_boundaries_recovers(monkeypatch: 
                 await again.truncate("s", 8_016 * 300 + 5)
         assert CHECKPOINT_VERSION == 2 and checkpoint_version(serialize_checkpoint(1, [], version=1)) == 1
     run(scenario)
+
+
+def test_long_events_are_hopped_over_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(event_boundaries, "SPACING_BYTES_MIN", 1 << 40)  # no known boundary but the start
+
+    async def scenario() -> None:
+        async with Tiers().container() as container:
+            await container.create_segment("s", EVENTS)
+            for _ in range(10):
+                await container.append("s", events(300_000))
+            counting = CountingReads(container)
+            await container.truncate("s", 9 * 300_008)
+            # One small read per long event (its header and the start of its payload), not 2.7 MB.
+            assert counting.bytes <= 9 * event_boundaries.SCAN_READ_BYTES_MIN, counting.bytes
+            assert container.get_info("s").start_offset == 9 * 300_008
+    run(scenario)
