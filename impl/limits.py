@@ -706,3 +706,22 @@ TOKEN_TTL_MAX_SECONDS: Final = 366 * 24 * 3600.0
 #: A secret file longer than this is refused unread (`--auth-secret-file`): a secret is a few dozen
 #: bytes, and a larger file is the wrong file (a certificate, a log), not a better secret.
 SECRET_FILE_BYTES_MAX: Final = 64 * 1024
+
+# --- Event boundaries (truncating segments that hold events: millstream.segmentstore.event_boundaries)
+
+#: A segment that holds events remembers an offset where an event begins at least every this many
+#: bytes (the end of the append that crosses each mark), so that checking a truncation offset reads
+#: from a known boundary not far below it.  1 MiB: one read of the cache, or one Tier-2 block.
+EVENT_BOUNDARY_INDEX_SPACING_BYTES: Final = 1 * MIB
+
+#: ... but at most this many per segment (8 KiB of offsets, in memory and in every metadata
+#: checkpoint); past it every other one is dropped and the spacing doubles.  So the spacing is 1 MiB
+#: up to about 1 GiB of segment, 2 MiB up to 2 GiB, ..., 8 MiB up to 8 GiB.
+EVENT_BOUNDARY_INDEX_ENTRIES_MAX: Final = 1024
+
+#: Bytes one truncation check may read, hopping from event header to event header between the
+#: nearest known boundary and the offset (a large event is hopped over, not read).  Between two known
+#: boundaries lie about the spacing plus one append, so this covers segments up to about 8 GiB of small
+#: events; beyond, an offset far from any known boundary among small events is refused as
+#: unconfirmable (``EventBoundaryError`` says so) rather than read without bound.
+EVENT_BOUNDARY_SCAN_BYTES_MAX: Final = 16 * MIB

@@ -17,6 +17,7 @@ Any other process -- a CLI command, a Spark executor -- reaches it over TCP at `
 Everything lives under the data directory, so stopping the node and starting it again on the same
 directory recovers every segment (each container replays its log, Tier 2 keeps the rest)::
 
+    <data_dir>/node.lock                 flock()ed by the running node; holds its pid
     <data_dir>/node.json                 the node's fixed shape (container count); checked at start
     <data_dir>/tier1/container-<id>/     each container's FileLog
     <data_dir>/tier2/                    the FileChunkStorage all containers share
@@ -24,6 +25,20 @@ directory recovers every segment (each container replays its log, Tier 2 keeps t
 The container count is fixed when the directory is first used: changing it would move segments to
 other containers, whose logs do not hold them, so a node refuses to start on a directory made with
 another count (``InvalidArgumentError``).
+
+One node per data directory.  A second node on the same directory would take every container's log
+over and fence the first.  So a node holds an exclusive ``flock`` on ``node.lock`` from before it
+reads anything until it has stopped, and writes its pid there; a node that finds the lock taken
+refuses to start (``DataDirectoryInUseError``, naming that pid).  The kernel releases the lock when
+the process dies however it dies, so a node killed with SIGKILL can be started again at once.
+
+A node that stops serving for good.  A container whose log was fenced (another process took it
+over anyway: a second node with a lock it could not see, on a file system without flock, or by hand)
+or that found its data corrupt is not restarted (``ContainerHost``).  Then the node must not linger
+half alive: ``Node.failed`` completes with the cause (the host logged it as an ERROR, naming the
+container and the newer epoch), ``millstream standalone`` stops the node and exits non-zero, and a
+``StandaloneNode`` stops it and reports the cause (``failure``; ``run`` and leaving the ``with``
+block raise it).
 """
 
 from __future__ import annotations
@@ -31,6 +46,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -44,13 +61,19 @@ from typing import Any, Final, Protocol, TypeVar
 from millstream import limits
 from millstream.auth import exposure_warnings
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
-from millstream.errors import InvalidArgumentError, ObjectClosedError, StorageError
+from millstream.errors import (
+    DataDirectoryInUseError,
+    InvalidArgumentError,
+    MillstreamError,
+    ObjectClosedError,
+    StorageError,
+)
 from millstream.segmentstore.container import StorageSettings
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
 from millstream.segmentstore.file_log import FileLog
 from millstream.server import SegmentStoreServer, ServerConfig
 
-__all__ = ["Node", "Service", "StandaloneNode", "standalone"]
+__all__ = ["LOCK_FILE_NAME", "DataDirectoryLock", "Node", "Service", "StandaloneNode", "standalone"]
 
 log = logging.getLogger("millstream.standalone")
 
@@ -73,6 +96,63 @@ CONTAINER_COUNT_DEFAULT: Final = 1
 #: covers a large log on a slow disk, and a node that takes longer is broken, not slow.
 NODE_START_TIMEOUT_SECONDS: Final = 60.0
 NODE_STOP_TIMEOUT_SECONDS: Final = limits.SERVER_SHUTDOWN_DRAIN_SECONDS + limits.SHUTDOWN_TIMEOUT_SECONDS + 10.0
+
+
+#: The data directory's lock file (see the module docstring).
+LOCK_FILE_NAME: Final = "node.lock"
+
+
+class DataDirectoryLock:
+    """An exclusive ``flock`` on ``<data_dir>/node.lock``, with the holder's pid written in the file.
+
+    ``acquire`` takes it without waiting (``DataDirectoryInUseError`` if another open file holds
+    it -- another process, or another node of this one); ``release`` (idempotent) closes the file,
+    which releases it.  The kernel releases it too when the process dies.  The file is never deleted:
+    a process that deleted it while another waited could let two nodes lock two different files."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        # O_CLOEXEC (Python's default): a process this one starts does not inherit the lock.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StorageError(f"cannot lock {self.path}: {error}") from error
+            raise DataDirectoryInUseError(
+                f"the data directory {self.path.parent} is in use by another millstream node "
+                f"({'pid ' + holder if holder else 'its pid is not recorded yet'}; it holds {self.path}): "
+                "stop that node first -- two nodes on one directory would fence each other") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:  # the pid is a courtesy for the message above; the lock is what counts
+            log.warning("could not record this process's pid in %s", self.path)
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return text if text.isdigit() else ""
 
 
 class Service(Protocol):
@@ -198,6 +278,11 @@ class Node:
         self._started: list[Service] = []
         self.server: SegmentStoreServer | None = None
         self._controller_service: _ControllerService | None = None
+        self._lock = DataDirectoryLock(self.data_dir)
+        self._stopping = False
+        #: Completes with the cause once a container stops serving for good (fenced, corrupt data, or
+        #: its restarts exhausted) while the node runs; never while it stops normally.
+        self.failed: asyncio.Future[BaseException] | None = None
 
     def _open_log(self, container_id: int) -> FileLog:
         return FileLog(self.data_dir / "tier1" / f"container-{container_id}")
@@ -217,12 +302,17 @@ class Node:
         return services
 
     async def start(self) -> None:
-        """Start every service; if one fails, stop those already started and re-raise."""
+        """Lock the data directory, then start every service; if one fails, stop those already
+        started, unlock and re-raise.  Raises ``DataDirectoryInUseError`` if another node runs on
+        the directory."""
         if self._services:
             raise ObjectClosedError("a node starts once")
-        _check_layout(self.data_dir, self.config.container_count)
-        self._services = self._build_services()
+        self.failed = asyncio.get_running_loop().create_future()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
         try:
+            _check_layout(self.data_dir, self.config.container_count)
+            self._services = self._build_services()
             for service in self._services:
                 await service.start()
                 self._started.append(service)
@@ -233,15 +323,30 @@ class Node:
         for warning in exposure_warnings(self.config.host, auth=self._auth_secret is not None,
                                          tls=self._ssl_context is not None):
             log.warning("%s", warning)
+        assert self.server is not None
+        for container_id in sorted(self.config.containers):
+            self.server.container_host(container_id).stopped.add_done_callback(self._on_container_stopped)
+
+    def _on_container_stopped(self, stopped: asyncio.Future[BaseException | None]) -> None:
+        cause = None if stopped.cancelled() else stopped.result()
+        if cause is None or self._stopping or self.failed is None or self.failed.done():
+            return
+        log.error("the node on %s stops serving: %s", self.data_dir, cause)
+        self.failed.set_result(cause)
 
     async def stop(self) -> None:
-        """Stop the started services in reverse order (each one's failure is logged, the rest still stop)."""
-        while self._started:
-            service = self._started.pop()
-            try:
-                await service.stop()
-            except Exception:
-                log.exception("stopping %s failed", type(service).__name__)
+        """Stop the started services in reverse order (each one's failure is logged, the rest still
+        stop), then unlock the data directory."""
+        self._stopping = True
+        try:
+            while self._started:
+                service = self._started.pop()
+                try:
+                    await service.stop()
+                except Exception:
+                    log.exception("stopping %s failed", type(service).__name__)
+        finally:
+            self._lock.release()
 
     @property
     def host(self) -> str:
@@ -266,7 +371,12 @@ class StandaloneNode:
 
     ``uri`` (``tcp://127.0.0.1:PORT``), ``host``, ``port`` and ``data_dir`` say where it is;
     ``close()`` (or leaving the ``with`` block) shuts it down gracefully and waits for that.  ``run``
-    runs a coroutine on the node's loop (for tests and embedding code that needs the server object)."""
+    runs a coroutine on the node's loop (for tests and embedding code that needs the server object).
+
+    A node that stops serving for good while it runs (a container fenced or corrupt: see the module
+    docstring) stops at once; ``failure`` then holds the cause, and ``run``, ``server``,
+    ``controller`` and leaving the ``with`` block (without another exception) raise an error of the
+    cause's type naming the node."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -274,6 +384,8 @@ class StandaloneNode:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
+        #: Why the node stopped serving while it ran (None while it serves, or after a normal close).
+        self._stopped_by: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name=f"millstream-node {node.data_dir}", daemon=True)
         self._closed = False
 
@@ -302,9 +414,29 @@ class StandaloneNode:
         await self.node.start()
         try:
             self._ready.set()
-            await self._stop.wait()
+            failed = self.node.failed
+            assert failed is not None
+            stop = asyncio.ensure_future(self._stop.wait())
+            try:
+                await asyncio.wait((stop, failed), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                await asyncio.gather(stop, return_exceptions=True)
+            if failed.done():
+                self._stopped_by = failed.result()
         finally:
             await self.node.stop()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the node stopped serving on its own (a fenced or corrupt container), or None."""
+        return self._stopped_by
+
+    def _check_serving(self) -> None:
+        """Raise the node's failure (as an error of its type naming the node) if it stopped on its own."""
+        cause = self._stopped_by
+        if cause is not None:
+            raise _stopped_error(self.data_dir, cause)
 
     @property
     def uri(self) -> str:
@@ -325,19 +457,25 @@ class StandaloneNode:
     @property
     def server(self) -> SegmentStoreServer:
         """The segment store (touch it only on the node's loop: see ``run``)."""
+        self._check_serving()
         assert self.node.server is not None
         return self.node.server
 
     @property
     def controller(self) -> Controller:
         """The controller (touch it only on the node's loop: see ``run``)."""
+        self._check_serving()
         controller = self.node.controller
         if controller is None:
             raise ObjectClosedError("this node hosts no controller")
         return controller
 
     def run(self, coroutine: Coroutine[Any, Any, _T], timeout_seconds: float = NODE_START_TIMEOUT_SECONDS) -> _T:
-        """Run ``coroutine`` on the node's event loop and return its result."""
+        """Run ``coroutine`` on the node's event loop and return its result.  Raises the node's
+        failure if it stopped serving on its own, ``ObjectClosedError`` once closed."""
+        if self._stopped_by is not None:
+            coroutine.close()
+            self._check_serving()
         if self._loop is None or self._closed:
             coroutine.close()
             raise ObjectClosedError("the node is not running")
@@ -367,9 +505,24 @@ class StandaloneNode:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.close()
+        if exc is None:
+            self._check_serving()  # a node that stopped on its own does not leave the block quietly
 
     def __repr__(self) -> str:
         return f"StandaloneNode(uri={self.uri!r}, data_dir={str(self.data_dir)!r})"
+
+
+def _stopped_error(data_dir: Path, cause: BaseException) -> BaseException:
+    """An error of ``cause``'s type (a ``MillstreamError``; else ``ObjectClosedError``) saying that the
+    node on ``data_dir`` stopped serving because of it, chained to it."""
+    message = f"the node on {data_dir} stopped serving: {cause}"
+    error: BaseException
+    try:
+        error = type(cause)(message) if isinstance(cause, MillstreamError) else ObjectClosedError(message)
+    except TypeError:  # a class that wants more than a message
+        error = ObjectClosedError(message)
+    error.__cause__ = cause
+    return error
 
 
 def standalone(
@@ -388,8 +541,9 @@ def standalone(
     Use as ``with millstream.standalone("./data") as node: ...`` (``node.uri`` is where to connect),
     or keep the handle and call ``close()``.  ``container_count``: what ``data_dir`` was created with,
     else ``CONTAINER_COUNT_DEFAULT`` (one).  Raises ``InvalidArgumentError`` for a bad option or a
-    data directory made with another container count, the storage's error if recovery fails, and
-    ``TimeoutError`` if the node does not listen within ``start_timeout_seconds``."""
+    data directory made with another container count, ``DataDirectoryInUseError`` if another node
+    runs on ``data_dir``, the storage's error if recovery fails, and ``TimeoutError`` if the node does
+    not listen within ``start_timeout_seconds``."""
     node = Node(data_dir, host=host, port=port, container_count=container_count, auth_secret=auth_secret,
                 ssl_context=ssl_context, storage_settings=storage_settings)
     handle = StandaloneNode(node)

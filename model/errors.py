@@ -386,3 +386,24 @@ class ProtocolError(MillstreamError):
 
 class InternalError(MillstreamError, AssertionError):
     """Cannot happen: an internal invariant was broken.  Treat the process as untrustworthy."""
+
+
+# --- Event boundaries and data directories (issue 20, items 2 and 3) ------------------------------
+
+
+class EventBoundaryError(BadOffsetError):
+    """A truncation offset in a segment that holds events (a stream's segments, event writers' plain
+    segments) does not lie on an event boundary: truncating there would cut an event in two and leave
+    the segment unreadable from its head.  Or -- the message says so -- the store could not confirm
+    it is one within its bounded scan (``limits.EVENT_BOUNDARY_SCAN_BYTES_MAX``).  Nothing changed;
+    truncate at an offset a reader reported, a stream cut, or the segment's length.  (Over the wire it
+    arrives as its base class, ``BadOffsetError``, with the same message.)"""
+
+
+class DataDirectoryInUseError(CallerError):
+    """Another process runs a node on this data directory (it holds the directory's lock file,
+    ``node.lock``, which names its pid).  Two nodes on one directory would fence each other's logs.
+    Nothing was started or changed; stop the other node first."""
+
+
+__all__ += ["DataDirectoryInUseError", "EventBoundaryError"]

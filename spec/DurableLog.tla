@@ -116,6 +116,11 @@ Validate(m, op) ==
             ELSE IF t.state = "sealed" THEN "sealed"
             ELSE "ok"
       [] op.kind = "truncate" ->
+            (* Any offset within [start, length] is accepted here: data are abstract  *)
+            (* units, not events.  Event boundaries lie below this level: for a       *)
+            (* segment that holds events the implementation refuses an offset inside  *)
+            (* an event before the operation is submitted (SegmentContainer.truncate, *)
+            (* impl/segmentstore/event_boundaries.py), so this rule is unchanged.     *)
             IF ~Exists(t) THEN MissingError(t)
             ELSE IF op.off < t.start \/ op.off > Length(t) THEN "bad_offset"
             ELSE "ok"

@@ -131,13 +131,18 @@ def seal(name: str, uri: str, token: str, tls_ca: Path | None) -> None:
     click.echo(f"sealed {name}")
 
 
-@segment.command(short_help="Drop a segment's bytes below an offset.")
+# (ignore_unknown_options: so that "-1" reaches OFFSET and is refused as a negative offset, rather
+# than taken for an option that does not exist.)
+@segment.command(short_help="Drop a segment's bytes below an offset.",
+                 context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("offset", type=click.IntRange(min=0))
 @_connection_options
 def truncate(name: str, offset: int, uri: str, token: str, tls_ca: Path | None) -> None:
-    """Truncate a segment: its bytes below OFFSET are dropped and it starts at OFFSET.  Use the offset
-    of an event (`millstream read --show-offsets` prints them) so readers can start there."""
+    """Truncate a segment: its bytes below OFFSET are dropped and it starts at OFFSET.  In a segment
+    of events (any segment but a byte stream's) OFFSET must be where an event begins --
+    `millstream read --show-offsets` prints them -- or the segment's length; an offset inside an
+    event is refused (BadOffsetError) and nothing changes."""
     with _client(uri, token, tls_ca) as client:
         client.segments().truncate(name, offset)
     click.echo(f"truncated {name} at {offset}")

@@ -21,7 +21,9 @@ _CONFIG_KEYS = {"data_dir", "host", "port", "container_count", "owned_containers
 
 
 def _run_node(node: Any, data_dir: Path) -> None:
-    """Start ``node``, print where it listens, serve until SIGINT/SIGTERM, then stop it gracefully."""
+    """Start ``node``, print where it listens, serve until SIGINT/SIGTERM, then stop it gracefully.
+    A node that stops serving on its own (a container fenced by another process, or corrupt) is
+    stopped at once and the command fails (exit status 1) naming the cause."""
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
@@ -29,13 +31,26 @@ def _run_node(node: Any, data_dir: Path) -> None:
         for signal_number in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signal_number, stop.set)
         await node.start()
+        failure = None
         try:
             click.echo(f"millstream standalone listening on {node.uri} (data in {data_dir})")
             sys.stdout.flush()
-            await stop.wait()
-            click.echo("millstream: shutting down (draining acknowledged work) ...", err=True)
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait((stopping, node.failed), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                await asyncio.gather(stopping, return_exceptions=True)
+            if node.failed.done():
+                failure = node.failed.result()
+                click.echo("millstream: the node stopped serving (see the ERROR above); shutting down ...",
+                           err=True)
+            else:
+                click.echo("millstream: shutting down (draining acknowledged work) ...", err=True)
         finally:
             await node.stop()
+        if failure is not None:
+            raise click.ClickException(f"the node on {data_dir} stopped serving: {failure}")
         click.echo("millstream: stopped", err=True)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -8,6 +8,7 @@ the error (``StreamNotFoundError: ...``) with exit status 1, as for the segment 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,12 @@ def stream_describe(name: str, as_json: bool, uri: str, token: str, tls_ca: Path
     click.echo(f"{'tail:':<11}{json.dumps(fields['tail'])}")
 
 
+def _finite(value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a time (seconds since the Unix epoch)")
+    return value
+
+
 def _range(text: str) -> tuple[float, float]:
     try:
         low, high = (float(part) for part in text.split(":"))
@@ -264,9 +271,12 @@ def stream_scale(name: str, split: str | None, merge: str | None, seal: tuple[in
         if split is not None:
             identifier, _, parts = split.partition(":")
             try:
-                epoch = manager.split_segment(name, int(identifier), int(parts) if parts else 2)
+                segment_id, part_count = int(identifier), int(parts) if parts else 2
             except ValueError:
                 raise click.BadParameter(f"--split takes ID or ID:PARTS, not {split!r}") from None
+            # (Only the parsing above is the option's fault: the controller's refusal -- an unknown
+            # segment, too many parts -- is a ValueError too, and must reach the user as itself.)
+            epoch = manager.split_segment(name, segment_id, part_count)
         elif merge is not None:
             try:
                 identifiers = [int(part) for part in merge.split(",")]
@@ -295,9 +305,10 @@ def stream_seal(name: str, uri: str, token: str, tls_ca: Path | None) -> None:
 @stream.command("truncate", short_help="Drop a stream's data before a stream cut.")
 @click.argument("name", callback=lambda ctx, param, value: _stream_name(value), metavar="SCOPE/STREAM")
 @click.option("--at-tail", is_flag=True, help="Truncate at the current tail: drop everything written so far.")
-@click.option("--at-time", type=float, default=None, metavar="SECONDS",
+@click.option("--at-time", type=click.FloatRange(min=0), callback=lambda ctx, param, value: _finite(value),
+              default=None, metavar="SECONDS",
               help="Truncate at the newest tail cut the controller recorded at or before this time "
-                   "(seconds since the Unix epoch).")
+                   "(seconds since the Unix epoch).  If it recorded none that late, nothing is truncated.")
 @click.option("--cut", "cut_json", default=None, metavar="JSON",
               help='Truncate at this cut: {"<segment id>": offset, ...} (as `stream describe --json` prints).')
 @_connection_options
@@ -305,7 +316,8 @@ def stream_truncate(name: str, at_tail: bool, at_time: float | None, cut_json: s
                     tls_ca: Path | None) -> None:
     """Truncate a stream: delete the segments wholly before the cut and cut the others at their
     offsets.  Readers can no longer read what lies before it.  The cut must not lie before the
-    stream's current head.
+    stream's current head, and each of its offsets must be where an event begins in its segment (a
+    cut from `stream describe`, a reader's position or a checkpoint is); otherwise nothing changes.
 
     \b
     Examples:
@@ -328,6 +340,14 @@ def stream_truncate(name: str, at_tail: bool, at_time: float | None, cut_json: s
                 cut = StreamCut.from_wire(name, json.loads(cut_json or ""))
             except ValueError as error:
                 raise click.BadParameter(f"--cut: {error}") from None
+        head = manager.head_cut(name)
+        if cut.to_wire() == head.to_wire():
+            # Truncating at the head changes nothing (the controller accepts it as a no-op): say so
+            # rather than claim a truncation -- e.g. --at-time before the first recorded cut.
+            reason = "no tail cut was recorded at or before that time" if at_time is not None else \
+                "the cut is the stream's head"
+            click.echo(f"nothing truncated: {reason}; {name} still begins at {json.dumps(head.to_wire())}")
+            return
         manager.truncate_stream(name, cut)
     click.echo(f"truncated {name} at {json.dumps(cut.to_wire())}")
 

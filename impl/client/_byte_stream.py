@@ -57,6 +57,7 @@ from millstream.errors import (
     TransientSegmentError,
 )
 from millstream.naming import is_transient_segment
+from millstream.segmentstore.event_boundaries import EVENT_SEGMENT, EVENT_SEGMENT_ATTRIBUTE_ID
 from millstream.wire.commands import (
     AppendSetup,
     ConditionalBlockEnd,
@@ -357,6 +358,10 @@ class AsyncByteStreamWriter:
         properties = await segments.info(segment)
         if properties.sealed:
             raise StreamSealedError(f"byte stream {target} is sealed")
+        # Raw bytes, not events: its truncations (truncate_data_before) keep byte granularity, so the
+        # segment must stop claiming to hold events (a stream's segments and segments created by name
+        # do).  A compare-and-set that finds the claim gone already changes nothing.
+        await segments.update_attribute(segment, EVENT_SEGMENT_ATTRIBUTE_ID, None, expected_value=EVENT_SEGMENT)
         return cls(segment, pool=pool, locator=locator, segments=segments, token=token, config=config, rng=rng,
                    base_offset=properties.length, **options)
 

@@ -196,7 +196,8 @@ class AsyncSegments:
 
     async def truncate(self, segment: str, offset: int) -> None:
         """Drop the segment's bytes below ``offset``.  Raises ``BadOffsetError`` if ``offset`` lies
-        outside [start offset, length], ``StreamSegmentNotExistsError``."""
+        outside [start offset, length] or -- in a segment of events (any but a byte stream's) -- if no
+        event begins there, ``StreamSegmentNotExistsError``."""
         validate_segment_name(segment)
         _offset(offset)
         await self._call(segment, lambda rid: TruncateSegment(rid, segment, offset, self._token), SegmentTruncated,

@@ -689,7 +689,8 @@ class AsyncStreamManager:
         return await self.scale_stream(stream, list(segment_ids), [(low, high)])
 
     async def truncate_stream(self, stream: str, cut: StreamCut) -> None:
-        """Drop everything before ``cut`` (a cut of this stream at or after its head)."""
+        """Drop everything before ``cut`` (a cut of this stream at or after its head, each offset
+        where an event begins: else ``InvalidStreamCutError``, and nothing changes)."""
         if not isinstance(cut, StreamCut):
             raise InvalidArgumentError(f"cut must be a StreamCut, not {cut!r}")
         await self._controller.truncate_stream(*split_stream_name(stream), cut)

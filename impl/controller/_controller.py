@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time as _time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -68,6 +69,7 @@ from millstream.controller._segment_store import SegmentStore
 from millstream.controller._state import ControllerState, StreamRecord, StreamState, initial_stream_epoch
 from millstream.controller._transaction_workflows import TransactionWorkflows
 from millstream.errors import (
+    BadOffsetError,
     InternalError,
     InvalidArgumentError,
     InvalidStreamCutError,
@@ -630,7 +632,11 @@ class Controller(TransactionWorkflows):
 
     # --- Stream cuts -------------------------------------------------------------------------------
 
-    async def _validated_cut(self, stream: StreamRecord, cut: Mapping[int, int], *, after_head: bool) -> None:
+    async def _validated_cut(self, stream: StreamRecord, cut: Mapping[int, int], *, after_head: bool,
+                             boundaries: bool = True) -> None:
+        """Raise ``InvalidStreamCutError`` unless ``cut`` is a position of ``stream`` (``validate_cut``),
+        at or after its head if ``after_head``, and -- with ``boundaries`` -- every offset is where an
+        event begins in its segment (the store checks, within a bounded read: ``event_boundaries``)."""
         history = stream.history
         current = {i for i in cut if history.segment(i) is not None and i not in stream.sealed_lengths}
         lengths = dict(stream.sealed_lengths)
@@ -639,6 +645,18 @@ class Controller(TransactionWorkflows):
         if after_head and not is_at_or_after(history, cut, stream.head):
             raise InvalidStreamCutError(f"the cut lies before the head of {stream.qualified_name} (it was "
                                         "truncated there)")
+        if boundaries:
+            head = stream.head
+            for identifier, offset in sorted(cut.items()):
+                if offset == 0 or head.get(identifier) == offset or lengths.get(identifier) == offset:
+                    continue  # a segment's start or end, or where the stream was truncated: boundaries
+                try:
+                    await self._store.check_event_boundary(self._name(stream, identifier), offset)
+                except StreamSegmentNotExistsError:
+                    continue  # (deleted by a truncation meanwhile: the head check refuses such a cut)
+                except BadOffsetError as error:
+                    raise InvalidStreamCutError(f"the cut's offset {offset} in segment {identifier} of "
+                                                f"{stream.qualified_name} is not an event boundary: {error}") from error
 
     async def get_head_cut(self, scope: str, stream: str) -> dict[str, Any]:
         self._check_open()
@@ -663,7 +681,11 @@ class Controller(TransactionWorkflows):
         return {"cut": _cut_json(lengths)}
 
     async def get_cut_at(self, scope: str, stream: str, time: float) -> dict[str, Any]:
+        """The newest recorded tail cut made at or before ``time`` (seconds since the Unix epoch), else
+        the head.  Raises ``InvalidArgumentError`` unless ``time`` is a finite number >= 0."""
         self._check_open()
+        if isinstance(time, bool) or not isinstance(time, (int, float)) or not 0 <= time < math.inf:
+            raise InvalidArgumentError(f"a time is a finite number of seconds since the Unix epoch, not {time!r}")
         record = self._stream(scope, stream)
         chosen = record.head
         for recorded in reversed(record.recorded_cuts):
@@ -704,10 +726,13 @@ class Controller(TransactionWorkflows):
         self._check_open()
         record = self._stream(scope, stream)
         start = record.head if from_cut is None else dict(from_cut)
+        # (Not checked for event boundaries: readers and the Spark source ask for slices between the
+        # same cuts again and again; the cuts were checked where they came in, and a reader given a
+        # cut that splits an event fails there with MalformedEventError, never silently.)
         if from_cut is not None:
-            await self._validated_cut(record, from_cut, after_head=True)
+            await self._validated_cut(record, from_cut, after_head=True, boundaries=False)
         if to_cut is not None:
-            await self._validated_cut(record, to_cut, after_head=True)
+            await self._validated_cut(record, to_cut, after_head=True, boundaries=False)
         slices = segments_between(record.history, start, to_cut, record.sealed_lengths)
         return {"segments": [{**self._segment_json(record, s.segment), "start_offset": s.start_offset,
                               "end_offset": s.end_offset, "predecessors": list(s.predecessors)} for s in slices]}
@@ -807,7 +832,9 @@ class Controller(TransactionWorkflows):
         if stream not in found.config.streams:
             raise InvalidStreamCutError(f"reader group {scope}/{group} does not read {stream!r}")
         stream_scope, stream_name = stream.split("/")
-        await self._validated_cut(self._stream(stream_scope, stream_name), cut, after_head=False)
+        # (Readers publish their checkpoints' positions here, every few seconds: not scanned for event
+        # boundaries each time -- retention checks the cut it truncates at, in truncate_stream.)
+        await self._validated_cut(self._stream(stream_scope, stream_name), cut, after_head=False, boundaries=False)
 
         def plan(state: ControllerState) -> dict[str, Any]:
             self._group(scope, group)

@@ -8,6 +8,11 @@ exactly those; every operation the controller's workflows repeat after a restart
 a missing one all succeed and say so; merging a transaction segment that is merged already does
 nothing), so a workflow step may simply be run again.
 
+Segments that hold events.  A stream's segments and reader groups' state segments hold events, so
+``LocalSegmentStore`` creates them with the attribute that says so (``event_boundaries``): their
+truncations must then land on event boundaries, which ``check_event_boundary`` checks before a
+workflow records one.  The controller's own log is not made of events and keeps byte granularity.
+
 ``LocalSegmentStore`` implements it over the ``SegmentStoreServer`` of the same node (in process,
 same event loop): each call finds the segment's container through the server, so a container that
 is restarting (``ContainerUnavailableError``) is waited for with bounded, doubling delays on the
@@ -28,12 +33,15 @@ from millstream.clock import Clock
 from millstream.errors import (
     ContainerUnavailableError,
     InternalError,
+    InvalidArgumentError,
     StreamSegmentExistsError,
     StreamSegmentMergedError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
 )
-from millstream.naming import container_of
+from millstream.model.types import AttributeUpdate
+from millstream.naming import container_of, is_hidden_segment, parse_stream_segment_name
+from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
 from millstream.segmentstore.read_index import ReadResult
 
 __all__ = ["AppendCounts", "LocalSegmentStore", "SegmentState", "SegmentStore"]
@@ -84,7 +92,13 @@ class SegmentStore(Protocol):
         ...
 
     async def truncate(self, name: str, offset: int) -> None:
-        """Drop the bytes below ``offset``; nothing happens if the segment already starts there or later."""
+        """Drop the bytes below ``offset``; nothing happens if the segment already starts there or later.
+        Raises ``EventBoundaryError`` for a segment that holds events if no event begins there."""
+        ...
+
+    async def check_event_boundary(self, name: str, offset: int) -> None:
+        """Return if ``offset`` lies within the segment and, if it holds events, an event begins there;
+        else raise ``BadOffsetError`` or its subclass ``EventBoundaryError``.  Changes nothing."""
         ...
 
     async def delete(self, name: str) -> bool:
@@ -116,7 +130,9 @@ class _StatisticsSource(Protocol):
 
 
 class _Container(Protocol):
-    async def create_segment(self, name: str) -> None: ...
+    async def create_segment(self, name: str, attribute_updates: tuple[AttributeUpdate, ...] = ()) -> None: ...
+
+    async def check_event_boundary(self, name: str, offset: int) -> None: ...
 
     async def append(self, name: str, data: bytes, *, expected_offset: int | None = None) -> int: ...
 
@@ -178,13 +194,18 @@ class LocalSegmentStore:
                 delay = min(delay * 2, limits.CONTROLLER_STORE_RETRY_DELAY_MAX_SECONDS)
 
     async def create_segment(self, name: str) -> bool:
+        attributes = EVENT_SEGMENT_ATTRIBUTES if _holds_events(name) else ()
+
         async def create(container: _Container) -> bool:
             try:
-                await container.create_segment(name)
+                await container.create_segment(name, attributes)
             except StreamSegmentExistsError:
                 return False
             return True
         return await self._with_container(name, create)
+
+    async def check_event_boundary(self, name: str, offset: int) -> None:
+        await self._with_container(name, lambda c: c.check_event_boundary(name, offset))
 
     async def append(self, name: str, data: bytes, *, expected_offset: int) -> int:
         async def append(container: _Container) -> int:
@@ -254,3 +275,19 @@ class LocalSegmentStore:
 
     def drain_append_counts(self) -> dict[str, AppendCounts]:
         return {name: AppendCounts(size, events) for name, (size, events) in self._server.statistics.drain().items()}
+
+
+def _holds_events(name: str) -> bool:
+    """Whether the controller's segment ``name`` holds events: a stream's segment, or a reader
+    group's state segment (records framed as events); not its own metadata log."""
+    from millstream.controller._controller import READER_GROUP_STATE_PREFIX
+
+    if name.startswith(READER_GROUP_STATE_PREFIX):
+        return True
+    if is_hidden_segment(name):
+        return False  # (a transaction's segment: merged whole into its parent, never truncated)
+    try:
+        parse_stream_segment_name(name)
+    except InvalidArgumentError:
+        return False
+    return True

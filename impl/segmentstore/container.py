@@ -9,6 +9,11 @@ Every mutating call is one operation through the DurableLog; it returns once the
 durable and visible to readers, or raises the typed error it was rejected with.  Arguments are
 validated before anything is queued (``InvalidArgumentError``, ``PayloadTooLargeError``).
 
+Truncation of a segment that holds events (its ``EVENT_SEGMENT_ATTRIBUTE_ID`` says so) lands only on
+an event boundary: ``truncate`` checks the offset against the committed bytes first, within a
+bounded read (``event_boundaries``), and refuses it with ``EventBoundaryError`` otherwise; other
+segments keep byte granularity.
+
 Tiering.  Given a ``ChunkStorage`` (Tier 2), the container runs a ``StorageWriter`` that flushes
 acknowledged bytes there, truncates the log behind them and lets the cache evict them; reads of
 evicted bytes come back from Tier 2.  While more than ``StorageSettings.unflushed_bytes_max``
@@ -21,14 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 from millstream import limits
 from millstream.clock import Clock, SystemClock
 from millstream.errors import (
+    BadOffsetError,
     ContainerUnavailableError,
     DataCorruptionError,
+    EventBoundaryError,
     InternalError,
     InvalidArgumentError,
     PayloadTooLargeError,
@@ -44,9 +52,11 @@ from millstream.model.types import (
     AttributeUpdateType,
     SegmentStatus,
 )
+from millstream.segmentstore import event_boundaries
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.durable_log import DurableLog
+from millstream.segmentstore.event_boundaries import holds_events, nearest_known, walk_events
 from millstream.segmentstore.layout import covered_end, is_covered
 from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata
 from millstream.segmentstore.operation_processor import OperationProcessor
@@ -90,7 +100,8 @@ LIFECYCLE: dict[tuple[ContainerState, str], ContainerState] = {
 @attrs.frozen
 class SegmentInfo:
     """A segment's committed state.  ``storage_length``: bytes from the start offset on that are in
-    Tier 2 without a gap (0 without Tier 2)."""
+    Tier 2 without a gap (0 without Tier 2).  ``last_modified_ms``: when an operation last changed it
+    (ms since the Unix epoch by the container's wall clock; see ``SegmentMetadata.last_modified_ms``)."""
 
     name: str
     length: int
@@ -98,6 +109,7 @@ class SegmentInfo:
     sealed: bool
     attributes: dict[int, int] = attrs.field(eq=True, hash=False)
     storage_length: int = attrs.field(default=0, eq=False)
+    last_modified_ms: int = attrs.field(default=0, eq=False)
 
 
 @attrs.frozen
@@ -126,7 +138,9 @@ class SegmentContainer:
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
         chunk_storage: ChunkStorage | None = None,
         storage_settings: StorageSettings | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``wall_clock`` (seconds since the Unix epoch) times segments' ``last_modified_ms``."""
         self.container_id = container_id
         self._clock = clock or SystemClock()
         self._metadata = ContainerMetadata(container_id)
@@ -143,7 +157,8 @@ class SegmentContainer:
             self._read_index.attach_tier_two(self._storage_writer)
         self._durable_log = DurableLog(
             self._metadata, data_log, clock=self._clock, on_committed=self._apply_committed, on_loaded=self._load,
-            tracer=tracer, frame_length_max=frame_length_max, checkpoint_frame_count=checkpoint_frame_count)
+            tracer=tracer, frame_length_max=frame_length_max, checkpoint_frame_count=checkpoint_frame_count,
+            wall_clock=wall_clock)
         self._data_log = data_log
         self._processor: OperationProcessor | None = None
         self._state = ContainerState.STARTING
@@ -334,10 +349,75 @@ class SegmentContainer:
 
     async def truncate(self, name: str, offset: int) -> None:
         """Make bytes below ``offset`` unreadable.  Raises ``BadOffsetError`` unless
-        ``start offset <= offset <= length``."""
+        ``start offset <= offset <= length``, and -- for a segment that holds events -- its subclass
+        ``EventBoundaryError`` unless an event begins at ``offset`` (see ``check_event_boundary``)."""
         if not _is_offset(offset):
             raise InvalidArgumentError(f"offset must be a non-negative int, not {offset!r}")
-        await self._run(StreamSegmentTruncateOperation(-1, offset), name)
+        operation = StreamSegmentTruncateOperation(-1, offset)
+        processor = self._processor
+        # Whether it holds events as the operations in flight leave it (it may have just been created);
+        # its bytes are checked as acknowledged.
+        newest = processor.peek(_check_name(name)) if processor is not None else None
+        if newest is not None and newest.status in (SegmentStatus.ACTIVE, SegmentStatus.SEALED) \
+                and holds_events(newest.get_attribute):
+            segment = self._metadata.segments.get(newest.id)
+            if segment is None:  # created, but not acknowledged yet: it holds no acknowledged bytes
+                if offset != 0:
+                    raise BadOffsetError(f"truncation offset {offset} is beyond the acknowledged bytes of {name!r}")
+            else:
+                await self._check_event_boundary(segment, offset)
+            operation.expected_segment_id = newest.id
+        await self._run(operation, name)
+
+    async def check_event_boundary(self, name: str, offset: int) -> None:
+        """Return if ``offset`` may start segment ``name``: it lies in ``[start offset, length]`` of
+        the committed bytes and, if the segment holds events, an event begins there.  Otherwise raise
+        ``BadOffsetError`` (outside), or its subclass ``EventBoundaryError`` (inside an event, not
+        event data, or not confirmable within ``limits.EVENT_BOUNDARY_SCAN_BYTES_MAX`` bytes of
+        reading).  Reads only committed bytes; changes nothing."""
+        if not _is_offset(offset):
+            raise InvalidArgumentError(f"offset must be a non-negative int, not {offset!r}")
+        segment = self._committed(name)
+        if not segment.start_offset <= offset <= segment.length:
+            raise BadOffsetError(f"offset {offset} is outside [{segment.start_offset}, {segment.length}] of {name!r}")
+        if holds_events(segment.attributes):
+            await self._check_event_boundary(segment, offset)
+
+    async def _check_event_boundary(self, segment: SegmentMetadata, offset: int) -> None:
+        """Hop event headers from the nearest known boundary to ``offset`` (``event_boundaries``)."""
+        length, start = segment.length, segment.start_offset
+        if offset > length:
+            # Beyond the acknowledged bytes (maybe inside appends still in flight): nothing to check it
+            # against, and no caller can have learned such an offset from a reader or a cut.
+            raise BadOffsetError(f"truncation offset {offset} is outside [{start}, {length}] of {segment.name!r}")
+        if offset <= start or offset == length or offset in segment.boundaries:
+            return  # (below the start: the operation refuses it with BadOffsetError)
+        position = known = nearest_known(segment.boundaries, start, offset)
+        budget = event_boundaries.SCAN_BYTES_MAX
+        base, buffer, read = position, b"", 0
+        # Reads start small and double while they hold whole events; after a hop past what was read
+        # (a long event) they start small again, so a long event costs one small read, not its length.
+        window = event_boundaries.SCAN_READ_BYTES_MIN
+        while position < offset:
+            if position > base + len(buffer):  # hopped over the rest of a long event: read on from there
+                window = event_boundaries.SCAN_READ_BYTES_MIN
+            elif read:
+                window = min(window * 2, limits.READ_LENGTH_MAX_BYTES)
+            buffer, base = buffer[position - base:], position  # (what is left of an event header, if any)
+            want = min(offset - base - len(buffer), window)
+            if read + want > budget:
+                want = budget - read
+            if want <= 0:
+                raise EventBoundaryError(
+                    f"offset {offset} of {segment.name!r} could not be confirmed as an event boundary within "
+                    f"{budget} bytes of reading from the nearest known one, {known}: truncate at an offset a "
+                    "reader, a stream cut or the segment's length gave")
+            result = await self._read_index.read(segment.id, base + len(buffer), want, 0.0)
+            if not result.data:
+                raise InternalError(f"a read of committed bytes of {segment.name!r} at {base + len(buffer)} was empty")
+            read += len(result.data)
+            buffer += result.data
+            position = walk_events(buffer, base, position, offset, segment.name)
 
     async def merge(self, target: str, source: str) -> int:
         """Append the sealed ``source``'s bytes to ``target``; ``source`` is gone afterwards.  Returns
@@ -383,7 +463,7 @@ class SegmentContainer:
         segment = self._committed(name)
         stored = covered_end(segment.spans, segment.start_offset) - segment.start_offset
         return SegmentInfo(name, segment.length, segment.start_offset, segment.status is SegmentStatus.SEALED,
-                           dict(segment.attributes), stored)
+                           dict(segment.attributes), stored, segment.last_modified_ms)
 
     def segment_names(self) -> list[str]:
         """Names of every segment that exists (active or sealed)."""

@@ -25,7 +25,13 @@ from millstream.clock import Clock
 from millstream.errors import DataCorruptionError, MillstreamError
 from millstream.segmentstore.data_frame import DataFrameReader
 from millstream.segmentstore.durable_data_log import DurableDataLog
-from millstream.segmentstore.metadata import ContainerMetadata, deserialize_checkpoint, serialize_checkpoint
+from millstream.segmentstore.metadata import (
+    ContainerMetadata,
+    checkpoint_body,
+    checkpoint_version,
+    deserialize_checkpoint,
+    serialize_checkpoint,
+)
 from millstream.segmentstore.metadata_transaction import ContainerMetadataUpdateTransaction
 from millstream.segmentstore.operation_processor import OperationProcessor
 from millstream.segmentstore.operations import MetadataCheckpointOperation, Operation, deserialize
@@ -49,8 +55,10 @@ class DurableLog:
         tracer: Tracer | None = None,
         frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
+        wall_clock: Callable[[], float] | None = None,
     ) -> None:
         self.metadata = metadata
+        self._wall_clock = wall_clock
         self._log = data_log
         self._clock = clock
         self._on_committed = on_committed
@@ -73,7 +81,7 @@ class DurableLog:
             next_sequence_number=reader.highest_sequence_number + 1,
             next_frame_number=(reader.last_address.sequence if reader.last_address else 0) + 1,
             frame_length_max=self._frame_length_max, tracer=self._tracer,
-            checkpoint_frame_count=self._checkpoint_frame_count)
+            checkpoint_frame_count=self._checkpoint_frame_count, wall_clock=self._wall_clock)
         if self._tracer is not None:
             self._tracer("Recover", frames=reader.frame_count)
         processor.start()
@@ -86,6 +94,10 @@ class DurableLog:
         container = self.metadata.container_id
         transaction: ContainerMetadataUpdateTransaction | None = None
         skipped = None
+        loaded_version = 0
+        # What replay changes is stamped with the time of this recovery (the log holds no times): a
+        # segment's last_modified_ms is then never earlier than the truth; later checkpoints correct it.
+        recovered_at_ms = 0 if self._wall_clock is None else int(self._wall_clock() * 1000)
         for record in reader:
             where = f"container {container}, operation {record.sequence_number} (log record {record.address.sequence})"
             operation = deserialize(record.data, record.sequence_number)
@@ -97,13 +109,13 @@ class DurableLog:
                     raise DataCorruptionError(f"{where}: the log does not start with a metadata checkpoint")
                 operation.frame_number, operation.truncation_address = record.first_frame, record.address_before
                 self._load(operation, where)
+                loaded_version = checkpoint_version(operation.payload)
                 transaction = ContainerMetadataUpdateTransaction(self.metadata, None)
+                transaction.time_ms = recovered_at_ms
                 self._on_committed([operation])
                 continue
             if isinstance(operation, MetadataCheckpointOperation):
-                rebuilt = serialize_checkpoint(transaction.next_segment_id, transaction.snapshot())
-                if rebuilt != operation.payload:
-                    raise DataCorruptionError(f"{where}: checkpoint disagrees with the replayed log")
+                self._compare(operation.payload, transaction, loaded_version, where)
                 operation.frame_number, operation.truncation_address = record.first_frame, record.address_before
                 self._on_committed([operation])
                 continue
@@ -121,6 +133,23 @@ class DurableLog:
             transaction.commit()
         self.metadata.check_invariants()
         return transaction is not None
+
+    def _compare(self, payload: bytes, transaction: ContainerMetadataUpdateTransaction, loaded_version: int,
+                 where: str) -> None:
+        """A later checkpoint must hold what replay rebuilt, byte for byte -- compared in the older of
+        its version and the loaded one's (what the loaded checkpoint lacked, replay cannot rebuild:
+        a version-1 start knows no event boundaries), and without the modification times, which replay
+        does not rebuild but takes over from it."""
+        stored_version = checkpoint_version(payload)
+        version = min(loaded_version, stored_version)
+        stored = deserialize_checkpoint(payload, self.metadata.container_id)
+        if stored_version != version:
+            payload = serialize_checkpoint(stored.next_segment_id, stored.segments.values(), version=version)
+        rebuilt = serialize_checkpoint(transaction.next_segment_id, transaction.snapshot(), version=version)
+        if checkpoint_body(rebuilt) != checkpoint_body(payload):
+            raise DataCorruptionError(f"{where}: checkpoint disagrees with the replayed log")
+        if stored_version >= 2:
+            transaction.adopt_modification_times(stored)
 
     def _load(self, checkpoint: MetadataCheckpointOperation, where: str) -> None:
         """Load the first checkpoint.  The bytes it names may be only in Tier 2 now; whether its spans

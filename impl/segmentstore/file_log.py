@@ -626,13 +626,22 @@ class _ManifestStore:
             return False
         return (status.st_dev, status.st_ino) == self._own_identity
 
+    def _fenced_error(self) -> DataLogFencedError:
+        """The error for a fenced owner, naming the newer owner's epoch when the manifest says it."""
+        try:
+            newer = self._load()
+        except (OSError, DataCorruptionError):
+            newer = None
+        at = "" if newer is None else f" at epoch {newer.epoch}"
+        return DataLogFencedError(
+            f"{self._directory}: another owner took the log over{at} (this owner had epoch {self._manifest.epoch})"
+        )
+
     def _require_ours(self) -> None:
         """Caller holds ``_locked()``.  Raises ``DataLogFencedError`` if another owner replaced our
         manifest (its epoch is newer)."""
         if not self._is_ours():
-            raise DataLogFencedError(
-                f"{self._directory}: another owner took the log over after epoch {self._manifest.epoch}"
-            )
+            raise self._fenced_error()
 
     def check_owner(self) -> None:
         """Raise ``DataLogFencedError`` if another owner has written the manifest since we last did.
@@ -643,9 +652,7 @@ class _ManifestStore:
             return
         with self._mutex:  # a manifest write of ours may be between its replace and its bookkeeping
             if not self._is_ours():
-                raise DataLogFencedError(
-                    f"{self._directory}: another owner took the log over after epoch {self._manifest.epoch}"
-                )
+                raise self._fenced_error()
 
     def take_ownership(self) -> _Ownership:
         """``initialize``'s disk work (see the module docstring).  Raises ``DataCorruptionError`` if the

@@ -9,13 +9,17 @@ cap, and then the host gives up and reports the last failure.
 
 The host does not restart a container that was *fenced* (another owner took the log over: serving
 now would be split brain) or that found its data corrupt (``DataCorruptionError``: an operator must
-look; serving could mean serving wrong bytes).  ``stopped`` then completes with that cause.
+look; serving could mean serving wrong bytes).  ``stopped`` then completes with that cause, and the
+host says so in an ERROR log naming the container and the cause (for a fenced log: the newer
+owner's epoch) -- a host that stops serving for good must never do so silently.  Whoever runs the
+host (``millstream.standalone``) watches ``stopped`` and stops the node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
 from millstream import limits
@@ -27,12 +31,23 @@ from millstream.segmentstore.durable_data_log import DurableDataLog
 
 __all__ = ["ContainerHost"]
 
+log = logging.getLogger("millstream.segmentstore.host")
+
 
 def _is_final(error: BaseException) -> bool:
     """Whether a container that stopped on ``error`` must not be restarted."""
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, (DataLogFencedError, DataCorruptionError)):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _is_fenced(error: BaseException) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, DataLogFencedError):
             return True
         seen = seen.__cause__
     return False
@@ -129,8 +144,18 @@ class ContainerHost:
                         return
 
     def _finish(self, cause: BaseException | None) -> None:
-        if not self.stopped.done():
-            self.stopped.set_result(cause)
+        if self.stopped.done():
+            return
+        if cause is not None:
+            if _is_fenced(cause):
+                log.error("container %d was fenced: %s -- another process owns its log now; this host stops "
+                          "serving it", self.container_id, cause)
+            elif _is_final(cause):
+                log.error("container %d stopped for good: %s", self.container_id, cause)
+            else:
+                log.error("container %d failed %d times in a row; giving up: %s", self.container_id,
+                          self._restarts_max + 1, cause)
+        self.stopped.set_result(cause)
 
     async def stop(self) -> None:
         """Stop the serving container (draining what it acknowledged) and stop restarting."""

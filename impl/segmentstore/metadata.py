@@ -6,19 +6,29 @@ durable.  Operations in flight live in the chain of metadata update transactions
 
 Checkpoint byte layout (big-endian), the payload of a ``MetadataCheckpointOperation``::
 
-    checkpoint := version:u8 (=1) | next_segment_id:i64 | segment_count:u32 | segment*
+    checkpoint := version:u8 (=2) | next_segment_id:i64 | segment_count:u32 | segment* | modified
     segment    := id:i64 | name_length:u16 | name:utf-8 | status:u8 | start_offset:i64 | length:i64
                   | attribute_count:u32 | (attribute_id:u128 | value:i64)*
                   | span_count:u32 | span*
+                  | boundary_spacing:i64 | boundary_count:u32 | boundary:i64*       (version 2 only)
     span       := offset:i64 | length:i64 | chunk_offset:i64 | chunk_name_length:u16 | chunk_name:utf-8
     status     := 0 active | 1 sealed | 2 merged | 3 deleted
+    modified   := last_modified_ms:i64 * segment_count, in segment order             (version 2 only)
+
+Version 1 (written before event boundaries and modification times were kept) is still read: its
+segments get no known boundaries and a modification time of 0 ("unknown").
 
 Spans are the segment's layout in Tier 2 (``layout``): a checkpoint carries them, so a log truncated
-below it still knows where every byte it no longer holds lives.
+below it still knows where every byte it no longer holds lives.  Boundaries are the sparse index of
+offsets where an event begins (``event_boundaries``).  Everything but ``modified`` is a function of
+the operations in the log, so recovery compares it byte for byte with what replay rebuilds
+(``checkpoint_body``); modification times are wall-clock readings the log does not hold, so they are
+carried, not compared (see ``SegmentMetadata.last_modified_ms``).
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Callable, Iterable
 
@@ -31,12 +41,16 @@ from millstream.model.types import (
     AttributeUpdateType,
     SegmentStatus,
 )
+from millstream.segmentstore import event_boundaries
 from millstream.segmentstore.layout import ChunkSpan, Spans
 
 __all__ = [
+    "CHECKPOINT_VERSION",
     "ContainerMetadata",
     "SegmentMetadata",
     "attribute_update_values",
+    "checkpoint_body",
+    "checkpoint_version",
     "deserialize_checkpoint",
     "serialize_checkpoint",
 ]
@@ -49,18 +63,23 @@ _SEGMENT_TAIL = struct.Struct(">BqqI")
 _ATTRIBUTE = struct.Struct(">QQq")
 _COUNT = struct.Struct(">I")
 _SPAN = struct.Struct(">qqqH")
-CHECKPOINT_VERSION = 1
+_BOUNDARIES_HEAD = struct.Struct(">qI")
+_I64 = struct.Struct(">q")
+#: The version written; every version up to it is read.
+CHECKPOINT_VERSION = 2
 _MASK64 = (1 << 64) - 1
 
 
 class SegmentMetadata:
     """One segment's committed state."""
 
-    __slots__ = ("attributes", "id", "length", "name", "spans", "start_offset", "status")
+    __slots__ = ("attributes", "boundaries", "boundary_spacing", "id", "last_modified_ms", "length", "name",
+                 "spans", "start_offset", "status")
 
     def __init__(self, segment_id: int, name: str, status: SegmentStatus = SegmentStatus.ACTIVE,
                  start_offset: int = 0, length: int = 0, attributes: dict[int, int] | None = None,
-                 spans: Spans = ()) -> None:
+                 spans: Spans = (), *, boundaries: tuple[int, ...] = (), boundary_spacing: int | None = None,
+                 last_modified_ms: int = 0) -> None:
         self.id = segment_id
         self.name = name
         self.status = status
@@ -69,13 +88,23 @@ class SegmentMetadata:
         self.attributes: dict[int, int] = attributes if attributes is not None else {}
         #: Where the segment's bytes live in Tier 2 (see ``layout``).
         self.spans: Spans = spans
+        #: Offsets known to begin an event, sparse, all in ``(start_offset, length]``, and how far apart
+        #: the index records them (``event_boundaries``).
+        self.boundaries: tuple[int, ...] = boundaries
+        self.boundary_spacing = event_boundaries.SPACING_BYTES_MIN if boundary_spacing is None else boundary_spacing
+        #: When an operation last changed the segment (ms since the Unix epoch, by the container's wall
+        #: clock; 0: unknown).  After a crash, a segment changed since the last metadata checkpoint
+        #: shows the time of the recovery (the log holds no times): never earlier than the truth.
+        self.last_modified_ms = last_modified_ms
 
     def get_attribute(self, attribute_id: int) -> int:
         return self.attributes.get(attribute_id, NULL_ATTRIBUTE_VALUE)
 
     def __repr__(self) -> str:
         return (f"SegmentMetadata({self.id}, {self.name!r}, {self.status!r}, start_offset={self.start_offset}, "
-                f"length={self.length}, attributes={self.attributes!r}, spans={self.spans!r})")
+                f"length={self.length}, attributes={self.attributes!r}, spans={self.spans!r}, "
+                f"boundaries={self.boundaries!r}, boundary_spacing={self.boundary_spacing}, "
+                f"last_modified_ms={self.last_modified_ms})")
 
 
 class ContainerMetadata:
@@ -111,8 +140,17 @@ class ContainerMetadata:
             ends = [0] + [span.end for span in segment.spans]
             for span, previous_end in zip(segment.spans, ends, strict=False):
                 assert previous_end <= span.offset and span.length > 0 and span.end <= segment.length, segment
+            check_boundaries(segment.boundaries, segment.boundary_spacing, segment.start_offset, segment.length,
+                             repr(segment))
             assert segment_id < self.next_segment_id, segment
         assert len(self.segments) == len(self.ids_by_name)
+
+
+def check_boundaries(boundaries: tuple[int, ...], spacing: int, start_offset: int, length: int, what: str) -> None:
+    """Assert the index of known event boundaries is well formed (``event_boundaries``)."""
+    assert len(boundaries) <= event_boundaries.ENTRIES_MAX and spacing >= event_boundaries.SPACING_BYTES_MIN, what
+    assert all(start_offset < b <= length for b in boundaries), what
+    assert all(a < b for a, b in itertools.pairwise(boundaries)), what
 
 
 def attribute_update_values(read: Callable[[int], int], updates: Iterable[AttributeUpdate]) -> dict[int, int]:
@@ -150,9 +188,12 @@ def attribute_update_values(read: Callable[[int], int], updates: Iterable[Attrib
     return values
 
 
-def serialize_checkpoint(next_segment_id: int, segments: Iterable[SegmentMetadata]) -> bytes:
-    """A checkpoint of ``segments`` (give them in id order): the same metadata always gives the same bytes."""
+def serialize_checkpoint(next_segment_id: int, segments: Iterable[SegmentMetadata], *,
+                         version: int = CHECKPOINT_VERSION) -> bytes:
+    """A checkpoint of ``segments`` (give them in id order): the same metadata always gives the same
+    bytes.  ``version`` 1 leaves out what it cannot hold (for comparing with an old checkpoint)."""
     parts: list[bytes] = []
+    modified: list[bytes] = []
     count = 0
     for segment in segments:
         count += 1
@@ -168,16 +209,35 @@ def serialize_checkpoint(next_segment_id: int, segments: Iterable[SegmentMetadat
             chunk = span.chunk.encode()
             parts.append(_SPAN.pack(span.offset, span.length, span.chunk_offset, len(chunk)))
             parts.append(chunk)
-    return _HEADER.pack(CHECKPOINT_VERSION, next_segment_id, count) + b"".join(parts)
+        if version >= 2:
+            parts.append(_BOUNDARIES_HEAD.pack(segment.boundary_spacing, len(segment.boundaries)))
+            parts.append(struct.pack(f">{len(segment.boundaries)}q", *segment.boundaries))
+            modified.append(_I64.pack(segment.last_modified_ms))
+    return _HEADER.pack(version, next_segment_id, count) + b"".join(parts) + b"".join(modified)
+
+
+def checkpoint_version(payload: bytes) -> int:
+    """The version a checkpoint was written in (0 if it is too short to say)."""
+    return payload[0] if payload else 0
+
+
+def checkpoint_body(payload: bytes) -> bytes:
+    """A checkpoint without what replay cannot rebuild (the modification times): what recovery
+    compares.  ``payload`` is a checkpoint ``deserialize_checkpoint`` accepts."""
+    if checkpoint_version(payload) < 2:
+        return payload
+    _, _, count = _HEADER.unpack_from(payload, 0)
+    return payload[:len(payload) - count * _I64.size]
 
 
 def deserialize_checkpoint(payload: bytes, container_id: int) -> ContainerMetadata:
     """The metadata a checkpoint holds.  Raises ``DataCorruptionError`` if it is malformed."""
     try:
         version, next_segment_id, count = _HEADER.unpack_from(payload, 0)
-        if version != CHECKPOINT_VERSION:
+        if not 1 <= version <= CHECKPOINT_VERSION:
             raise ValueError(f"unknown checkpoint version {version}")
         metadata = ContainerMetadata(container_id)
+        ordered: list[SegmentMetadata] = []  # (in payload order, which the modification times follow)
         metadata.next_segment_id = next_segment_id
         position = _HEADER.size
         for _ in range(count):
@@ -204,8 +264,31 @@ def deserialize_checkpoint(payload: bytes, container_id: int) -> ContainerMetada
                         or offset < (spans[-1].end if spans else 0):
                     raise ValueError(f"segment {segment_id}: span {len(spans)} is not a valid layout entry")
                 spans.append(ChunkSpan(offset, span_length, chunk.decode(), chunk_offset))
-            metadata.put(SegmentMetadata(segment_id, name, _STATUS_BY_CODE[status], start_offset, length, attributes,
-                                         tuple(spans)))
+            segment = SegmentMetadata(segment_id, name, _STATUS_BY_CODE[status], start_offset, length, attributes,
+                                      tuple(spans))
+            if version >= 2:
+                spacing, boundary_count = _BOUNDARIES_HEAD.unpack_from(payload, position)
+                position += _BOUNDARIES_HEAD.size
+                if boundary_count > event_boundaries.ENTRIES_MAX:
+                    raise ValueError(f"segment {segment_id}: {boundary_count} event boundaries")
+                boundaries = struct.unpack_from(f">{boundary_count}q", payload, position)
+                position += boundary_count * _I64.size
+                if spacing < event_boundaries.SPACING_BYTES_MIN \
+                        or not all(start_offset < b <= length for b in boundaries) \
+                        or not all(a < b for a, b in itertools.pairwise(boundaries)):
+                    raise ValueError(f"segment {segment_id}: its event boundaries are not a valid index")
+                segment.boundaries, segment.boundary_spacing = boundaries, spacing
+            metadata.put(segment)
+            ordered.append(segment)
+        if version >= 2:
+            remaining = len(payload) - position
+            if remaining > count * _I64.size:
+                raise ValueError("trailing bytes after the last segment")
+            if remaining < count * _I64.size:
+                raise ValueError("the modification times are cut short")
+            for index, parsed in enumerate(ordered):
+                (parsed.last_modified_ms,) = _I64.unpack_from(payload, position + index * _I64.size)
+            position += count * _I64.size
         if position != len(payload):
             raise ValueError("trailing bytes after the last segment")
     except (struct.error, ValueError, KeyError, UnicodeDecodeError) as error:

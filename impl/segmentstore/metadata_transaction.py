@@ -34,9 +34,17 @@ from millstream.errors import (
 )
 from millstream.limits import SEGMENTS_PER_CONTAINER_MAX
 from millstream.model.types import NO_OFFSET, NULL_ATTRIBUTE_VALUE, SegmentStatus
+from millstream.segmentstore import event_boundaries
+from millstream.segmentstore.event_boundaries import (
+    index_after_append,
+    index_after_merge,
+    index_after_truncation,
+    next_due,
+)
 from millstream.segmentstore.layout import ChunkSpan, add_span, drop_below, overlaps, shifted
 from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata, attribute_update_values
 from millstream.segmentstore.operations import (
+    NO_SEGMENT_ID,
     DeleteSegmentOperation,
     MergeSegmentOperation,
     MetadataCheckpointOperation,
@@ -56,9 +64,12 @@ _ACTIVE, _SEALED, _MERGED, _DELETED = (
 
 
 class SegmentMetadataUpdateTransaction:
-    """One segment as a transaction sees it.  Attribute changes are an overlay on the version below."""
+    """One segment as a transaction sees it.  Attribute changes are an overlay on the version below.
+    ``boundary_due`` (derived, not kept): the length at which the next append end joins the index of
+    known event boundaries -- so an append costs one comparison for it."""
 
-    __slots__ = ("attribute_changes", "below", "id", "length", "name", "spans", "start_offset", "status")
+    __slots__ = ("attribute_changes", "below", "boundaries", "boundary_due", "boundary_spacing", "id",
+                 "last_modified_ms", "length", "name", "spans", "start_offset", "status")
 
     def __init__(self, below: SegmentMetadata | SegmentMetadataUpdateTransaction | None, segment_id: int,
                  name: str) -> None:
@@ -68,9 +79,15 @@ class SegmentMetadataUpdateTransaction:
         self.attribute_changes: dict[int, int] = {}
         if below is None:
             self.status, self.start_offset, self.length, self.spans = _ACTIVE, 0, 0, ()
+            self.boundaries: tuple[int, ...] = ()
+            self.boundary_spacing = event_boundaries.SPACING_BYTES_MIN
+            self.last_modified_ms = 0
         else:
             self.status, self.start_offset, self.length = below.status, below.start_offset, below.length
             self.spans = below.spans
+            self.boundaries, self.boundary_spacing = below.boundaries, below.boundary_spacing
+            self.last_modified_ms = below.last_modified_ms
+        self.boundary_due = next_due(self.boundaries, self.boundary_spacing, self.start_offset)
 
     def get_attribute(self, attribute_id: int) -> int:
         changes = self.attribute_changes
@@ -114,11 +131,14 @@ def _unavailable_error(segment: SegmentMetadataUpdateTransaction) -> Exception:
 class ContainerMetadataUpdateTransaction:
     """The effects of the operations ending in one DataFrame, chained onto those before it."""
 
-    __slots__ = ("_by_name", "metadata", "names", "next_segment_id", "previous", "segments")
+    __slots__ = ("_by_name", "metadata", "names", "next_segment_id", "previous", "segments", "time_ms")
 
     def __init__(self, metadata: ContainerMetadata, previous: ContainerMetadataUpdateTransaction | None) -> None:
         self.metadata = metadata
         self.previous = previous
+        #: The time the operations accepted now are stamped with (``SegmentMetadata.last_modified_ms``):
+        #: set by the OperationProcessor once per batch it takes, by recovery for what it replays.
+        self.time_ms = previous.time_ms if previous is not None else 0
         self.segments: dict[int, SegmentMetadataUpdateTransaction] = {}
         #: Names this transaction (re)binds to a new segment id.
         self.names: dict[str, int] = {}
@@ -130,6 +150,14 @@ class ContainerMetadataUpdateTransaction:
         self.next_segment_id = previous.next_segment_id if previous else metadata.next_segment_id
 
     # --- reading through the chain -------------------------------------------------------------------
+
+    def peek(self, name: str) -> SegmentMetadata | SegmentMetadataUpdateTransaction | None:
+        """The newest version of the segment ``name`` maps to, as this transaction sees it, or None.
+        Reads only (``segment`` copies the segment into this transaction)."""
+        segment_id = self.segment_id(name)
+        if segment_id is None:
+            return None
+        return self.segments.get(segment_id) or self._version_below(segment_id)
 
     def segment_id(self, name: str) -> int | None:
         transaction: ContainerMetadataUpdateTransaction | None = self
@@ -203,6 +231,10 @@ class ContainerMetadataUpdateTransaction:
         elif isinstance(operation, StreamSegmentTruncateOperation):
             segment = self.segment(operation.segment_name)
             segment.require_exists()
+            if operation.expected_segment_id not in (NO_SEGMENT_ID, segment.id):
+                # Checked (for event boundaries) on another segment of that name, deleted since.
+                raise StreamSegmentNotExistsError(f"segment {segment.name!r} was deleted and created again "
+                                                  "while the truncation was checked")
             if not segment.start_offset <= operation.offset <= segment.length:
                 raise BadOffsetError(f"truncation offset {operation.offset} is outside "
                                      f"[{segment.start_offset}, {segment.length}] of {segment.name!r}")
@@ -259,16 +291,26 @@ class ContainerMetadataUpdateTransaction:
         """Apply a pre-processed operation.  Must not fail for an operation ``pre_process`` passed."""
         if isinstance(operation, StreamSegmentAppendOperation):
             segment = self.segments.get(operation.segment_id) or self._segment_by_id(operation.segment_id)
-            segment.length += len(operation.data)
+            length = segment.length = segment.length + len(operation.data)
+            segment.last_modified_ms = self.time_ms
+            if length >= segment.boundary_due:
+                segment.boundaries, segment.boundary_spacing = index_after_append(
+                    segment.boundaries, segment.boundary_spacing, length)
+                segment.boundary_due = length + segment.boundary_spacing
             if operation.attribute_updates:
                 segment.attribute_changes.update(
                     attribute_update_values(segment.get_attribute, operation.attribute_updates))
         elif isinstance(operation, StreamSegmentSealOperation):
-            self._segment_by_id(operation.segment_id).status = _SEALED
+            segment = self._segment_by_id(operation.segment_id)
+            segment.status = _SEALED
+            segment.last_modified_ms = self.time_ms
         elif isinstance(operation, StreamSegmentTruncateOperation):
             segment = self._segment_by_id(operation.segment_id)
             segment.start_offset = operation.offset
             segment.spans = drop_below(segment.spans, operation.offset)
+            segment.boundaries = index_after_truncation(segment.boundaries, operation.offset)
+            segment.boundary_due = next_due(segment.boundaries, segment.boundary_spacing, segment.start_offset)
+            segment.last_modified_ms = self.time_ms
         elif isinstance(operation, DeleteSegmentOperation):
             _tombstone(self._segment_by_id(operation.segment_id), _DELETED)
         elif isinstance(operation, MergeSegmentOperation):
@@ -277,6 +319,11 @@ class ContainerMetadataUpdateTransaction:
             source = self._segment_by_id(operation.source_segment_id)
             target.length += operation.length
             target.spans = target.spans + shifted(source.spans, operation.offset)
+            target.boundaries, target.boundary_spacing = index_after_merge(
+                target.boundaries, target.boundary_spacing, target.start_offset, operation.offset, source.boundaries,
+                target.length)
+            target.boundary_due = next_due(target.boundaries, target.boundary_spacing, target.start_offset)
+            target.last_modified_ms = self.time_ms
             _tombstone(source, _MERGED)
         elif isinstance(operation, StorageFlushOperation):
             segment = self._segment_by_id(operation.segment_id)
@@ -285,6 +332,7 @@ class ContainerMetadataUpdateTransaction:
                     operation.offset, operation.length, operation.chunk, operation.chunk_offset))
         elif isinstance(operation, StreamSegmentMapOperation):
             segment = SegmentMetadataUpdateTransaction(None, operation.segment_id, operation.name)
+            segment.last_modified_ms = self.time_ms
             if operation.attribute_updates:
                 values = attribute_update_values(lambda _: NULL_ATTRIBUTE_VALUE, operation.attribute_updates)
                 segment.attribute_changes.update(values)
@@ -294,8 +342,16 @@ class ContainerMetadataUpdateTransaction:
             self.next_segment_id = max(self.next_segment_id, operation.segment_id + 1)
         elif isinstance(operation, UpdateAttributesOperation):
             segment = self._segment_by_id(operation.segment_id)
+            segment.last_modified_ms = self.time_ms
             segment.attribute_changes.update(
                 attribute_update_values(segment.get_attribute, operation.attribute_updates))
+
+    def adopt_modification_times(self, stored: ContainerMetadata) -> None:
+        """Recovery met a later checkpoint: its modification times are the truth up to it (replay
+        stamped what it replayed with the time of the recovery), so take them over."""
+        for segment in stored.segments.values():
+            if self.segment_id(segment.name) == segment.id:
+                self._segment_by_id(segment.id).last_modified_ms = segment.last_modified_ms
 
     def replay(self, operation: Operation) -> None:
         """Apply an operation read back from the log (recovery): it must validate where it stands and
@@ -347,6 +403,8 @@ class ContainerMetadataUpdateTransaction:
             committed.start_offset = segment.start_offset
             committed.length = segment.length
             committed.spans = segment.spans
+            committed.boundaries, committed.boundary_spacing = segment.boundaries, segment.boundary_spacing
+            committed.last_modified_ms = segment.last_modified_ms
             if segment.status is _DELETED or segment.status is _MERGED:
                 committed.attributes = {}
             else:
@@ -373,7 +431,9 @@ class ContainerMetadataUpdateTransaction:
             attributes = (dict(segment.attributes) if isinstance(segment, SegmentMetadata)
                           else segment.all_attributes())
             result.append(SegmentMetadata(segment.id, segment.name, segment.status, segment.start_offset,
-                                          segment.length, attributes, segment.spans))
+                                          segment.length, attributes, segment.spans, boundaries=segment.boundaries,
+                                          boundary_spacing=segment.boundary_spacing,
+                                          last_modified_ms=segment.last_modified_ms))
         return result
 
 
@@ -382,6 +442,8 @@ def _tombstone(segment: SegmentMetadataUpdateTransaction, status: SegmentStatus)
     segment.start_offset = 0
     segment.length = 0
     segment.spans = ()
+    segment.boundaries, segment.boundary_spacing = (), event_boundaries.SPACING_BYTES_MIN
+    segment.boundary_due = next_due((), segment.boundary_spacing, 0)
     segment.attribute_changes.clear()
     segment.below = None
 

@@ -37,8 +37,11 @@ from millstream.errors import (
 )
 from millstream.segmentstore.data_frame import DataFrameBuilder, SealedFrame
 from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress
-from millstream.segmentstore.metadata import ContainerMetadata, serialize_checkpoint
-from millstream.segmentstore.metadata_transaction import ContainerMetadataUpdateTransaction
+from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata, serialize_checkpoint
+from millstream.segmentstore.metadata_transaction import (
+    ContainerMetadataUpdateTransaction,
+    SegmentMetadataUpdateTransaction,
+)
 from millstream.segmentstore.operations import (
     MergeSegmentOperation,
     MetadataCheckpointOperation,
@@ -87,9 +90,14 @@ class OperationProcessor:
         in_flight_bytes_max: int = limits.DATA_LOG_IN_FLIGHT_BYTES_MAX,
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
         checkpoint_frame_bytes: int = limits.CHECKPOINT_FRAME_BYTES_MIN,
+        wall_clock: Callable[[], float] | None = None,
     ) -> None:
         frame_length_max = min(frame_length_max, data_log.write_settings.max_write_length_bytes)
         self._metadata = metadata
+        #: Seconds since the Unix epoch: the operations of each batch taken are stamped with it
+        #: (``SegmentMetadata.last_modified_ms``), never going backwards.  None: no times (0).
+        self._wall_clock = wall_clock
+        self._time_ms = 0
         self._log = data_log
         self._loop = asyncio.get_running_loop()
         self._clock = clock
@@ -139,6 +147,10 @@ class OperationProcessor:
     def frame_capacity(self) -> int:
         """Content bytes one DataFrame holds (the spec's FrameCapacity)."""
         return self._builder.capacity
+
+    def peek(self, name: str) -> SegmentMetadata | SegmentMetadataUpdateTransaction | None:
+        """Segment ``name`` as the next operation would see it (operations in flight included), or None."""
+        return self._active.peek(name)
 
     @property
     def running(self) -> bool:
@@ -282,6 +294,8 @@ class OperationProcessor:
             self._explicit_seal = False
 
     def _process_queued(self) -> None:
+        if self._wall_clock is not None:  # (once per batch, not per operation)
+            self._time_ms = self._active.time_ms = max(self._time_ms, int(self._wall_clock() * 1000))
         queue = self._queue
         process = self._process
         for _ in range(min(len(queue), limits.PROCESSOR_TAKE_COUNT_MAX)):

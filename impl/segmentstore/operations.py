@@ -253,9 +253,11 @@ class UpdateAttributesOperation(Operation):
 
 
 class StreamSegmentTruncateOperation(Operation):
-    """Move a segment's start offset to ``offset``; the bytes below it are no longer readable."""
+    """Move a segment's start offset to ``offset``; the bytes below it are no longer readable.
+    ``expected_segment_id`` (not recorded): the segment whose event boundaries the container checked
+    before queueing it; the operation is refused if its name now names another segment."""
 
-    __slots__ = ("offset", "segment_id")
+    __slots__ = ("expected_segment_id", "offset", "segment_id")
     TYPE = 7
     KIND = OperationKind.TRUNCATE
 
@@ -263,6 +265,7 @@ class StreamSegmentTruncateOperation(Operation):
         super().__init__()
         self.segment_id = segment_id
         self.offset = offset
+        self.expected_segment_id = NO_SEGMENT_ID
 
     def serialize(self) -> bytes:
         return _SEGMENT_OFFSET.pack(self.TYPE, VERSION, self.segment_id, self.offset)

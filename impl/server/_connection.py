@@ -68,6 +68,7 @@ from millstream.errors import (
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
 from millstream.naming import is_transient_segment
+from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
 from millstream.server._appends import Failure, PendingBlock, WriterSession, scan_events
 from millstream.server._transient import check_merge
 from millstream.wire import (
@@ -805,8 +806,8 @@ class Connection(asyncio.BufferedProtocol):
         except Exception as error:
             self._send(self._error_reply(request_id, segment, error))
             return
-        # last_modified: the container does not track modification times; 0 means "unknown".
-        self._send(SegmentInfo(request_id, segment, True, info.sealed, False, info.start_offset, info.length, 0))
+        self._send(SegmentInfo(request_id, segment, True, info.sealed, False, info.start_offset, info.length,
+                               info.last_modified_ms))
 
     def _on_get_segment_attribute(self, command: GetSegmentAttribute) -> None:
         request_id, segment = command.request_id, command.segment
@@ -843,7 +844,10 @@ class Connection(asyncio.BufferedProtocol):
             if is_transient_segment(command.segment):
                 raise TransientSegmentError(f"{command.segment!r} is a transient segment's name: only "
                                             "CreateTransientSegment makes those")
-            await self._server.container_for(command.segment).create_segment(command.segment)
+            # Segments clients create by name hold events (event writers write there): their
+            # truncation lands on event boundaries.  A byte-stream writer clears this when it opens one.
+            await self._server.container_for(command.segment).create_segment(command.segment,
+                                                                             EVENT_SEGMENT_ATTRIBUTES)
             return SegmentCreated(command.request_id, command.segment)
         self._administer(command.request_id, command.segment, command.token, create(), SegmentOperation.CREATE)
 

@@ -86,6 +86,9 @@ class FlakyStore:
         self._count("delete")
         return await self.inner.delete(name)
 
+    async def check_event_boundary(self, name: str, offset: int) -> None:
+        await self.inner.check_event_boundary(name, offset)
+
     def uri_of(self, name: str) -> str:
         return self.inner.uri_of(name)
 

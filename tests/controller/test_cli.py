@@ -72,3 +72,29 @@ def test_help_explains_with_examples(command: list[str]) -> None:
     result = CliRunner().invoke(main, [*command, "--help"])
     assert result.exit_code == 0 and "millstream" in result.output
     assert "Example" in result.output or "SCOPE/STREAM" in result.output
+
+
+def test_refusals_name_their_real_reason(tmp_path: Path) -> None:
+    """Issue 20.8: `stream scale --split` showed "takes ID or ID:PARTS" for any refusal, hiding the
+    controller's reason; `segment truncate X -1` said "No such option"; `stream truncate --at-time -5`
+    reported a truncation although nothing happened."""
+    with millstream.standalone(tmp_path) as node:
+        uri = node.uri
+        assert invoke(uri, "scope", "create", "iot")[0] == 0
+        assert invoke(uri, "stream", "create", "iot/a", "--segments", "2")[0] == 0
+        code, _, err = invoke(uri, "stream", "scale", "iot/a", "--split", "77")
+        assert code == 1 and "InvalidScaleError" in err and "77" in err and "ID:PARTS" not in err
+        code, _, err = invoke(uri, "stream", "scale", "iot/a", "--split", "0:1")
+        assert code == 1 and "InvalidArgumentError" in err and "parts" in err and "ID:PARTS" not in err
+        code, _, err = invoke(uri, "stream", "scale", "iot/a", "--split", "0:x")
+        assert code == 2 and "ID or ID:PARTS" in err
+        code, _, err = invoke(uri, "segment", "truncate", "iot/a/0.#epoch.0", "-1")
+        assert code == 2 and "-1 is not in the range x>=0" in err and "No such option" not in err
+        head = json.loads(invoke(uri, "stream", "describe", "iot/a", "--json")[1])["head"]
+        for bad in ("-5", "nan", "inf"):
+            code, out, err = invoke(uri, "stream", "truncate", "iot/a", "--at-time", bad)
+            assert code == 2 and "--at-time" in err and "truncated" not in out, bad
+        # A valid time before any recorded cut: nothing happens, and the command says so.
+        code, out, _ = invoke(uri, "stream", "truncate", "iot/a", "--at-time", "5")
+        assert code == 0 and out.startswith("nothing truncated: no tail cut was recorded"), out
+        assert json.loads(invoke(uri, "stream", "describe", "iot/a", "--json")[1])["head"] == head

@@ -158,7 +158,12 @@ def test_stream_cuts_truncation_and_segments_between() -> None:
             await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {0: 0, 1: 72}),
                               match="before the head")
             await check.fails(InvalidStreamCutError, controller.check_stream_cut("sc", "st", {0: 0, 1: 0}))
-            await controller.check_stream_cut("sc", "st", {merged: 5})
+            # (Its one event is 18 bytes: 5 would cut it in two -- refused before anything is recorded.)
+            await check.fails(InvalidStreamCutError, controller.check_stream_cut("sc", "st", {merged: 5}),
+                              match="not an event boundary: it lies inside the header of the event at 0")
+            await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {merged: 9}),
+                              match=r"offset 9 in segment \d+ of sc/st is not an event boundary")
+            await controller.check_stream_cut("sc", "st", {merged: 18})
             await controller.truncate_stream("sc", "st", {merged: 18})
             with pytest.raises(StreamSegmentNotExistsError):
                 test.segment(s0)  # wholly before the cut: deleted
@@ -189,6 +194,9 @@ def test_tail_cuts_are_recorded_on_the_clock_and_found_by_time() -> None:
             at = await controller.get_cut_at("sc", "st", start + 150.0)
             assert at["cut"] == {"0": 36}
             assert (await controller.get_cut_at("sc", "st", start))["cut"] == {"0": 0}, "before any: the head"
+            for bad in (-5, -0.5, float("nan"), float("inf"), "1", True):
+                with pytest.raises(InvalidArgumentError, match="a time is a finite number"):
+                    await controller.get_cut_at("sc", "st", bad)  # type: ignore[arg-type]
     run(scenario)
 
 

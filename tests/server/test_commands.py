@@ -51,8 +51,9 @@ def test_segment_administration_and_attributes(tiers: Tiers) -> None:
             client = await RawClient.connect(server.port)
             assert await client.request(CreateSegment(1, "sc/st/0", "")) == SegmentCreated(1, "sc/st/0")
             assert await client.request(CreateSegment(2, "sc/st/0", "")) == SegmentAlreadyExists(2, "sc/st/0")
-            assert await client.request(GetSegmentInfo(3, "sc/st/0", "")) == SegmentInfo(
-                3, "sc/st/0", True, False, False, 0, 0, 0)
+            info = await client.request(GetSegmentInfo(3, "sc/st/0", ""))
+            assert isinstance(info, SegmentInfo) and info.last_modified > 0, info  # (its creation's time)
+            assert info == SegmentInfo(3, "sc/st/0", True, False, False, 0, 0, info.last_modified)
             assert await client.request(GetSegmentInfo(4, "sc/none", "")) == SegmentInfo(
                 4, "sc/none", False, False, False, 0, 0, 0)
             # Attributes: absent reads as NULL; compare-and-set against "absent", then against a value.
@@ -63,20 +64,23 @@ def test_segment_administration_and_attributes(tiers: Tiers) -> None:
             assert await client.request(UpdateSegmentAttribute(7, "sc/st/0", 99, 8, 1, "")) \
                 == SegmentAttributeUpdated(7, False)
             assert await client.request(GetSegmentAttribute(8, "sc/st/0", 99, "")) == SegmentAttribute(8, 7)
-            # Truncate: within the segment, and beyond its length (a typed error code).
+            # Truncate: at an event boundary; inside an event, and beyond the length (typed error codes).
             writer = uuid.uuid4()
             await client.request(SetupAppend(9, writer, "sc/st/0", ""))
-            assert isinstance(await client.request(block(writer, 1, [b"0123456789"], 10)), DataAppended)
-            assert await client.request(TruncateSegment(11, "sc/st/0", 5, "")) == SegmentTruncated(11, "sc/st/0")
+            assert isinstance(await client.request(block(writer, 1, [b"01234", b"56789"], 10)), DataAppended)
+            reply = await client.request(TruncateSegment(11, "sc/st/0", 5, ""))
+            assert isinstance(reply, ErrorMessage) and reply.error_code == error_code_of(BadOffsetError())
+            assert "is not an event boundary" in reply.message
+            assert await client.request(TruncateSegment(11, "sc/st/0", 13, "")) == SegmentTruncated(11, "sc/st/0")
             reply = await client.request(TruncateSegment(12, "sc/st/0", 500, ""))
             assert isinstance(reply, ErrorMessage) and reply.error_code == error_code_of(BadOffsetError())
             assert await client.request(ReadSegment(13, "sc/st/0", 0, 100, "", 0)) == SegmentIsTruncated(
-                13, "sc/st/0", 5)
+                13, "sc/st/0", 13)
             # Seal is idempotent on the wire.
             assert await client.request(SealSegment(14, "sc/st/0", "")) == SegmentSealed(14, "sc/st/0")
             assert await client.request(SealSegment(15, "sc/st/0", "")) == SegmentSealed(15, "sc/st/0")
             info = await client.request(GetSegmentInfo(16, "sc/st/0", ""))
-            assert isinstance(info, SegmentInfo) and info.sealed and info.start_offset == 5 and info.length == 18
+            assert isinstance(info, SegmentInfo) and info.sealed and info.start_offset == 13 and info.length == 26
             assert await client.request(SealSegment(17, "sc/none", "")) == NoSuchSegment(17, "sc/none")
             # Delete.
             assert await client.request(DeleteSegment(18, "sc/st/0", "")) == SegmentDeleted(18, "sc/st/0")

@@ -70,6 +70,9 @@ class CrashingStore:
     async def truncate(self, name: str, offset: int) -> None:
         await self._change("truncate", name, lambda: self.inner.truncate(name, offset))
 
+    async def check_event_boundary(self, name: str, offset: int) -> None:
+        await self.inner.check_event_boundary(name, offset)  # (reads only: not a change a crash interrupts)
+
     async def delete(self, name: str) -> bool:
         return await self._change("delete", name, lambda: self.inner.delete(name))
 

@@ -9,6 +9,7 @@ and lapsing once it stops; bad input over the wire."""
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from millstream.client import (
     AsyncClient,
     CommitOutcome,
+    ReaderConfig,
     ReaderGroupConfig,
     ScalingPolicy,
     StreamConfig,
@@ -181,17 +183,46 @@ def test_the_fenced_multi_commit_as_a_spark_driver_calls_it_blocking(tmp_path: P
         assert [statuses[t] for t in replay] == [TransactionStatus.ABORTED] * 3
         with pytest.raises(FenceValueError):
             client.commit_transactions(STREAM, [task(2, 0)], fence=("query-1", "2"))  # type: ignore[arg-type]
-        group = client.reader_group("sc/check", [STREAM])
-        rows = []
-        with group.reader("r", millstream.JsonSerializer()) as reader:
-            while True:
-                read = reader.read_next_event(timeout=1.0)
-                if read.event is None:
-                    break
-                rows.append(read.event)
+        # Read everything up to the tail, to the group's end -- not "until a second passes without an
+        # event": a reader's first event may come later than that (it waits a random fraction of its
+        # time unit before acquiring segments; on a loaded machine the join itself can take most of a
+        # second).  This reader's client makes that wait 0.95 of a 2 s unit, so a test that took a
+        # quiet second for the end would find no rows at all, every time.
+        with millstream.connect(node.uri, rng=_LateFirstAcquire()) as reading:
+            end = reading.stream_manager().tail_cut(STREAM)
+            group = reading.reader_group("sc/check", config=ReaderGroupConfig({STREAM: (None, end)}))
+            with group.reader("r", millstream.JsonSerializer(), config=ReaderConfig(time_unit_seconds=2.0)) as reader:
+                rows = _read_to_end(reader)
         assert sorted((r["batch"], r["partition"], r["row"]) for r in rows) == sorted(
             (b, p, r) for b in (0, 1) for p in range(3) for r in range(5)), "every row once, no replayed row"
         assert {r["attempt"] for r in rows} == {0}
+
+
+class _LateFirstAcquire:
+    """A client's randomness whose ``random()`` is always 0.95 (a reader's first acquisition then
+    waits 0.95 of its time unit); ids stay random."""
+
+    def __init__(self) -> None:
+        self._ids = random.Random(7)
+
+    def random(self) -> float:
+        return 0.95
+
+    def getrandbits(self, k: int, /) -> int:
+        return self._ids.getrandbits(k)
+
+
+def _read_to_end(reader: Any, reads_max: int = 1000) -> list[Any]:
+    """Every event ``reader`` returns until its group's end (``end_of_stream``).  Each read waits at
+    most 30 s; the count of reads is bounded too, so a group that never ends fails the test."""
+    rows = []
+    for _ in range(reads_max):
+        read = reader.read_next_event(timeout=30.0)
+        if read.end_of_stream:
+            return rows
+        if read.event is not None:
+            rows.append(read.event)
+    pytest.fail(f"the reader did not reach its group's end in {reads_max} reads ({len(rows)} events)")
 
 
 def test_the_pinger_keeps_a_lease_alive_and_a_writer_that_stops_pinging_loses_its_transaction(
