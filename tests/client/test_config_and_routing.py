@@ -57,14 +57,19 @@ def test_backoff_never_exceeds_the_cap(failures: int) -> None:
 
 
 def test_the_default_reconnect_budget_is_bounded() -> None:
+    """By default an outage may last ``CLIENT_RECONNECT_BUDGET_SECONDS``: the waits add up to exactly
+    that (the last one is cut to end with it), then the schedule gives up."""
     backoff = ClientConfig().backoff(random.Random(1))
     total = 0.0
     failures = 1
-    while (delay := backoff.delay(failures)) is not None:
+    while (delay := backoff.delay(failures, total)) is not None:
+        assert 0 < delay <= limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS
         total += delay
         failures += 1
-    assert failures - 1 == limits.CLIENT_RECONNECT_ATTEMPTS_MAX
+    assert total == pytest.approx(limits.CLIENT_RECONNECT_BUDGET_SECONDS)
     assert total < 60.0, f"a writer pointed at a dead server gives up within a minute, not {total:.1f} s"
+    initial = ClientConfig().backoff(random.Random(1), initial_connect=True)
+    assert initial.budget_seconds == limits.CLIENT_INITIAL_CONNECT_BUDGET_SECONDS <= 10.0
 
 
 def test_bad_backoff_settings_are_refused() -> None:
