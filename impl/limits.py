@@ -353,6 +353,11 @@ CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
 #: limits above; a thread that misses this is stuck -- a bug -- and is left behind as a daemon.)
 CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0
 
+#: ``millstream write`` flushes after this many events, so that what it must remember to say where to
+#: resume after an interruption (the input position of each event since the last flush: a few
+#: bytes each) stays bounded; a flush every 65,536 events costs one round trip in that many.
+CLI_WRITE_FLUSH_EVENTS: Final = 65_536
+
 # --- Stream writer (routing over a stream's epochs, hand-over to successors) -----------------------
 
 #: An event routed to a segment whose keys moved on between routing and buffering (it was sealed and

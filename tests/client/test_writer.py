@@ -24,6 +24,7 @@ from millstream.errors import (
     InvalidEventNumberError,
     ObjectClosedError,
     PayloadTooLargeError,
+    ReconnectBudgetExceededError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
     WrongHostError,
@@ -307,15 +308,19 @@ def test_invalid_event_numbers_without_progress_fail_the_writer_with_a_typed_err
             await c.segments().create("s")
             writer = c.event_writer(["s"])
             future = await writer.write_event_future(b"never")
-            with pytest.raises(InvalidEventNumberError):
+            # It gives up after the budget (here: 3 attempts) with the typed error of giving up, whose
+            # cause is the last refusal, and which names the event in doubt.
+            with pytest.raises(ReconnectBudgetExceededError) as raised:
                 await writer.flush()
-            with pytest.raises(InvalidEventNumberError):
+            assert isinstance(raised.value.__cause__, InvalidEventNumberError)
+            assert [event.payload for event in raised.value.in_doubt] == [b"never"]
+            with pytest.raises(ReconnectBudgetExceededError):
                 await future
-            with pytest.raises(InvalidEventNumberError):
+            with pytest.raises(ReconnectBudgetExceededError):
                 await writer.write_event(b"next call")
             assert writer.unacknowledged_events("s") == [b"never"]
             assert server.payloads("s") == []
-            with pytest.raises(InvalidEventNumberError):
+            with pytest.raises(ReconnectBudgetExceededError):
                 await writer.close()
     run(scenario)
 
@@ -419,9 +424,12 @@ def test_wrong_host_is_retried_and_then_reported() -> None:
                 command.request_id, command.segment, "") if isinstance(command, SetupAppend) else None
             writer = c.event_writer(["s"])
             await writer.write_event(b"y")
-            with pytest.raises(WrongHostError):
+            # Reported once the budget is spent: the error of giving up, caused by the last WrongHost.
+            with pytest.raises(ReconnectBudgetExceededError) as raised:
                 await writer.flush()
-            with pytest.raises(WrongHostError):
+            assert isinstance(raised.value.__cause__, WrongHostError)
+            assert [event.payload for event in raised.value.in_doubt] == [b"y"]
+            with pytest.raises(ReconnectBudgetExceededError):
                 await writer.close()
     run(scenario)
 
