@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import subprocess
 import sys
@@ -90,6 +91,25 @@ def test_config_values_may_only_shrink_below_their_limits() -> None:
             ClientConfig(request_timeout_seconds=bad)
     with pytest.raises(InvalidArgumentError):
         ClientConfig(writer_unacked_bytes_max=limits.CLIENT_WRITER_UNACKED_BYTES_MAX + 1)
+
+
+def test_the_budgets_may_be_raised_or_unlimited_and_the_attempt_count_is_optional() -> None:
+    """Unlike the limits above, the budgets are the application's choice (issue 20 item 5)."""
+    config = ClientConfig(reconnect_budget_seconds=3600, initial_connect_budget_seconds=120.0)
+    assert (config.reconnect_budget_seconds, config.initial_connect_budget_seconds) == (3600, 120.0)
+    forever = ClientConfig(reconnect_budget_seconds=None, initial_connect_budget_seconds=math.inf)
+    assert forever.reconnect_budget_seconds == forever.initial_connect_budget_seconds == math.inf
+    assert ClientConfig().reconnect_attempts_max is None
+    backoff = forever.backoff(random.Random(2))
+    # Never gives up, however long the outage; every wait is still capped.
+    assert all(0 < (backoff.delay(n, 1e9) or 0) <= limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS for n in range(1, 500))
+    for name in ("reconnect_budget_seconds", "initial_connect_budget_seconds"):
+        for bad in (0, -1.0, float("nan"), "10", True):
+            with pytest.raises(InvalidArgumentError):
+                ClientConfig(**{name: bad})
+    for bad_count in (0, 2.5, True):
+        with pytest.raises(InvalidArgumentError):
+            ClientConfig(reconnect_attempts_max=bad_count)
 
 
 @pytest.mark.parametrize(("uri", "endpoint"), [
