@@ -152,9 +152,9 @@ class ConnectionPool:
                 delay = outage.failed()
                 if delay is None:
                     raise ConnectFailedError(
-                        f"{error}; no server was reached after {outage.describe()} (the initial connect budget, "
-                        f"ClientConfig.initial_connect_budget_seconds, is {outage.budget_seconds:g} s): check the "
-                        "address and that the server runs") from error
+                        f"{error}; gave up: no server was reached after {outage.describe()} (the initial connect "
+                        f"budget, ClientConfig.initial_connect_budget_seconds, is {outage.budget_seconds:g} s): check "
+                        "the address and that the server runs") from error
                 _log.info("connecting to %s failed (%s); attempt %d in %.3f s", endpoint, error, outage.failures + 1,
                           delay)
                 await self._clock.sleep(delay)
