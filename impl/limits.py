@@ -297,11 +297,18 @@ CLIENT_REQUEST_TIMEOUT_SECONDS: Final = 30.0
 #: data.  This is how a lost acknowledgement is recovered.
 CLIENT_APPEND_ACK_TIMEOUT_SECONDS: Final = 30.0
 
-#: Reconnecting (a writer's session, or a request's connection) is tried this many times in a row
-#: without progress before the operation fails with the last error.  With the delays below that is
-#: about 40 s of trying -- longer than a container takes to recover, short enough that a writer
-#: pointed at a dead server reports it.  (Pravega's writer: 10 attempts, 1 ms x 10 per attempt.)
-CLIENT_RECONNECT_ATTEMPTS_MAX: Final = 12
+#: The default per-outage reconnect budget (``ClientConfig.reconnect_budget_seconds``, which an
+#: application may raise, to forever): a server that was reached and went away is tried again for this
+#: long, counted from the first failure after the last success, before a call (a writer, a reader, a
+#: request) gives up.  Longer than a container takes to recover or a node to restart; short enough that
+#: a program whose server died reports it within a minute.  Per outage, so short outages never add up.
+CLIENT_RECONNECT_BUDGET_SECONDS: Final = 40.0
+
+#: The default initial connect budget (``ClientConfig.initial_connect_budget_seconds``): a client that
+#: never reached any server tries this long (a server still starting) before ``ConnectFailedError``
+#: names the address.  A refused connection usually means a wrong address or port, which retrying
+#: cannot fix, so a few seconds; a TLS handshake failure is never retried.
+CLIENT_INITIAL_CONNECT_BUDGET_SECONDS: Final = 5.0
 
 #: The wait before reconnect attempt n is min(initial x multiplier**(n-1), max), times a jitter factor
 #: in [0.5, 1) drawn from the client's seeded RNG, so many clients cut off together do not come back
@@ -345,6 +352,11 @@ CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
 #: client is closed.  (A blocking call itself is bounded by the request, acknowledgement and reconnect
 #: limits above; a thread that misses this is stuck -- a bug -- and is left behind as a daemon.)
 CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0
+
+#: ``millstream write`` flushes after this many events, so that what it must remember to say where to
+#: resume after an interruption (the input position of each event since the last flush: a few
+#: bytes each) stays bounded; a flush every 65,536 events costs one round trip in that many.
+CLI_WRITE_FLUSH_EVENTS: Final = 65_536
 
 # --- Stream writer (routing over a stream's epochs, hand-over to successors) -----------------------
 
@@ -662,7 +674,7 @@ TRANSIENT_SEGMENT_ATTRIBUTES_MAX: Final = 16
 
 #: A transient segment whose writer's connection closed is deleted this long after, unless a
 #: connection sets up appends to it (or merges it) meanwhile.  Longer than a writer keeps trying to
-#: reconnect (``CLIENT_RECONNECT_ATTEMPTS_MAX`` attempts, about 40 s), so "reconnect and resend" can
+#: reconnect (``CLIENT_RECONNECT_BUDGET_SECONDS`` per outage, by default), so "reconnect and resend" can
 #: succeed; short enough that an abandoned large event's bytes do not linger.
 TRANSIENT_SEGMENT_DISCONNECT_GRACE_SECONDS: Final = 60.0
 

@@ -407,3 +407,72 @@ class DataDirectoryInUseError(CallerError):
 
 
 __all__ += ["DataDirectoryInUseError", "EventBoundaryError"]
+
+
+# --- The client: connecting, giving up after an outage, undecodable events -------------------------
+# (One section, so that other additions to this module merge cleanly.)
+
+__all__ += [
+    "ConnectFailedError",
+    "ReconnectBudgetExceededError",
+    "TlsHandshakeError",
+    "UndecodableEventError",
+]
+
+
+class ConnectFailedError(CallerError, ConnectionError):
+    """No connection to the server could be made, and this client never reached any server before:
+    the address is wrong, nothing listens there (refused), or it did not answer -- after trying for
+    the client's initial connect budget (``ClientConfig.initial_connect_budget_seconds``).  The message
+    names the address and the reason.  Nothing was sent; retrying with the same address and settings
+    fails the same way (a server that *was* reached and went away raises the retryable
+    ``ConnectionLostError`` instead, after the reconnect budget)."""
+
+
+class TlsHandshakeError(ConnectFailedError):
+    """The connection was made but TLS failed, and retrying cannot fix it: the server's certificate is
+    not trusted (the client lacks its CA: ``--tls-ca`` / ``ssl_context``), names another host, or one
+    side speaks TLS and the other plain TCP (a ``tcp://`` URI for a TLS server, or ``tls://`` for a
+    plain one).  The message says which.  Never retried; nothing was sent."""
+
+
+class ReconnectBudgetExceededError(ConnectionLostError):
+    """A server that was reached before could not be reached again within the per-outage reconnect
+    budget (``ClientConfig.reconnect_budget_seconds``, counted from the first failure after the last
+    success), so the call gave up.  What was sent may or may not have taken effect.
+
+    From a writer (its ``write_event``, ``flush`` and ``close`` raise it once it gave up, and it is
+    closed for good) ``in_doubt`` holds every event it was given and has not seen acknowledged -- each
+    may or may not be stored -- as ``InDoubtEvent`` values (``sequence``: the event's place among all
+    the events written through that writer, from 1; ``segment``, ``routing_key``, ``payload``: its
+    serialized bytes), in the order they were written.  Empty for any other call."""
+
+    def __init__(self, message: str = "", in_doubt: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.in_doubt = in_doubt
+
+
+class UndecodableEventError(InvalidArgumentError):
+    """A reader's serializer refused the bytes of an event -- a "poison" event some writer stored (the
+    serializer's own error is the ``__cause__``).  Nothing was skipped or consumed: every event before
+    it was returned, the reader stays *at* it (its position and any checkpoint name ``offset``) and
+    raises this again on every read until the application moves past it explicitly -- a reader in a
+    group with ``reader.skip(error.event_read)``, a segment reader with ``seek(error.next_offset)`` --
+    after looking at its raw bytes (``payload``) if it wishes.  ``segment``, ``offset`` (where its
+    frame starts), ``length`` (of its payload) and ``next_offset`` (where the next event starts) name
+    it; ``event_read`` is the reader's ``EventRead`` for it (None when the error crossed the wire).
+    (An ``InvalidArgumentError``, as the serializers' errors are, so handlers of those still match.)"""
+
+    def __init__(self, message: str = "", *, segment: str = "", offset: int = -1, length: int = -1,
+                 payload: bytes = b"", event_read: object = None) -> None:
+        super().__init__(message)
+        self.segment = segment
+        self.offset = offset
+        self.length = length
+        self.payload = payload
+        self.event_read = event_read
+
+    @property
+    def next_offset(self) -> int:
+        """Where the event after this one starts (its frame is an 8-byte header and the payload)."""
+        return self.offset + 8 + self.length

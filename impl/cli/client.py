@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
+from millstream import limits
 from millstream.cli._group import main
 from millstream.cli._progress import Progress
 
@@ -25,6 +29,28 @@ __all__ = ["read", "segment", "write"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _DEFAULT_URI = "tcp://127.0.0.1:9090"
+_FLUSH_EVENTS_MAX = limits.CLI_WRITE_FLUSH_EVENTS
+_RECONNECT_BUDGET_DEFAULT = limits.CLIENT_RECONNECT_BUDGET_SECONDS
+
+
+class _BudgetType(click.ParamType):
+    """A positive number of seconds, or ``forever`` (also ``inf``, ``none``): no limit."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            number = float(value)
+        elif str(value).strip().lower() in ("forever", "inf", "none"):
+            return math.inf
+        else:
+            try:
+                number = float(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a number of seconds or 'forever'", param, ctx)
+        if not number > 0:
+            self.fail(f"{value!r} must be positive (or 'forever')", param, ctx)
+        return number
 
 
 def _connection_options(command: F) -> F:
@@ -44,8 +70,9 @@ def _connection_options(command: F) -> F:
 
 
 @contextlib.contextmanager
-def _client(uri: str, token: str, tls_ca: Path | None) -> Iterator[Any]:
-    """A blocking client; the server's errors become one-line messages (exit status 1)."""
+def _client(uri: str, token: str, tls_ca: Path | None, *, config: Any = None) -> Iterator[Any]:
+    """A blocking client (``config``: a ``ClientConfig``, default the defaults); the server's errors
+    become one-line messages (exit status 1)."""
     import ssl
 
     import millstream
@@ -53,7 +80,7 @@ def _client(uri: str, token: str, tls_ca: Path | None) -> Iterator[Any]:
 
     context = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca is not None else None
     try:
-        with millstream.connect(uri, token=token, ssl_context=context) as client:
+        with millstream.connect(uri, token=token, ssl_context=context, config=config) as client:
             yield client
     except MillstreamError as error:
         raise click.ClickException(f"{type(error).__name__}: {error}") from error
@@ -161,14 +188,87 @@ def delete(name: str, uri: str, token: str, tls_ca: Path | None) -> None:
 # --- millstream write ------------------------------------------------------------------------------
 
 
-def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+def _lines(stream: IO[bytes]) -> Iterator[tuple[bytes, int]]:
+    """Each line without its line end, and how many bytes it took (line end included)."""
     for line in stream:
         if line.endswith(b"\r\n"):
-            yield line[:-2]
+            yield line[:-2], len(line)
         elif line.endswith(b"\n"):
-            yield line[:-1]
+            yield line[:-1], len(line)
         else:
-            yield line
+            yield line, len(line)
+
+
+class _Resume:
+    """Where ``write``'s input stands: the input position of every event written since the last
+    flush (bounded by ``--flush-every``), so that after an interruption it can say how much is
+    durable and where to resume -- the first event not acknowledged, as a line and byte offset."""
+
+    def __init__(self, sources: list[str], whole_files: bool) -> None:
+        self.sources = sources
+        self.whole_files = whole_files
+        self.flushed = 0  # events durable through the last flush
+        self.since_flush: list[tuple[int, int, int]] = []  # (source index, line, byte offset), one per event
+        self.next: tuple[int, int, int] = (0, 1, 0)  # the input position after the last event read
+
+    def written(self, source: int, line: int, offset: int, length: int) -> None:
+        self.since_flush.append((source, line, offset))
+        self.next = (source, line + 1, offset + length)
+
+    def flushed_all(self) -> None:
+        self.flushed += len(self.since_flush)
+        self.since_flush.clear()
+
+    def where(self, position: tuple[int, int, int]) -> str:
+        source, line, offset = position
+        name = self.sources[source] if source < len(self.sources) else self.sources[-1]
+        if self.whole_files:
+            return f"file {name}"
+        return f"line {line} of {name} (byte offset {offset})"
+
+    def report(self, written: int, in_doubt: tuple[Any, ...], why: str) -> str:
+        """What is durable and where to resume, for stderr."""
+        acknowledged = written - len(in_doubt)
+        if not in_doubt:
+            return (f"{why}: {_count(written, 'event')} written, all acknowledged (durable); resume at "
+                    f"{self.where(self.next)}")
+        first = min(event.sequence for event in in_doubt)
+        index = first - self.flushed - 1
+        position = self.since_flush[index] if 0 <= index < len(self.since_flush) else self.next
+        return (f"{why}: {_count(acknowledged, 'event')} of {written} acknowledged (durable); "
+                f"{_count(len(in_doubt), 'event')} in doubt (may or may not be stored), the first at "
+                f"{self.where(position)}: resume there (every event before it is durable)")
+
+
+class _Interrupts:
+    """Ctrl-C for ``write``: the first one, while an event is being handed to the writer, only asks to
+    stop after it (the writer's per-event path is never cut in the middle); anywhere else -- reading
+    the input, waiting for a flush -- and the second one at once, it raises ``KeyboardInterrupt``."""
+
+    def __init__(self) -> None:
+        self.presses = 0
+        self.writing = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.presses += 1
+        if self.writing and self.presses == 1:
+            return  # ``after_write`` raises it once the event is in
+        raise KeyboardInterrupt
+
+    def after_write(self) -> None:
+        self.writing = False
+        if self.presses:
+            raise KeyboardInterrupt
 
 
 def _key_of_field(field: str) -> Callable[[bytes, str], str]:
@@ -207,10 +307,19 @@ def _key_of_field(field: str) -> Callable[[bytes, str], str]:
               help="Each event is a JSON object; its FIELD (a string or number) is its routing key.")
 @click.option("--whole-files", is_flag=True,
               help="Each FILE is one event (default: each line is one event, without its newline).")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress on stderr.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Show progress on stderr: each file as it starts, and the events made durable at each flush.")
+@click.option("--flush-every", type=click.IntRange(1, _FLUSH_EVENTS_MAX), default=_FLUSH_EVENTS_MAX,
+              show_default=True, metavar="EVENTS",
+              help="Wait until everything written is durable after this many events (and report progress).")
+@click.option("--reconnect-budget", "reconnect_budget", type=_BudgetType(), default=None, metavar="SECONDS",
+              help="How long one outage of the server may last before the command gives up (a number of "
+                   "seconds, or 'forever').  [default: the client's, "
+                   f"{_RECONNECT_BUDGET_DEFAULT:g}]")
 @_connection_options
 def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...], routing_key: str | None,
-          key_field: str | None, whole_files: bool, progress: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+          key_field: str | None, whole_files: bool, progress: bool, flush_every: int, reconnect_budget: float | None,
+          uri: str, token: str, tls_ca: Path | None) -> None:
     """Append events to a stream (or to segments) and wait until they are durable.
 
     With no FILE (or FILE `-`), each line of standard input is one event.  With FILEs, each line of
@@ -219,6 +328,11 @@ def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...]
     each one's from its JSON) keep their order, also while the stream scales.  The command returns
     once every event is acknowledged: written to disk on the server.  Each event is written exactly
     once, even if the connection breaks or a segment is sealed by a scale.
+
+    If it is interrupted (Ctrl-C: it first waits for what it wrote to become durable; Ctrl-C again
+    stops at once) or the server stays away longer than --reconnect-budget, it says on stderr how
+    many events are durable and where to resume -- the line (and byte offset) of the first event not
+    acknowledged -- and exits non-zero (130 after Ctrl-C, 1 otherwise).
 
     \b
     Examples:
@@ -239,37 +353,81 @@ def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...]
         _stream_name(stream)
     if whole_files and (not files or any(str(f) == "-" for f in files)):
         raise click.UsageError("--whole-files needs FILE arguments (standard input is read as lines)")
+    from millstream.client import ClientConfig
+    from millstream.errors import MillstreamError, ReconnectBudgetExceededError
+
     key_of = _key_of_field(key_field) if key_field is not None else None
     sources = list(files) or [Path("-")]
+    names = ["stdin" if str(source) == "-" else str(source) for source in sources]
+    resume = _Resume(names, whole_files)
+    config = None if reconnect_budget is None else ClientConfig(reconnect_budget_seconds=reconnect_budget)
     count = size = 0
     with contextlib.ExitStack() as stack:
-        client = stack.enter_context(_client(uri, token, tls_ca))
+        client = stack.enter_context(_client(uri, token, tls_ca, config=config))
         report = Progress(stack, "write") if progress and (len(sources) > 1 or whole_files) else None
-        writer = stack.enter_context(client.event_writer(stream if stream is not None else list(segments)))
-        for index, source in enumerate(sources):
+        writer = client.event_writer(stream if stream is not None else list(segments))
+
+        def flush(done: str) -> None:
+            writer.flush()
+            resume.flushed_all()
+            if progress and report is None:  # one input: report the events made durable
+                click.echo(f"{done}: {_count(count, 'event')} ({_count(size, 'byte')}) durable", err=True)
+
+        def stopped(why: str, in_doubt: tuple[Any, ...] | None, exit_code: int) -> None:
+            if in_doubt is None:
+                in_doubt = writer.in_doubt_events()
+            click.echo(resume.report(writer.events_written, in_doubt, why), err=True)
+            with contextlib.suppress(MillstreamError):
+                writer.close(flush=False)
+            raise click.exceptions.Exit(exit_code)
+
+        interrupts = stack.enter_context(_Interrupts())
+        try:
+            for index, source in enumerate(sources):
+                if report is not None:
+                    report(index, len(sources), names[index])
+                if whole_files:
+                    data = source.read_bytes()
+                    events: Iterator[tuple[bytes, int]] = iter([(data, len(data))])
+                elif str(source) == "-":
+                    events = _lines(sys.stdin.buffer)
+                else:
+                    events = _lines(stack.enter_context(source.open("rb")))
+                name = names[index]
+                offset = 0
+                for number, (event, length) in enumerate(events, 1):
+                    key = routing_key
+                    if key_of is not None:
+                        try:
+                            key = key_of(event, name if whole_files else f"line {number} of {name}")
+                        except click.ClickException as error:  # what was written before it stays written
+                            writer.close()
+                            raise click.ClickException(f"{error.message}; the {_count(count, 'event')} before it "
+                                                       "were written") from None
+                    interrupts.writing = True
+                    writer.write_event(event, routing_key=key)
+                    resume.written(index, number, offset, length)
+                    interrupts.after_write()
+                    offset += length
+                    count += 1
+                    size += len(event)
+                    if len(resume.since_flush) >= flush_every:
+                        flush(f"{name}, line {number}")
             if report is not None:
-                report(index, len(sources), str(source))
-            if whole_files:
-                events: Iterator[bytes] = iter([source.read_bytes()])
-            elif str(source) == "-":
-                events = _lines(sys.stdin.buffer)
-            else:
-                events = _lines(stack.enter_context(source.open("rb")))
-            name = "stdin" if str(source) == "-" else str(source)
-            for number, event in enumerate(events, 1):
-                key = routing_key
-                if key_of is not None:
-                    try:
-                        key = key_of(event, name if whole_files else f"line {number} of {name}")
-                    except click.ClickException as error:  # what was written before it stays written
-                        raise click.ClickException(f"{error.message}; the {_count(count, 'event')} before it "
-                                                   "were written") from None
-                writer.write_event(event, routing_key=key)
-                count += 1
-                size += len(event)
-        if report is not None:
-            report(len(sources), len(sources), "flushing")
-        writer.flush()
+                report(len(sources), len(sources), "flushing")
+            writer.flush()
+            resume.flushed_all()
+            writer.close()
+        except KeyboardInterrupt:
+            try:  # stop reading, and let what was written become durable (Ctrl-C again: stop waiting)
+                writer.flush()
+                resume.flushed_all()
+            except (KeyboardInterrupt, MillstreamError):
+                pass
+            stopped("interrupted", None, 130)
+        except ReconnectBudgetExceededError as error:
+            click.echo(f"Error: {type(error).__name__}: {error}", err=True)
+            stopped("the server was lost", error.in_doubt, 1)
     where = f"stream {stream}" if stream is not None else segments[0] if len(segments) == 1 else \
         f"{len(segments)} segments"
     click.echo(f"wrote {_count(count, 'event')} ({_count(size, 'byte')}) to {where}; all durable", err=True)

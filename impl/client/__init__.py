@@ -55,6 +55,7 @@ from millstream.client._event_reader import (
     Position,
     ReaderConfig,
 )
+from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._large_events import (
     AsyncEventReader,
     AsyncEventWriter,
@@ -136,6 +137,7 @@ __all__ = [
     "EventWriter",
     "EventWriterPhase",
     "FixedLocator",
+    "InDoubtEvent",
     "JsonSerializer",
     "KeySpaceRouter",
     "LargeEventConfig",

@@ -7,9 +7,11 @@ Theory of operation.  A writer id appends to one segment through *sessions*: tak
 then send and be acknowledged until the session ends.  A session ends when a reply says so (an error
 reply, or a protocol error: ``_end_session``) or when its connection is lost
 (``on_connection_lost``); either way the session loop (``_run``) wakes with the reason.  A retryable
-reason starts a new session after the configured backoff -- whose attempts count from the last
-session that made progress, so a writer that keeps getting through never gives up, and one that
-never does gives up after a bounded number of attempts (``_gave_up``).  Anything else ends the loop
+reason starts a new session after the configured backoff, within the per-outage reconnect budget
+(``_config.Outage``): an outage starts at the first failure after a *useful* session -- one that got
+something acknowledged, or was set up with nothing left to re-send -- so a writer that keeps
+getting through never gives up however many short outages it meets, and one that does not gives
+up once a single outage has lasted the budget (``_gave_up``).  Anything else ends the loop
 (``_ended_for_good``: by default the writer fails).  A bug inside the loop fails the writer loudly
 rather than leaving its callers waiting.
 
@@ -64,6 +66,7 @@ class AppendSession:
         self._ready = False  # AppendSetup received on the current session
         self._setup_sent_at = 0.0
         self._session_end: asyncio.Future[BaseException] | None = None
+        self._useful = False  # the current session was set up with nothing to re-send (see ``_run``)
         #: Sessions started after the first (evidence for tests).
         self.reconnects = 0
 
@@ -91,7 +94,8 @@ class AppendSession:
         raise NotImplementedError
 
     def _gave_up(self, reason: BaseException, attempts: int) -> BaseException:
-        """The error of giving up after ``attempts`` reconnects without progress; the last ended by ``reason``."""
+        """The error of giving up after ``attempts`` reconnects in one outage that lasted the reconnect
+        budget; the last ended by ``reason``."""
         raise NotImplementedError
 
     async def _ended_for_good(self, reason: BaseException) -> None:
@@ -120,7 +124,10 @@ class AppendSession:
         handler = self._REPLY_HANDLERS.get(type(reply))
         try:
             if handler is not None:
+                was_ready = self._ready
                 handler(self, reply)
+                if self._ready and not was_ready and self._sent == 0:
+                    self._useful = True  # set up, and nothing to re-send: this outage is over
             else:
                 error = error_of_reply(reply)
                 if error is None:
@@ -143,11 +150,11 @@ class AppendSession:
 
     async def _run(self) -> None:
         """Sessions, one after another, until one ends for good, the writer gives up or closes."""
-        backoff = self._config.backoff(self._pool.rng)
-        failures = 0
+        outage = self._config.outage(self._pool.rng, self._clock)
         try:
             while self._may_continue():
                 progress_before = self._progress()
+                self._useful = False
                 end: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
                 self._session_end = end
                 try:
@@ -169,12 +176,11 @@ class AppendSession:
                     return
                 if isinstance(reason, WrongHostError):
                     self._locator.forget(self.segment)
-                if self._progress() > progress_before:
-                    failures = 0
-                failures += 1
-                delay = backoff.delay(failures)
+                if self._progress() > progress_before or self._useful:
+                    outage.ended()  # that session did useful work: a failure now starts a new outage
+                delay = outage.failed()
                 if delay is None:
-                    self._fail(self._gave_up(reason, failures - 1))
+                    self._fail(self._gave_up(reason, outage.failures - 1))
                     return
                 _log.info("%s: session ended (%s); reconnecting in %.3f s", self._label, reason, delay)
                 self.reconnects += 1

@@ -28,6 +28,7 @@ from millstream import limits
 from millstream.client._byte_stream import AsyncByteStreamWriter, ByteStreamWriter
 from millstream.client._client import AsyncClient
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, parse_uri
+from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._large_events import AsyncLargeEventWriter, LargeEventConfig, LargeEventWriter
 from millstream.client._pool import SegmentLocator
 from millstream.client._reader_group import ReaderGroup
@@ -175,14 +176,26 @@ class EventStreamWriter(Generic[T]):
         """Wait until every event written so far is durable.  Raises the writer's error, if any."""
         self._runner.run(self._core.flush())
 
-    def close(self) -> None:
-        """Flush, then stop."""
-        self._runner.run(self._core.close())
+    def close(self, *, flush: bool = True) -> None:
+        """Flush, then stop (``flush=False``: stop at once; see ``AsyncEventStreamWriter.close``)."""
+        self._runner.run(self._core.close(flush=flush))
 
     def unacknowledged_events(self, segment: str) -> list[bytes]:
         async def collect() -> list[bytes]:
             return self._core.unacknowledged_events(segment)
         return self._runner.run(collect())
+
+    def in_doubt_events(self) -> tuple[InDoubtEvent, ...]:
+        """Every event written and not acknowledged, in the order written (see
+        ``AsyncEventStreamWriter.in_doubt_events``)."""
+        async def collect() -> tuple[InDoubtEvent, ...]:
+            return self._core.in_doubt_events()
+        return self._runner.run(collect())
+
+    @property
+    def events_written(self) -> int:
+        """How many events were written through this writer."""
+        return self._core.events_written
 
     @property
     def core(self) -> AsyncEventStreamWriter[T]:

@@ -7,7 +7,8 @@ bytes before it (its offset).  Chunks are pipelined on a connection without wait
 acknowledged.  The session is a loop like the event writer's (``_writer.SegmentWriter``): find the
 segment's server, take a connection, ``SetupAppend``, send every unacknowledged chunk in order, and
 when the connection breaks (or an acknowledgement is overdue: a lost reply) start again after a
-jittered, bounded backoff -- giving up after ``reconnect_attempts_max`` failures without progress.
+jittered, capped backoff -- giving up once one outage outlasts the reconnect budget
+(``ClientConfig.reconnect_budget_seconds``, per outage: see ``_append_session``).
 
 Why the offset alone makes resends safe (``spec/LargeEvents.tla``: ``AppendChunk``, ``Reconnect``).
 A chunk lands only at its own offset, so the segment always holds a prefix of the chunk sequence,
@@ -53,6 +54,7 @@ from millstream.errors import (
     InvalidArgumentError,
     ObjectClosedError,
     ProtocolError,
+    ReconnectBudgetExceededError,
     StreamSealedError,
     TransientSegmentError,
 )
@@ -128,8 +130,11 @@ class ChunkPipeline(AppendSession):
         return self._acked_offset
 
     def _gave_up(self, reason: BaseException, attempts: int) -> BaseException:
-        return ConnectionLostError(f"chunks to {self.segment!r}: gave up after {attempts} reconnect attempts without "
-                                   f"progress; last error: {reason}")
+        error = ReconnectBudgetExceededError(
+            f"chunks to {self.segment!r}: gave up after {attempts} reconnect attempts: an outage outlasted the "
+            f"reconnect budget of {self._config.reconnect_budget_seconds:g} s; last error: {reason}")
+        error.__cause__ = reason
+        return error
 
     # --- State ---------------------------------------------------------------------------------------
 

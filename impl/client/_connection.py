@@ -40,14 +40,21 @@ import asyncio
 import logging
 import ssl as _ssl
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 from uuid import UUID
 
 from millstream import limits
 from millstream.client._config import ClientConfig, Endpoint
 from millstream.client._replies import ERROR_REPLIES
 from millstream.clock import Clock
-from millstream.errors import ConnectionLostError, InvalidArgumentError, ProtocolError, RequestTimeoutError
+from millstream.errors import (
+    ConnectionLostError,
+    InvalidArgumentError,
+    MillstreamError,
+    ProtocolError,
+    RequestTimeoutError,
+    TlsHandshakeError,
+)
 from millstream.wire import codec
 from millstream.wire.commands import (
     AppendSetup,
@@ -79,6 +86,26 @@ _FROM_SERVER: frozenset[type[Command]] = frozenset({
     SegmentSealed, SegmentDeleted, SegmentAttribute, SegmentAttributeUpdated, SegmentTruncated, SegmentsMerged,
     ControllerReply,
 }) | ERROR_REPLIES
+
+
+#: The first byte of a TLS record a server may answer a non-TLS hello with: an alert, or a handshake.
+_TLS_RECORD_TYPES: Final = (b"\x15", b"\x16")
+
+
+def _tls_failure(endpoint: Endpoint, error: _ssl.SSLError) -> TlsHandshakeError:
+    """What a failed TLS handshake means, for the message: an untrusted certificate, a server that does
+    not speak TLS, or whatever else OpenSSL said."""
+    if isinstance(error, _ssl.SSLCertVerificationError):
+        detail = error.verify_message or str(error)
+        return TlsHandshakeError(
+            f"cannot connect to {endpoint}: the TLS handshake failed: the server's certificate is not trusted "
+            f"({detail}); give the CA that signed it (--tls-ca FILE, or an ssl_context that trusts it)")
+    reason = error.reason or str(error)
+    if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNEXPECTED_RECORD"):
+        return TlsHandshakeError(
+            f"cannot connect to {endpoint}: the server does not speak TLS (the handshake failed: {reason}); "
+            "use a tcp:// URI for a plain server")
+    return TlsHandshakeError(f"cannot connect to {endpoint}: the TLS handshake failed: {error}")
 
 
 class Session(Protocol):
@@ -142,6 +169,8 @@ class Connection(asyncio.Protocol):
         now = clock.monotonic()
         self._last_sent = now
         self._last_received = now
+        self._tls = endpoint.tls  # (``open`` says whether TLS is on)
+        self._received_any = False
 
     # --- Lifecycle ---------------------------------------------------------------------------------
 
@@ -150,11 +179,14 @@ class Connection(asyncio.Protocol):
                    ssl_context: _ssl.SSLContext | None = None,
                    on_closed: Callable[[Connection], None] | None = None) -> Connection:
         """Connect, exchange Hello, start the keep-alive ticker.  Raises ``ConnectionLostError`` if the
-        server cannot be reached or does not answer in time, ``IncompatibleVersionError`` if it speaks
-        no version we do, ``ProtocolError`` if it sends garbage."""
+        server cannot be reached or does not answer in time (one attempt: the pool decides about
+        more), ``TlsHandshakeError`` if TLS fails -- an untrusted certificate, or one side speaking TLS
+        and the other not, which no retry can fix -- ``IncompatibleVersionError`` if it speaks no
+        version we do, ``ProtocolError`` if it sends garbage."""
         connection = cls(endpoint, clock=clock, config=config, on_closed=on_closed)
         loop = asyncio.get_running_loop()
         tls = endpoint.tls or ssl_context is not None
+        connection._tls = tls
         context = (ssl_context or _ssl.create_default_context()) if tls else None
         try:
             async with asyncio.timeout(config.connect_timeout_seconds):
@@ -166,6 +198,15 @@ class Connection(asyncio.Protocol):
                     await loop.create_connection(lambda: connection, endpoint.host, endpoint.port, ssl=context,
                                                  server_hostname=endpoint.host if tls else None)
                 await connection._hello
+        except MillstreamError as error:  # (TlsHandshakeError and ConnectionLostError are OSErrors too)
+            connection.close(error)
+            if isinstance(error, ConnectionLostError):
+                raise ConnectionLostError(f"cannot connect to {endpoint}: {error}") from error
+            raise
+        except _ssl.SSLError as error:  # (before OSError: it is one)
+            failed = _tls_failure(endpoint, error)
+            connection.close(failed)
+            raise failed from error
         except (OSError, TimeoutError) as error:
             reason = "timed out" if isinstance(error, TimeoutError) else str(error) or type(error).__name__
             lost = ConnectionLostError(f"cannot connect to {endpoint}: {reason}")
@@ -305,6 +346,13 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
             return
+        if not self._received_any:
+            self._received_any = True
+            if not self._tls and data[:1] in _TLS_RECORD_TYPES and data[1:2] == b"\x03":
+                # A plain client at a TLS port: its Hello was no ClientHello, and the server answered in TLS.
+                self.close(TlsHandshakeError(
+                    f"the server at {self.endpoint} answered in TLS: it expects TLS -- use a tls:// URI (and its CA)"))
+                return
         self._last_received = self._clock.monotonic()
         try:
             replies = self._decoder.feed(data)
@@ -324,6 +372,12 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         detail = f" ({exc})" if exc is not None else ""
+        if self.version is None and self._transport is not None:
+            # A TLS server drops a plain client's Hello without a word: say what that usually means.
+            hint = "" if self._tls else "; if it serves TLS, use a tls:// URI"
+            self.close(ConnectionLostError(
+                f"the server at {self.endpoint} closed the connection before its Hello{detail}{hint}"))
+            return
         self.close(ConnectionLostError(f"the server at {self.endpoint} closed the connection{detail}"))
 
     # --- Dispatch ----------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ body carries it as ``"token"`` (the server checks it when it has a secret).
 
 Calls that change nothing, or whose repetition changes nothing more (every query, ``seal_stream``,
 ``truncate_stream``, ``update_subscriber_cut``, ``ping_transaction``, ``abort_transaction``, the
-fenced ``commit_transactions``), are re-sent after a broken connection within the pool's bounded
-backoff; the others (creations, deletions, scaling, configuration updates, ``create_transaction``,
-``commit_transaction``) are not: their outcome is unknown, and ``ConnectionLostError`` says so
-(``Transaction.commit`` resolves it by asking for the transaction's status).
+fenced ``commit_transactions``), are re-sent after a broken connection within the pool's per-outage
+reconnect budget (``ConnectionPool.retrying``); the others (creations, deletions, scaling,
+configuration updates, ``create_transaction``, ``commit_transaction``) retry only connecting: once
+sent, their outcome is unknown, and ``ConnectionLostError`` says so (``Transaction.commit`` resolves
+it by asking for the transaction's status).
 
 ``ControllerSegmentLocator`` is the ``SegmentLocator`` the stream layer uses: it asks the controller
 where a segment is served (``get_segment_uri``), remembers the answer, and forgets it after a
@@ -117,8 +118,12 @@ class ControllerClient:
             request["token"] = self._token
         payload = canonical_json(request)
 
+        harmless = CONTROLLER_METHODS[method]
+
         async def once() -> dict[str, Any]:
-            connection = await self._pool.acquire_with_retry(self._endpoint)
+            # A harmless call is retried as a whole (below); any other retries only connecting.
+            connection = await (self._pool.acquire(self._endpoint) if harmless
+                                else self._pool.acquire_with_retry(self._endpoint))
             reply = await connection.request(lambda rid: ControllerRequest(rid, method, payload),
                                              what=f"controller {method}")
             raw = expect(reply, ControllerReply).body
@@ -130,9 +135,9 @@ class ControllerClient:
                 raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
             return decoded
 
-        if not CONTROLLER_METHODS[method]:
+        if not harmless:
             return await once()
-        return await self._pool.retrying(once)
+        return await self._pool.retrying(once, what=f"controller {method} at {self._endpoint}")
 
     # --- Scopes ------------------------------------------------------------------------------------
 

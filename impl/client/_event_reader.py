@@ -35,8 +35,13 @@ interval has passed since the last checkpoint this reader saw created.  ``close(
 with the reader's current positions (every event returned is taken as processed).
 
 Data that truncation or retention removed is never skipped: ``TruncatedDataError`` is raised and the
-reader stays where it was.  ``EventStreamReader`` is the blocking flavour; it takes events from the
-event loop in batches (ending at any checkpoint) and keeps its position per event returned.
+reader stays where it was.  Nor is an event the serializer refuses (a "poison" event): every event
+before it is returned first, then ``UndecodableEventError`` -- naming its segment, offset and length,
+with its raw bytes -- is raised on every call, the reader staying *at* it (its position and any
+checkpoint name that offset), until the application calls ``skip(error.event_read)`` (as a Kafka
+consumer seeks past a record it cannot deserialize).  ``EventStreamReader`` is the blocking flavour;
+it takes events from the event loop in batches (ending at any checkpoint, and before an undecodable
+event) and keeps its position per event returned.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
     StreamSegmentTruncatedError,
     TruncatedDataError,
+    UndecodableEventError,
 )
 from millstream.naming import parse_stream_segment_name, stream_segment_name
 from millstream.segmentstore.read_index import ReadResult
@@ -377,8 +383,9 @@ class AsyncEventStreamReader(Generic[T]):
         group's streams, or nothing after the timeout (see ``EventRead``).  Raises
         ``TruncatedDataError`` (nothing skipped; the reader stays where it was), ``StreamNotFoundError``
         for a deleted stream, ``ReaderNotInGroupError`` once the reader was declared offline (it is
-        then closed), ``MalformedEventError`` or the serializer's error for bytes that are not an
-        event (the reader stays before them)."""
+        then closed), ``MalformedEventError`` for bytes that are not an event, and
+        ``UndecodableEventError`` for an event the serializer refuses -- after every event before it
+        was returned; the reader stays at it and raises again until ``skip`` moves past it."""
         if self._closed:
             raise ObjectClosedError(f"reader {self.reader_id!r} is closed")
         if type(timeout) is not float or not 0 <= timeout < math.inf:
@@ -456,7 +463,10 @@ class AsyncEventStreamReader(Generic[T]):
             offset, payload, next_offset = fetcher.events[0]
             if payload is None:  # too large to return: it stays, and raises again until it is streamed
                 self._too_large(fetcher, offset, next_offset)
-            value = self._serializer.deserialize(payload)  # (a refused payload stays, and raises again)
+            try:
+                value = self._serializer.deserialize(payload)
+            except Exception as error:  # a refused payload stays, and raises again until it is skipped
+                self._undecodable(fetcher, offset, payload, next_offset, error)
             fetcher.events.popleft()
             fetcher.offset = next_offset
             ready.popleft()
@@ -476,6 +486,48 @@ class AsyncEventStreamReader(Generic[T]):
             f"in-memory limit of {self._config.event_in_memory_bytes_max} bytes; read it with "
             "error.event_read.stream_event() (the reader stays before it until then)", read)
 
+    def _undecodable(self, fetcher: _SegmentFetcher, offset: int, payload: bytes, next_offset: int,
+                     error: Exception) -> NoReturn:
+        read = EventRead(None, fetcher.stream, fetcher.name, offset, next_offset)
+        raise UndecodableEventError(
+            f"reader {self.reader_id!r}: {self._serializer!r} cannot decode the event of {len(payload)} bytes at "
+            f"offset {offset} of {fetcher.name!r} ({error}); the reader stays at it -- skip it with "
+            "reader.skip(error.event_read) (its bytes are error.payload)",
+            segment=fetcher.name, offset=offset, length=len(payload), payload=payload, event_read=read) from error
+
+    def skip(self, read: EventRead[Any]) -> None:
+        """Move past the event ``read`` names without returning it: the event an
+        ``UndecodableEventError`` (or an ``EventTooLargeError``) carries as ``event_read``, which must
+        be this reader's next event in its segment.  The reader's position, and so its next checkpoint,
+        then lie after it.  Raises ``InvalidArgumentError`` (nothing skipped) for any other event."""
+        if self._closed:
+            raise ObjectClosedError(f"reader {self.reader_id!r} is closed")
+        if not isinstance(read, EventRead):
+            raise InvalidArgumentError(f"skip takes the EventRead of the event to skip (an error's event_read), "
+                                       f"not {read!r:.100}")
+        if self._event_reader is not None:
+            raise EventReaderOpenError(f"reader {self.reader_id!r} has an EventReader open already")
+        if self._busy:
+            raise InvalidArgumentError(f"reader {self.reader_id!r}: read_next_event is running")
+        fetcher = self._next_of(read)
+        fetcher.events.popleft()
+        fetcher.offset = read.next_offset
+        log.info("reader %s skipped the event at offset %d of %s (%d bytes)", self.reader_id, read.offset,
+                 read.segment, read.length)
+        if not fetcher.events:
+            self._start_fetch(fetcher)
+
+    def _next_of(self, read: EventRead[Any]) -> _SegmentFetcher:
+        """The fetcher whose next event ``read`` names; ``InvalidArgumentError`` if there is none."""
+        fetcher = self._fetchers.get(read.segment) if read.segment is not None else None
+        if fetcher is None or not fetcher.events or fetcher.events[0][0] != read.offset \
+                or fetcher.events[0][2] != read.next_offset:
+            raise InvalidArgumentError(
+                f"the event at offset {read.offset} of {read.segment!r} is no longer reader {self.reader_id!r}'s "
+                "next event (it was served or skipped already, or its segment moved to another reader or the group "
+                "was reset)")
+        return fetcher
+
     def open_event_reader(self, read: EventRead[Any]) -> AsyncEventReader:
         """``EventRead.stream_event()``: consume the event ``read`` names -- it must be this reader's next
         event in its segment -- and return an ``AsyncEventReader`` over its bytes.  The reader does not
@@ -486,12 +538,7 @@ class AsyncEventStreamReader(Generic[T]):
             raise EventReaderOpenError(f"reader {self.reader_id!r} has an EventReader open already")
         if self._busy:
             raise EventReaderOpenError(f"reader {self.reader_id!r}: read_next_event is running")
-        fetcher = self._fetchers.get(read.segment) if read.segment is not None else None
-        if fetcher is None or not fetcher.events or fetcher.events[0][0] != read.offset \
-                or fetcher.events[0][2] != read.next_offset:
-            raise InvalidArgumentError(
-                f"the event at offset {read.offset} of {read.segment!r} is no longer reader {self.reader_id!r}'s next "
-                "event (it was served already, or its segment moved to another reader or the group was reset)")
+        fetcher = self._next_of(read)
         fetcher.events.popleft()
         fetcher.offset = read.next_offset
         start = read.offset + _HEADER.size
@@ -955,8 +1002,10 @@ class EventStreamReader(Generic[T]):
         return self._core
 
     def read_next_event(self, timeout: float) -> EventRead[T]:
-        """As ``AsyncEventStreamReader.read_next_event``; an ``EventTooLargeError``'s ``event_read``
-        opens a blocking ``EventReader`` here (``stream_event()``)."""
+        """As ``AsyncEventStreamReader.read_next_event``: the events before an undecodable one are
+        returned first, then ``UndecodableEventError`` is raised, again and again, until ``skip``
+        moves past it.  An ``EventTooLargeError``'s ``event_read`` opens a blocking ``EventReader``
+        here (``stream_event()``)."""
         if self._pending:
             return self._pending.popleft()
         try:
@@ -969,6 +1018,22 @@ class EventStreamReader(Generic[T]):
         first = batch[0]
         self._pending.extend(batch[1:])
         return first
+
+    def skip(self, read: EventRead[Any]) -> None:
+        """Move past the event ``read`` names without returning it -- the ``event_read`` of an
+        ``UndecodableEventError`` (or ``EventTooLargeError``) this reader raised: see
+        ``AsyncEventStreamReader.skip``.  Raises ``InvalidArgumentError`` (nothing skipped) if it is not
+        the reader's next event in its segment."""
+        if not isinstance(read, EventRead):
+            raise InvalidArgumentError(f"skip takes the EventRead of the event to skip (an error's event_read), "
+                                       f"not {read!r:.100}")
+        if any(pending.segment == read.segment for pending in self._pending):
+            raise InvalidArgumentError(f"the event at offset {read.offset} of {read.segment!r} is not reader "
+                                       f"{self.reader_id!r}'s next event (events before it were not returned yet)")
+
+        async def skip() -> None:
+            self._core.skip(read)
+        self._run(skip())
 
     def open_event_reader(self, read: EventRead[Any]) -> EventReader:
         """``EventRead.stream_event()`` for the blocking reader: a blocking ``EventReader``."""
@@ -1018,7 +1083,7 @@ async def _read_batch(reader: AsyncEventStreamReader[T], timeout: float) -> list
     while len(batch) < limits.READER_BLOCKING_BATCH_EVENTS_MAX and reader._quiet():
         try:
             event = reader._next_event()
-        except EventTooLargeError:
+        except (EventTooLargeError, UndecodableEventError):
             break  # (raised again by the next call, once the events before it are handed out)
         if event is None:
             break

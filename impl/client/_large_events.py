@@ -73,6 +73,7 @@ from millstream.errors import (
     MillstreamError,
     ObjectClosedError,
     PayloadTooLargeError,
+    ReconnectBudgetExceededError,
     RequestTimeoutError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
@@ -513,7 +514,7 @@ class AsyncLargeEventWriter(Generic[T]):
         Raises ``StreamSegmentSealedError`` if ``parent`` is sealed (the stream scaled),
         ``StreamSegmentNotExistsError`` if it is gone: the EventWriter fails the event with them."""
         async def once() -> str:
-            connection = await self._pool.acquire_with_retry(await self._locator.endpoint_for(parent))
+            connection = await self._pool.acquire(await self._locator.endpoint_for(parent))  # (retried below)
             reply = await connection.request(
                 lambda rid: CreateTransientSegment(rid, writer_id, parent, self._token),
                 what=f"create a transient segment of {parent!r}")
@@ -532,18 +533,23 @@ class AsyncLargeEventWriter(Generic[T]):
         transient segments, so a retry of one that happened is answered as the first was).  A retry
         that then finds the source gone cannot tell "merged" from "deleted" if the store restarted
         meanwhile: that is an unknown outcome (``ConnectionLostError``), never a claimed failure."""
-        backoff = self._config.backoff(self._pool.rng)
+        outage = self._config.outage(self._pool.rng, self._pool.clock)
         failures = 0
         while True:
             try:
                 await self._segments.merge(target, source)
                 return
+            except ReconnectBudgetExceededError as error:  # (connecting gave up: this attempt sent nothing)
+                if failures:
+                    raise _OutcomeUnknown(f"merging {source!r} into {target!r}: the outcome is unknown ({error})") \
+                        from error
+                raise
             except (ConnectionLostError, RequestTimeoutError) as error:
                 failures += 1
-                delay = backoff.delay(failures)
+                delay = outage.failed()
                 if delay is None:
                     raise _OutcomeUnknown(f"merging {source!r} into {target!r}: the outcome is unknown after "
-                                          f"{failures} attempts ({error})") from error
+                                          f"{outage.describe()} ({error})") from error
                 await self._pool.clock.sleep(delay)
             except StreamSegmentNotExistsError as error:
                 if failures:

@@ -6,10 +6,17 @@ connections per server.  A writer session asks for a connection of its own while
 the least-loaded one.  Callers asking at the same time share one connection attempt, so a burst of
 requests to a server that is down makes one attempt, not a hundred.
 
-``acquire`` makes (at most) one attempt; ``acquire_with_retry`` retries a failed attempt after the
-``Backoff`` delay on the injected clock, up to the configured count.  Only *connecting* is retried
-here: nothing was sent yet, so a retry cannot duplicate anything.  Whether a request that was sent
-may be retried is its caller's decision (reads may; a writer re-sends through its event numbers).
+Retries are for a server that was reachable and went away.  Until the pool has reached *any* server,
+``acquire`` keeps trying (the attempt others share) for the initial connect budget only -- a server
+may still be starting -- and then raises ``ConnectFailedError`` naming the address: a wrong address
+or port fails in seconds, not after minutes of backoff.  A TLS failure (``TlsHandshakeError``) is
+never retried.  Once a server was reached, ``acquire`` makes one attempt, and the callers' retry
+loops (``retrying``, a writer's session loop) wait out an *outage* within the per-outage reconnect
+budget (``ClientConfig.reconnect_budget_seconds``, ``_config.Outage``), then raise
+``ReconnectBudgetExceededError``.  ``acquire_with_retry`` retries only *connecting*: nothing was sent
+yet, so a retry cannot duplicate anything.  Whether a request that was sent may be retried is its
+caller's decision (reads may; a writer re-sends through its event numbers).  Retry loops do not nest:
+a call that already gave up is not retried by another loop around it.
 
 A ``SegmentLocator`` says which server holds a segment.  The client built from one URI uses
 ``FixedLocator``; the stream layer supplies one that asks the controller, and is told to ``forget``
@@ -27,7 +34,7 @@ from typing import Protocol, TypeVar
 from millstream.client._config import ClientConfig, Endpoint, RandomSource
 from millstream.client._connection import Connection
 from millstream.clock import Clock
-from millstream.errors import ConnectionLostError, ObjectClosedError
+from millstream.errors import ConnectFailedError, ConnectionLostError, ObjectClosedError, ReconnectBudgetExceededError
 
 __all__ = ["ConnectionPool", "FixedLocator", "SegmentLocator"]
 
@@ -81,6 +88,9 @@ class ConnectionPool:
         self._ssl_context = ssl_context
         self._endpoints: dict[Endpoint, _EndpointConnections] = {}
         self._closed = False
+        #: Whether any connection of this pool got as far as the server's Hello: until then a failure
+        #: to connect is a wrong address (or a server still starting), not an outage.
+        self.reached = False
 
     @property
     def clock(self) -> Clock:
@@ -99,8 +109,10 @@ class ConnectionPool:
         return [c for entry in self._endpoints.values() for c in entry.connections if c.is_open]
 
     async def acquire(self, endpoint: Endpoint, *, for_session: bool = False) -> Connection:
-        """An open connection to ``endpoint`` (one connection attempt at most).  Raises
-        ``ConnectionLostError`` if the attempt fails, ``ObjectClosedError`` once the pool is closed."""
+        """An open connection to ``endpoint``: one connection attempt -- or, until the pool has reached
+        any server, attempts for the initial connect budget.  Raises ``ConnectionLostError`` if the
+        attempt fails, ``ConnectFailedError`` if no server was ever reached and the budget is spent,
+        ``TlsHandshakeError`` at once if TLS fails, ``ObjectClosedError`` once the pool is closed."""
         if self._closed:
             raise ObjectClosedError("the client is closed")
         entry = self._endpoints.get(endpoint)
@@ -114,12 +126,38 @@ class ConnectionPool:
                 return best
         task = entry.opening
         if task is None:
+            opening = self._open(endpoint) if self.reached else self._open_first(endpoint)
             task = entry.opening = asyncio.get_running_loop().create_task(
-                Connection.open(endpoint, clock=self._clock, config=self._config, ssl_context=self._ssl_context),
-                name=f"millstream-connect-{endpoint}")
+                opening, name=f"millstream-connect-{endpoint}")
             task.add_done_callback(lambda done: self._opened(entry, done))
         # Shielded: a caller that gives up must not cancel an attempt others share.
         return await asyncio.shield(task)
+
+    async def _open(self, endpoint: Endpoint) -> Connection:
+        connection = await Connection.open(endpoint, clock=self._clock, config=self._config,
+                                           ssl_context=self._ssl_context)
+        self.reached = True
+        return connection
+
+    async def _open_first(self, endpoint: Endpoint) -> Connection:
+        """Attempts to reach ``endpoint`` while no server was ever reached, within the initial connect
+        budget; then ``ConnectFailedError``, naming the address and the last reason."""
+        outage = self._config.outage(self._rng, self._clock, initial_connect=True)
+        while True:
+            try:
+                return await self._open(endpoint)
+            except ConnectionLostError as error:
+                if self.reached:
+                    raise  # another connection got through meanwhile: from now on, this is an outage
+                delay = outage.failed()
+                if delay is None:
+                    raise ConnectFailedError(
+                        f"{error}; gave up: no server was reached after {outage.describe()} (the initial connect "
+                        f"budget, ClientConfig.initial_connect_budget_seconds, is {outage.budget_seconds:g} s): check "
+                        "the address and that the server runs") from error
+                _log.info("connecting to %s failed (%s); attempt %d in %.3f s", endpoint, error, outage.failures + 1,
+                          delay)
+                await self._clock.sleep(delay)
 
     def _opened(self, entry: _EndpointConnections, task: asyncio.Task[Connection]) -> None:
         if entry.opening is task:
@@ -140,21 +178,27 @@ class ConnectionPool:
     async def retrying(self, attempt: Callable[[], Awaitable[_Result]], *,
                        retry_on: tuple[type[Exception], ...] = (ConnectionLostError,),
                        what: str | None = None) -> _Result:
-        """Await ``attempt()``, and again after a failure in ``retry_on``, with the configured bounded,
-        jittered exponential backoff on the pool's clock; the last failure is raised once the attempts
-        are used up.  ``what``: logged (INFO) with each failure that is retried."""
-        backoff = self._config.backoff(self._rng)
-        failures = 0
+        """Await ``attempt()``, and again after a failure in ``retry_on``, with the configured capped,
+        jittered exponential backoff on the pool's clock, for one outage: once the failures have lasted
+        the reconnect budget (``ClientConfig.reconnect_budget_seconds``; and ``reconnect_attempts_max``
+        attempts, if set), ``ReconnectBudgetExceededError`` is raised (from the last failure).  A
+        ``ReconnectBudgetExceededError`` from ``attempt`` itself (a loop inside it gave up) is not
+        retried.  ``what``: logged (INFO) with each failure that is retried."""
+        outage = self._config.outage(self._rng, self._clock)
         while True:
             try:
                 return await attempt()
+            except ReconnectBudgetExceededError:
+                raise
             except retry_on as error:
-                failures += 1
-                delay = backoff.delay(failures)
+                delay = outage.failed()
                 if delay is None:
-                    raise
+                    raise ReconnectBudgetExceededError(
+                        f"{what or 'a request'}: gave up after {outage.describe()} (the reconnect budget, "
+                        f"ClientConfig.reconnect_budget_seconds, is {outage.budget_seconds:g} s per outage); "
+                        f"last error: {error}") from error
                 if what is not None:
-                    _log.info("%s failed (%s); attempt %d in %.3f s", what, error, failures + 1, delay)
+                    _log.info("%s failed (%s); attempt %d in %.3f s", what, error, outage.failures + 1, delay)
                 await self._clock.sleep(delay)
 
     async def close(self) -> None:

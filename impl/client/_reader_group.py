@@ -60,7 +60,7 @@ import logging
 import math
 import types
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, overload
 
 import attrs
 from millstream import limits
@@ -94,7 +94,9 @@ from millstream.errors import (
 from millstream.naming import parse_stream_segment_name, validate_scope_or_stream_name
 
 if TYPE_CHECKING:
-    from millstream.client._event_reader import AsyncEventStreamReader
+    from millstream.client._event_reader import AsyncEventStreamReader, EventStreamReader, Position, ReaderConfig
+
+_T = TypeVar("_T")
 
 __all__ = [
     "AcquireSegment",
@@ -1048,10 +1050,20 @@ class AsyncReaderGroup:
 
     # --- Readers -----------------------------------------------------------------------------------
 
+    @overload
+    async def reader(self, reader_id: str, *, config: ReaderConfig | None = ...) -> AsyncEventStreamReader[bytes]:
+        ...
+
+    @overload
+    async def reader(self, reader_id: str, serializer: Serializer[_T], *,
+                     config: ReaderConfig | None = ...) -> AsyncEventStreamReader[_T]:
+        ...
+
     async def reader(self, reader_id: str, serializer: Serializer[Any] | None = None, *,
-                     config: Any = None) -> AsyncEventStreamReader[Any]:
-        """A new reader ``reader_id`` in this group (``serializer``: default bytes; ``config``: a
-        ``ReaderConfig``).  Raises ``ReaderExistsError`` if that id is online (nothing changed),
+                     config: ReaderConfig | None = None) -> AsyncEventStreamReader[Any]:
+        """A new reader ``reader_id`` in this group, reading events as ``serializer`` decodes them
+        (default: bytes) -- an ``AsyncEventStreamReader[T]`` for a ``Serializer[T]``; ``config``: its
+        ``ReaderConfig``.  Raises ``ReaderExistsError`` if that id is online (nothing changed),
         ``ReaderGroupNotFoundError`` if the group was deleted."""
         from millstream.client._event_reader import AsyncEventStreamReader, ReaderConfig
 
@@ -1068,7 +1080,7 @@ class AsyncReaderGroup:
     def _forget(self, reader: AsyncEventStreamReader[Any]) -> None:
         self._readers.discard(reader)
 
-    async def reader_offline(self, reader_id: str, position: Any = None) -> bool:
+    async def reader_offline(self, reader_id: str, position: Position | None = None) -> bool:
         """Declare ``reader_id`` offline (a reader that crashed): its segments return to the group at
         ``position`` (a ``Position`` the application stored) where it names them, else at their
         last checkpointed offsets (segments of the position the reader no longer holds are ignored).
@@ -1320,13 +1332,26 @@ class ReaderGroup:
         result: Checkpoint | None = self._run(self._core.checkpoint(name))
         return result
 
-    def reader(self, reader_id: str, serializer: Serializer[Any] | None = None, *, config: Any = None) -> Any:
-        """A blocking ``EventStreamReader`` (see ``AsyncReaderGroup.reader``)."""
+    @overload
+    def reader(self, reader_id: str, *, config: ReaderConfig | None = ...) -> EventStreamReader[bytes]:
+        ...
+
+    @overload
+    def reader(self, reader_id: str, serializer: Serializer[_T], *,
+               config: ReaderConfig | None = ...) -> EventStreamReader[_T]:
+        ...
+
+    def reader(self, reader_id: str, serializer: Serializer[Any] | None = None, *,
+               config: ReaderConfig | None = None) -> EventStreamReader[Any]:
+        """A blocking reader: an ``EventStreamReader[T]`` for a ``Serializer[T]`` (default bytes; see
+        ``AsyncReaderGroup.reader``)."""
         from millstream.client._event_reader import EventStreamReader
 
-        return EventStreamReader(self._run(self._core.reader(reader_id, serializer, config=config)), self._run)
+        core: AsyncEventStreamReader[Any] = self._run(
+            self._core.reader(reader_id, serializer or BytesSerializer(), config=config))
+        return EventStreamReader(core, self._run)
 
-    def reader_offline(self, reader_id: str, position: Any = None) -> bool:
+    def reader_offline(self, reader_id: str, position: Position | None = None) -> bool:
         return bool(self._run(self._core.reader_offline(reader_id, position)))
 
     def initiate_checkpoint(self, name: str, *, timeout: float = limits.READER_GROUP_CHECKPOINT_WAIT_SECONDS,

@@ -13,8 +13,10 @@ with its offset in the segment; ``offset`` is where the next event starts, so a 
 resumes exactly after the last event it processed.  While catching up (the last read did not reach the
 tail) the reader keeps one read ahead in flight, so the network and the caller's processing overlap;
 at the tail it reads only when asked.  Bytes that are not an event (a wrong type, a length beyond the
-event limit) raise ``MalformedEventError``; a payload the serializer refuses raises its error -- in
-both cases the reader stays before that event.
+event limit) raise ``MalformedEventError``; a payload the serializer refuses raises
+``UndecodableEventError`` (naming its offset and length, with its raw bytes) -- in both cases after
+the events before it were returned, and the reader stays before that event until ``seek`` moves it
+(``seek(error.next_offset)`` skips an undecodable event).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Final, Generic, NamedTuple, TypeVar
 from millstream import limits
 from millstream.client._segments import AsyncSegments, validate_segment_name
 from millstream.client._serializers import Serializer, is_identity
-from millstream.errors import InvalidArgumentError, ObjectClosedError
+from millstream.errors import InvalidArgumentError, ObjectClosedError, UndecodableEventError
 from millstream.segmentstore.read_index import ReadResult
 from millstream.wire.codec import MalformedEventError
 
@@ -196,10 +198,14 @@ class AsyncSegmentReader(Generic[T]):
                 else:
                     try:
                         value = deserialize(payload)
-                    except Exception:
+                    except Exception as error:
                         if events:
                             break
-                        raise
+                        raise UndecodableEventError(
+                            f"{self._serializer!r} cannot decode the event of {length} bytes at offset "
+                            f"{base + position} of segment {self.segment!r} ({error}); the reader stays before it "
+                            "-- seek(error.next_offset) skips it (its bytes are error.payload)",
+                            segment=self.segment, offset=base + position, length=length, payload=payload) from error
                     events.append(SegmentEvent(base + position, value))
                 position = end
         finally:

@@ -150,7 +150,9 @@ class AsyncSegments:
                     what: str, wait_seconds: float = 0.0, idempotent: bool = False) -> _Reply:
         """Send ``build(request_id)`` for ``segment``; return the ``kind`` reply or raise its error."""
         async def once() -> _Reply:
-            connection = await self._connection(segment)
+            # An idempotent request is retried as a whole (below); any other retries only connecting.
+            endpoint = await self._locator.endpoint_for(segment)
+            connection = await (self._pool.acquire(endpoint) if idempotent else self._pool.acquire_with_retry(endpoint))
             reply = await connection.request(build, what=what, wait_seconds=wait_seconds)
             try:
                 return expect(reply, kind)
@@ -159,7 +161,7 @@ class AsyncSegments:
                 raise
         if not idempotent:
             return await once()
-        return await self._pool.retrying(once)
+        return await self._pool.retrying(once, what=what)
 
     # --- Administration ----------------------------------------------------------------------------
 

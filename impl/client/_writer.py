@@ -25,8 +25,9 @@ same numbers and the same bytes, so a block is stored once however often it is s
 ``DataAppended`` acknowledges every block up to its event number (acknowledgements are cumulative, so
 a lost one is covered by the next and a stale or reordered one is ignored).  When the connection
 breaks, or no acknowledgement comes within the ack timeout (the last one was lost), the session ends
-and starts again after a jittered, bounded backoff; a run of failures without an acknowledgement in
-between gives up after ``reconnect_attempts_max``.  ``InvalidEventNumber`` (the server saw a number
+and starts again after a jittered, capped backoff, within the per-outage reconnect budget
+(``ClientConfig.reconnect_budget_seconds``; see ``_append_session``): one outage that outlasts it
+makes the writer give up.  ``InvalidEventNumber`` (the server saw a number
 that does not follow what it stored -- e.g. a resend racing the old connection's last block) is
 handled like a broken connection: the next ``AppendSetup`` tells the truth.
 
@@ -35,7 +36,11 @@ reconnecting gave up) fails the segment writer and becomes the writer's error: i
 futures of every unacknowledged event and is raised by the next ``write_event`` and by ``flush``.
 (A sealed segment of a writer of named segments first has its writer-id attribute read: what the
 segment stores is acknowledged, and only the rest fails.)
-The events stay in the segment writer, in order (``unacknowledged_events``).
+The events stay in the segment writer, in order (``unacknowledged_events``).  Giving up reconnecting
+stops every segment writer of the writer where it is and fails them all with one
+``ReconnectBudgetExceededError`` whose ``in_doubt`` lists every unacknowledged event, across segments,
+by its place in the writer's sequence (``InDoubtEvent``; ``in_doubt_events()`` gives the same set at
+any time): each event carries that place from ``append`` on, through blocks and hand-overs.
 
 Streams and scaling.  A writer made for a stream (``event_writer("scope/stream")``) routes by the
 stream's key ranges (``StreamRouter``) and does not fail when a segment is sealed: the server
@@ -73,6 +78,7 @@ from millstream import limits
 from millstream.client._append_session import AppendSession
 from millstream.client._batching import BlockSizeTracker
 from millstream.client._config import ClientConfig, RandomSource, random_uuid
+from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import Router, StreamRouter
 from millstream.client._segments import AsyncSegments
@@ -87,6 +93,7 @@ from millstream.errors import (
     ObjectClosedError,
     PayloadTooLargeError,
     ProtocolError,
+    ReconnectBudgetExceededError,
     RetryableError,
     StreamSegmentSealedError,
 )
@@ -148,17 +155,19 @@ def _memo_lookup(router: Router | None) -> Callable[[str | None], str | None]:
 
 class _Block:
     """A closed block: framed events numbered up to ``last_event_number``, their routing keys (what
-    re-routes them if the segment is sealed under them), what they are charged against the writer's
+    re-routes them if the segment is sealed under them), their places in the writer's sequence
+    (``sequences``: what names them in the in-doubt set), what they are charged against the writer's
     budget (``charge``: the framed bytes plus the keys' characters), and the future its tracked
     events share (a block is stored all together or not at all, so one future answers for all
     of them)."""
 
-    __slots__ = ("charge", "data", "event_count", "future", "keys", "last_event_number", "sent_at")
+    __slots__ = ("charge", "data", "event_count", "future", "keys", "last_event_number", "sent_at", "sequences")
 
     def __init__(self, data: bytes, keys: list[str | None], charge: int, event_count: int, last_event_number: int,
-                 future: Completion | None) -> None:
+                 future: Completion | None, sequences: list[int]) -> None:
         self.data = data
         self.keys = keys
+        self.sequences = sequences
         self.charge = charge
         self.event_count = event_count
         self.last_event_number = last_event_number
@@ -186,10 +195,12 @@ def _settle(future: Completion | None, error: BaseException | None) -> None:
 
 
 class WriterShared:
-    """What the segment writers of one event writer share: the lock, the byte budget, the first error."""
+    """What the segment writers of one event writer share: the lock, the byte budget, the first error,
+    the count of events written (``sequence``: the last event's place in the writer's sequence) and
+    what giving up does to them all (``give_up``, set by ``AsyncEventStreamWriter``)."""
 
-    __slots__ = ("_capacity_waiters", "closed", "error", "lock", "loop", "loop_thread", "unacked_bytes",
-                 "unacked_bytes_max")
+    __slots__ = ("_capacity_waiters", "closed", "error", "give_up", "lock", "loop", "loop_thread", "sequence",
+                 "unacked_bytes", "unacked_bytes_max")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, unacked_bytes_max: int) -> None:
         self.lock = threading.Lock()
@@ -200,6 +211,10 @@ class WriterShared:
         self.error: BaseException | None = None
         self.closed = False
         self._capacity_waiters: list[asyncio.Future[None]] = []
+        self.sequence = 0
+        #: (Loop thread.)  Giving up: stop every segment writer where it is, make the error from the
+        #: in-doubt set (the argument), fail them all with it and return it.
+        self.give_up: Callable[[Callable[[tuple[InDoubtEvent, ...]], BaseException]], BaseException] | None = None
 
     def raise_error(self) -> None:
         error = self.error
@@ -252,6 +267,7 @@ class SegmentWriter(AppendSession):
         # Producer side: under shared.lock, any thread.
         self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
         self._keys: list[str | None] = []  # the open block's routing keys, one per event
+        self._sequences: list[int] = []  # the open block's events' places in the writer's sequence
         # The open block's charge: its framed bytes (what goes on the wire) and its routing keys'
         # characters (kept until acknowledged, never sent).  Blocks close by it.
         self._open_charge = 0
@@ -335,6 +351,8 @@ class SegmentWriter(AppendSession):
             parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
             parts.append(payload)
             self._keys.append(routing_key)
+            shared.sequence += 1
+            self._sequences.append(shared.sequence)
             length += _HEADER_LENGTH
             if routing_key is not None:  # the key is kept until acknowledged: it is charged too
                 length += len(routing_key)
@@ -368,9 +386,10 @@ class SegmentWriter(AppendSession):
         count = self._open_count
         self._last_assigned += count
         block = _Block(b"".join(self._parts), self._keys, self._open_charge, count,
-                       self._last_assigned, self._open_future)
+                       self._last_assigned, self._open_future, self._sequences)
         self._parts = []
         self._keys = []
+        self._sequences = []
         self._open_charge = 0
         self._open_count = 0
         self._open_future = None
@@ -450,15 +469,41 @@ class SegmentWriter(AppendSession):
             self._fail(error)
 
     def _gave_up(self, reason: BaseException, attempts: int) -> BaseException:
-        message = (f"the writer for segment {self.segment!r} gave up after {attempts} reconnect attempts "
-                   f"without progress; last error: {reason}")
-        error: BaseException
-        try:  # the same kind of error as the last one (our errors take a message), so a caller can tell
-            error = type(reason)(message) if isinstance(reason, MillstreamError) else ConnectionLostError(message)
-        except TypeError:
-            error = ConnectionLostError(message)
-        error.__cause__ = reason
-        return error
+        """Give up for the whole writer: every segment writer stops where it is (no acknowledgement is
+        taken in after this), and the error names every event not acknowledged (``in_doubt``)."""
+        def make(in_doubt: tuple[InDoubtEvent, ...]) -> BaseException:
+            error = ReconnectBudgetExceededError(
+                f"the writer for segment {self.segment!r} gave up after {attempts} reconnect attempts: an outage "
+                f"outlasted the reconnect budget of {self._config.reconnect_budget_seconds:g} s "
+                "(ClientConfig.reconnect_budget_seconds); "
+                f"{len(in_doubt)} event{'s' if len(in_doubt) != 1 else ''} written through it may or may not be "
+                f"stored (error.in_doubt); last error: {reason}", in_doubt)
+            error.__cause__ = reason
+            return error
+        give_up = self._shared.give_up
+        return give_up(make) if give_up is not None else make(tuple(self.in_doubt_events()))
+
+    def halt(self) -> None:
+        """(Loop thread.)  Stop where it is, at once: detach from the connection (no reply is taken in
+        after this) and stop the session loop (unless it is the caller).  The writer is failing."""
+        with self._shared.lock:
+            self._closing = True
+        self._leave_session()
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def in_doubt_events(self) -> list[InDoubtEvent]:
+        """(Loop thread.)  The events not acknowledged -- in flight, queued, open -- in order."""
+        self._drain_outbox()
+        segment = self.segment
+        with self._shared.lock:
+            events = [InDoubtEvent(sequence, segment, key, payload) for block in self._inflight
+                      for sequence, key, payload in zip(block.sequences, block.keys, codec.iter_events(block.data),
+                                                        strict=True)]
+            events.extend(InDoubtEvent(sequence, segment, key, payload) for sequence, key, payload
+                          in zip(self._sequences, self._keys, self._parts[1::2], strict=True))
+        return events
 
     def _on_setup(self, reply: AppendSetup) -> None:
         if reply.writer_id != self._writer_id or self._ready:
@@ -620,25 +665,27 @@ class SegmentWriter(AppendSession):
         if stored > self._acked:
             self._acknowledge_through(stored, sent_on_this_session=False)
 
-    def retire_locked(self) -> list[tuple[bytes, str | None, Completion | None]]:
+    def retire_locked(self) -> list[tuple[bytes, str | None, Completion | None, int]]:
         """(Lock held.)  Take every unacknowledged event out -- in flight, queued, open; in order --
-        as ``(payload, routing key, the future its block shared)``, release their bytes from the
-        budget and retire: ``append`` answers ``REROUTE`` from now on, ``flush`` False, and flushes
-        already waiting get False."""
-        events: list[tuple[bytes, str | None, Completion | None]] = []
+        as ``(payload, routing key, the future its block shared, its place in the writer's sequence)``,
+        release their bytes from the budget and retire: ``append`` answers ``REROUTE`` from now on,
+        ``flush`` False, and flushes already waiting get False."""
+        events: list[tuple[bytes, str | None, Completion | None, int]] = []
         freed = self._open_charge
         for block in itertools.chain(self._inflight, self._outbox):
             future = block.future
-            events.extend((payload, key, future) for payload, key in zip(codec.iter_events(block.data), block.keys,
-                                                                          strict=True))
+            events.extend((payload, key, future, sequence) for payload, key, sequence in zip(
+                codec.iter_events(block.data), block.keys, block.sequences, strict=True))
             freed += block.charge
         open_future = self._open_future
-        events.extend((payload, key, open_future) for payload, key in zip(self._parts[1::2], self._keys, strict=True))
+        events.extend((payload, key, open_future, sequence) for payload, key, sequence in zip(
+            self._parts[1::2], self._keys, self._sequences, strict=True))
         self._shared.unacked_bytes -= freed
         self._inflight.clear()
         self._outbox.clear()
         self._parts = []
         self._keys = []
+        self._sequences = []
         self._open_charge = self._open_count = 0
         self._open_future = None
         self._blocks_unacked = 0
@@ -653,14 +700,16 @@ class SegmentWriter(AppendSession):
         return events
 
     def append_moved_locked(self, payload: bytes, routing_key: str | None,
-                            factory: Callable[[], Completion] | None) -> Completion | None:
-        """(Lock held.)  Add an event handed over from a sealed predecessor, ahead of anything newer
-        for its key; with ``factory``, return the future of its block.  Moved events fill blocks up
-        to the block size (they are all here at once); ``close_open_block_locked`` ends the last."""
+                            factory: Callable[[], Completion] | None, sequence: int) -> Completion | None:
+        """(Lock held.)  Add an event handed over from a sealed predecessor (keeping its place in the
+        writer's sequence), ahead of anything newer for its key; with ``factory``, return the future
+        of its block.  Moved events fill blocks up to the block size (they are all here at once);
+        ``close_open_block_locked`` ends the last."""
         length = len(payload)
         self._parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
         self._parts.append(payload)
         self._keys.append(routing_key)
+        self._sequences.append(sequence)
         length += _HEADER_LENGTH
         if routing_key is not None:
             length += len(routing_key)
@@ -701,11 +750,11 @@ class SegmentWriter(AppendSession):
             assert 0 <= self._sent <= len(self._inflight)
             assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
                 self._close_at, self._blocks_unacked, self._target_bytes)
-            assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys)
+            assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys) == 2 * len(self._sequences)
             assert self._open_charge == sum(len(part) for part in self._parts) + sum(
                 len(key) for key in self._keys if key is not None)
             for block in blocks:
-                assert len(block.keys) == block.event_count
+                assert len(block.keys) == block.event_count == len(block.sequences)
                 assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)
             if self._retired:
                 assert self._closing and not blocks and not self._open_count
@@ -784,6 +833,7 @@ class AsyncEventStreamWriter(Generic[T]):
         if (router is None) == (stream is None):
             raise InternalError("a writer routes by a router of its own or by a stream's segments, not both")
         self._shared = WriterShared(asyncio.get_running_loop(), config.writer_unacked_bytes_max)
+        self._shared.give_up = self._give_up
         self._pool = pool
         self._locator = locator
         self._router = router
@@ -833,6 +883,30 @@ class AsyncEventStreamWriter(Generic[T]):
         """The serialized events written to ``segment`` and not acknowledged, in order."""
         writer = self._writers.get(segment)
         return [] if writer is None else writer.unacknowledged_events()
+
+    def in_doubt_events(self) -> tuple[InDoubtEvent, ...]:
+        """Every event written and not acknowledged, over all segments, in the order written (by
+        ``InDoubtEvent.sequence``): what is in doubt if the writer fails now -- and, once it failed,
+        what it failed with (a ``ReconnectBudgetExceededError`` carries the same set as ``in_doubt``)."""
+        events = [event for writer in self._writers.values() for event in writer.in_doubt_events()]
+        return tuple(sorted(events, key=lambda event: event.sequence))
+
+    @property
+    def events_written(self) -> int:
+        """How many events were written through this writer (the last one's ``sequence``)."""
+        return self._shared.sequence
+
+    def _give_up(self, make_error: Callable[[tuple[InDoubtEvent, ...]], BaseException]) -> BaseException:
+        """(Loop thread.)  A segment writer gave up reconnecting: the writer as a whole fails.  Every
+        segment writer stops where it is first -- no acknowledgement is taken in after this -- so the
+        in-doubt set the error carries is final; then they all fail with that error."""
+        writers = list(self._writers.values())
+        for writer in writers:
+            writer.halt()
+        error = make_error(self.in_doubt_events())
+        for writer in writers:
+            writer._fail(error)
+        return error
 
     async def ready(self) -> None:
         """A stream writer: learn the stream's current segments (once; concurrent callers wait for the
@@ -991,14 +1065,14 @@ class AsyncEventStreamWriter(Generic[T]):
             self._follow_view(router)  # (a lookup by the old view meets REROUTE)
             events = writer.retire_locked()
             del self._writers[writer.segment]
-            for payload, key, old in events:
+            for payload, key, old, sequence in events:
                 name = router.segment_for(key)
                 target = touched.get(name) or self._writers.get(name)
                 if target is None:
                     target = self._new_writer_locked(name)
                     created.append(target)
                 touched[name] = target
-                new = target.append_moved_locked(payload, key, None if old is None else make_future)
+                new = target.append_moved_locked(payload, key, None if old is None else make_future, sequence)
                 if old is not None and new is not None:
                     chains.setdefault(id(old), (old, {}))[1][id(new)] = new
             for target in touched.values():
@@ -1088,10 +1162,18 @@ class AsyncEventStreamWriter(Generic[T]):
             # A segment was sealed while we waited and its events moved on: wait for where they went.
         raise InternalError(f"flush saw segments sealed under it {limits.CLIENT_WRITER_FLUSH_ROUNDS_MAX} times")
 
-    async def close(self) -> None:
-        """Flush, then stop.  Raises the writer's error (after stopping) if the flush failed."""
+    async def close(self, *, flush: bool = True) -> None:
+        """Flush, then stop.  Raises the writer's error (after stopping) if the flush failed.  With
+        ``flush=False`` (an interrupted program) stop at once instead: what is not acknowledged stays
+        in doubt (``in_doubt_events()``), its futures fail with ``ObjectClosedError``, which is raised."""
         if self._closed:
             return
+        if not flush:
+            abandoned = ObjectClosedError("the writer was closed without flushing: its unacknowledged events are in "
+                                          "doubt")
+            for writer in list(self._writers.values()):
+                writer.halt()
+                writer._fail(abandoned)
         try:
             await self.flush()
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import subprocess
 import sys
@@ -57,14 +58,19 @@ def test_backoff_never_exceeds_the_cap(failures: int) -> None:
 
 
 def test_the_default_reconnect_budget_is_bounded() -> None:
+    """By default an outage may last ``CLIENT_RECONNECT_BUDGET_SECONDS``: the waits add up to exactly
+    that (the last one is cut to end with it), then the schedule gives up."""
     backoff = ClientConfig().backoff(random.Random(1))
     total = 0.0
     failures = 1
-    while (delay := backoff.delay(failures)) is not None:
+    while (delay := backoff.delay(failures, total)) is not None:
+        assert 0 < delay <= limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS
         total += delay
         failures += 1
-    assert failures - 1 == limits.CLIENT_RECONNECT_ATTEMPTS_MAX
+    assert total == pytest.approx(limits.CLIENT_RECONNECT_BUDGET_SECONDS)
     assert total < 60.0, f"a writer pointed at a dead server gives up within a minute, not {total:.1f} s"
+    initial = ClientConfig().backoff(random.Random(1), initial_connect=True)
+    assert initial.budget_seconds == limits.CLIENT_INITIAL_CONNECT_BUDGET_SECONDS <= 10.0
 
 
 def test_bad_backoff_settings_are_refused() -> None:
@@ -85,6 +91,25 @@ def test_config_values_may_only_shrink_below_their_limits() -> None:
             ClientConfig(request_timeout_seconds=bad)
     with pytest.raises(InvalidArgumentError):
         ClientConfig(writer_unacked_bytes_max=limits.CLIENT_WRITER_UNACKED_BYTES_MAX + 1)
+
+
+def test_the_budgets_may_be_raised_or_unlimited_and_the_attempt_count_is_optional() -> None:
+    """Unlike the limits above, the budgets are the application's choice (issue 20 item 5)."""
+    config = ClientConfig(reconnect_budget_seconds=3600, initial_connect_budget_seconds=120.0)
+    assert (config.reconnect_budget_seconds, config.initial_connect_budget_seconds) == (3600, 120.0)
+    forever = ClientConfig(reconnect_budget_seconds=None, initial_connect_budget_seconds=math.inf)
+    assert forever.reconnect_budget_seconds == forever.initial_connect_budget_seconds == math.inf
+    assert ClientConfig().reconnect_attempts_max is None
+    backoff = forever.backoff(random.Random(2))
+    # Never gives up, however long the outage; every wait is still capped.
+    assert all(0 < (backoff.delay(n, 1e9) or 0) <= limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS for n in range(1, 500))
+    for name in ("reconnect_budget_seconds", "initial_connect_budget_seconds"):
+        for bad in (0, -1.0, float("nan"), "10", True):
+            with pytest.raises(InvalidArgumentError):
+                ClientConfig(**{name: bad})
+    for bad_count in (0, 2.5, True):
+        with pytest.raises(InvalidArgumentError):
+            ClientConfig(reconnect_attempts_max=bad_count)
 
 
 @pytest.mark.parametrize(("uri", "endpoint"), [

@@ -196,14 +196,18 @@ def test_an_unanswered_request_times_out() -> None:
 
 
 def test_a_server_that_cannot_be_reached_fails_after_bounded_retries() -> None:
+    """A server that was reached and went away: retried within the reconnect budget (here: a count),
+    then the retryable ``ReconnectBudgetExceededError`` with the last reason.  (A server never reached
+    at all is ``ConnectFailedError``: tests/client/test_fail_fast.py.)"""
     async def scenario() -> None:
         server = FakeServer()
         await server.start()
-        uri = server.uri
-        await server.stop()
-        async with client(uri, reconnect_attempts_max=3) as c:
-            with pytest.raises(ConnectionLostError, match="cannot connect"):
-                await c.segments().create("s")
+        async with client(server.uri, reconnect_attempts_max=3) as c:
+            await c.segments().create("s")
+            await server.stop()
+            with pytest.raises(ConnectionLostError, match="cannot connect") as raised:
+                await c.segments().info("s")  # (idempotent: retried)
+            assert isinstance(raised.value, errors.ReconnectBudgetExceededError)
     run(scenario)
 
 
@@ -211,7 +215,7 @@ def test_a_server_that_never_says_hello_fails_the_connect() -> None:
     async def scenario() -> None:
         async with FakeServer(faults=Faults(silent=True)) as server, client(
                 server.uri, connect_timeout_seconds=0.1, reconnect_attempts_max=1) as c:
-            with pytest.raises(ConnectionLostError, match="timed out"):
+            with pytest.raises(errors.ConnectFailedError, match="timed out"):
                 await c.segments().create("s")
     run(scenario)
 

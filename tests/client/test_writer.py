@@ -24,6 +24,7 @@ from millstream.errors import (
     InvalidEventNumberError,
     ObjectClosedError,
     PayloadTooLargeError,
+    ReconnectBudgetExceededError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
     WrongHostError,
@@ -307,15 +308,19 @@ def test_invalid_event_numbers_without_progress_fail_the_writer_with_a_typed_err
             await c.segments().create("s")
             writer = c.event_writer(["s"])
             future = await writer.write_event_future(b"never")
-            with pytest.raises(InvalidEventNumberError):
+            # It gives up after the budget (here: 3 attempts) with the typed error of giving up, whose
+            # cause is the last refusal, and which names the event in doubt.
+            with pytest.raises(ReconnectBudgetExceededError) as raised:
                 await writer.flush()
-            with pytest.raises(InvalidEventNumberError):
+            assert isinstance(raised.value.__cause__, InvalidEventNumberError)
+            assert [event.payload for event in raised.value.in_doubt] == [b"never"]
+            with pytest.raises(ReconnectBudgetExceededError):
                 await future
-            with pytest.raises(InvalidEventNumberError):
+            with pytest.raises(ReconnectBudgetExceededError):
                 await writer.write_event(b"next call")
             assert writer.unacknowledged_events("s") == [b"never"]
             assert server.payloads("s") == []
-            with pytest.raises(InvalidEventNumberError):
+            with pytest.raises(ReconnectBudgetExceededError):
                 await writer.close()
     run(scenario)
 
@@ -419,9 +424,12 @@ def test_wrong_host_is_retried_and_then_reported() -> None:
                 command.request_id, command.segment, "") if isinstance(command, SetupAppend) else None
             writer = c.event_writer(["s"])
             await writer.write_event(b"y")
-            with pytest.raises(WrongHostError):
+            # Reported once the budget is spent: the error of giving up, caused by the last WrongHost.
+            with pytest.raises(ReconnectBudgetExceededError) as raised:
                 await writer.flush()
-            with pytest.raises(WrongHostError):
+            assert isinstance(raised.value.__cause__, WrongHostError)
+            assert [event.payload for event in raised.value.in_doubt] == [b"y"]
+            with pytest.raises(ReconnectBudgetExceededError):
                 await writer.close()
     run(scenario)
 
@@ -530,31 +538,36 @@ def test_exactly_once_per_writer_under_drawn_faults(plan: dict[str, object]) -> 
 
 
 def test_reconnect_waits_follow_the_seeded_backoff_on_the_injected_clock() -> None:
-    """A writer facing a dead server sleeps on the client's clock exactly as ``Backoff`` with the client's
-    seed says, and gives up after the configured attempts: a failing run replays from its seed."""
+    """A writer whose server went away sleeps on the client's clock exactly as ``Backoff`` with the
+    client's seed says, and gives up after the configured attempts: a failing run replays from its seed."""
     class RecordingClock(ManualClock):
         def __init__(self) -> None:
             super().__init__()
             self.sleeps: list[float] = []
 
         async def sleep(self, seconds: float) -> None:
-            self.sleeps.append(seconds)
+            task = asyncio.current_task()
+            if task is not None and task.get_name().startswith("millstream-writer-"):
+                self.sleeps.append(seconds)  # (the writer's session loop; not the keep-alive ticker)
             await super().sleep(seconds)
 
     async def scenario() -> None:
         server = FakeServer()
         await server.start()
-        uri = server.uri
-        await server.stop()
         clock = RecordingClock()
         config = fast_config(reconnect_attempts_max=5, reconnect_delay_initial_seconds=0.01,
                              reconnect_delay_max_seconds=0.05)
-        async with AsyncClient(uri, config=config, clock=clock, rng=random.Random(42)) as c:
+        async with AsyncClient(server.uri, config=config, clock=clock, rng=random.Random(42)) as c:
+            await c.segments().create("s")
             writer = c.event_writer(["s"])
             await writer.write_event(b"x")
+            await writer.flush()
+            await server.stop()
+            await writer.write_event(b"y")
             flushing = asyncio.ensure_future(writer.flush())
-            for _ in range(5):
-                await until(lambda: clock.sleeping == 1, "the writer sleeps before its next attempt")
+            for attempt in range(1, 6):
+                await until(lambda attempt=attempt: len(clock.sleeps) == attempt,  # type: ignore[misc]
+                            "the writer sleeps before its next attempt")
                 clock.advance(clock.sleeps[-1])
             with pytest.raises(ConnectionLostError):
                 await flushing
