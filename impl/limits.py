@@ -274,6 +274,72 @@ SERVER_SHUTDOWN_DRAIN_SECONDS: Final = 10.0
 #: A TLS handshake that has not finished after this long is abandoned (asyncio's default is 60 s).
 SERVER_TLS_HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
 
+# --- Server: hostile peers (memory before authentication, slots, slow senders) ---------------------
+
+#: The largest frame a connection may send before it has authenticated (with authentication off:
+#: before its Hello; with it on: before a request whose token the server accepted).  Every request a
+#: client opens a connection with fits easily (a Hello is 16 bytes, a request with a token well under
+#: 4 KiB), so nobody needs more before proving who they are, while 4,096 unauthenticated connections
+#: can then make the server hold at most a few hundred MiB even if each really sends this much.
+SERVER_UNAUTHENTICATED_FRAME_BYTES_MAX: Final = 64 * KIB
+
+#: Bytes of partly received frames (received, not yet decoded) over all connections of one server.
+#: Past it a connection that needs more room for its frame stops reading until others finish theirs
+#: (one at a time may go on regardless, so the server always makes progress).  Room is taken as bytes
+#: arrive, never from a length a peer announces, so a peer must send what it makes the server hold.
+#: 64 MiB is a hundred and more writers' 512 KiB blocks arriving at once -- more than a 2-core node
+#: receives in a few hundred milliseconds -- and little beside the 128 MiB of appends in flight.
+SERVER_RECEIVE_BUFFERED_BYTES_MAX: Final = 64 * MIB
+
+#: ... but every connection may hold this much of a partly received frame whatever the total, so small
+#: frames (every request, every block of a lightly loaded writer) are never held up by someone else's
+#: large ones.  4,096 connections x 64 KiB = 256 MiB at worst, and only if each really sends it.
+SERVER_CONNECTION_RECEIVE_BUFFERED_BYTES_MIN: Final = 64 * KIB
+
+#: A large frame's buffer grows as its bytes arrive: to at most twice what arrived, and by at least
+#: this much (one socket read's worth), never past the frame's length.  A writer's 512 KiB block
+#: then needs one or two steps, and a peer that announces 16 MiB and sends 8 bytes gets 64 KiB.
+SERVER_LARGE_FRAME_GROWTH_MIN_BYTES: Final = 64 * KIB
+
+#: A frame whose first byte arrived must be complete within this long (time the server itself made
+#: the peer wait -- backpressure -- does not count), so a peer that drips a frame byte by byte does
+#: not keep its slot and its bytes forever.  A 16 MiB frame needs only ~560 KB/s to make it.
+SERVER_FRAME_TIMEOUT_SECONDS: Final = 30.0
+
+#: A connection with nothing in flight on which no whole frame arrived for this long is closed (a
+#: KeepAlive is a frame: a live client sends one every ``KEEPALIVE_INTERVAL_SECONDS``, so only peers
+#: that do not speak the protocol, or drip, reach it).  The same span as a dead peer's
+#: ``KEEPALIVE_MISSED_MAX`` missed keep-alives.
+SERVER_IDLE_TIMEOUT_SECONDS: Final = 30.0
+
+#: Connections one peer address may hold open, beside ``SERVER_CONNECTIONS_MAX`` over all: one host
+#: (or one attacker) cannot take every slot.  A client keeps at most ``CLIENT_CONNECTIONS_PER_ENDPOINT_MAX``
+#: (4) per server, so 1,024 is over two hundred client processes on one machine (all of a
+#: standalone node's local clients share 127.0.0.1); raise it in the server config for more.
+SERVER_CONNECTIONS_PER_ADDRESS_MAX: Final = 1024
+
+#: Writer sessions (``SetupAppend``s of distinct writer ids) one connection may hold; each costs the
+#: server a little memory for as long as the connection lives.  A client process rarely writes to more
+#: than a few hundred segments at once over one connection.
+SERVER_CONNECTION_WRITERS_MAX: Final = 4096
+
+#: The text of an error reply (``ErrorMessage``, ``AuthTokenCheckFailed``) is cut to this many UTF-8
+#: bytes, so a reply always fits its 65,535-byte string field whatever a request quoted into it.
+SERVER_ERROR_TEXT_BYTES_MAX: Final = 4 * KIB
+
+#: An error message quotes at most this many characters of an offending name or value.
+ERROR_QUOTE_CHARACTERS_MAX: Final = 100
+
+#: A kind of warning a peer can cause (a connection closed for bad input, a refused token) is logged at
+#: most this many times per window; the rest are counted and summarized once per window, so a flood
+#: of bad connections costs a few lines a minute instead of one line each.
+LOG_BURST_MAX: Final = 20
+LOG_WINDOW_SECONDS: Final = 60.0
+
+#: Distinct kinds of message one rate-limited log keeps counts for (kinds are fixed strings in the
+#: code, so this is only a backstop).
+LOG_KINDS_MAX: Final = 256
+
 # --- Client ----------------------------------------------------------------------------------------
 
 #: Connections a client keeps to one server.  Each idempotent writer session gets a connection of its
@@ -409,6 +475,11 @@ CONTROLLER_STREAM_LOCK_WAIT_SECONDS: Final = 60.0
 
 #: A ``ControllerRequest`` body (JSON) larger than this is refused unparsed.
 CONTROLLER_REQUEST_BODY_BYTES_MAX: Final = 4 * MIB
+
+#: Nesting of arrays and objects in a ``ControllerRequest`` body, checked before it is parsed: every
+#: method's body nests four or five levels deep, and a parser (or a ``repr``) that recursed through
+#: thousands of levels would exhaust the stack.
+CONTROLLER_REQUEST_JSON_DEPTH_MAX: Final = 32
 
 #: The controller's periodic work (auto-scaling decisions, resuming interrupted workflows) runs every
 #: this many seconds; the per-segment rates are sampled at the same tick.  (Pravega: 5 s ticks.)

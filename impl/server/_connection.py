@@ -91,6 +91,7 @@ from millstream.wire import (
     GetSegmentAttribute,
     GetSegmentInfo,
     Hello,
+    InvalidCommandError,
     InvalidEventNumber,
     KeepAlive,
     MergeSegments,
@@ -445,7 +446,12 @@ class Connection(asyncio.BufferedProtocol):
     # --- sending ------------------------------------------------------------------------------------------
 
     def _send(self, command: Command) -> None:
-        encode_into(self._outgoing, command)
+        try:
+            encode_into(self._outgoing, command)
+        except InvalidCommandError as error:  # a bug: every reply's fields are bounded (see _text)
+            log.error("connection %s: cannot encode %s", self.peer, type(command).__name__, exc_info=error)
+            self._abort(f"internal error: a {type(command).__name__} reply could not be encoded")
+            return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -501,7 +507,7 @@ class Connection(asyncio.BufferedProtocol):
             self._server.authorizer.check(token, segment, permission)
         except AuthenticationError as error:
             log.info("connection %s: request %d refused: %s", self.peer, request_id, error)
-            self._send(AuthTokenCheckFailed(request_id, str(error)))
+            self._send(AuthTokenCheckFailed(request_id, _text(error)))
             return False
         return True
 
@@ -512,7 +518,7 @@ class Connection(asyncio.BufferedProtocol):
         except WrongHostError:
             self._send(WrongHost(request_id, segment, ""))
         except MillstreamError as error:  # the container is restarting or stopped; a bad name
-            self._send(ErrorMessage(request_id, segment, error_code_of(error), str(error)))
+            self._send(ErrorMessage(request_id, segment, error_code_of(error), _text(error)))
         return None
 
     # --- appends -------------------------------------------------------------------------------------------
@@ -586,7 +592,7 @@ class Connection(asyncio.BufferedProtocol):
             count, longest = scan_events(data)
         except WireProtocolError as error:
             self._fail_protocol(f"writer {writer_id}: malformed events: {error}",
-                                ErrorMessage(request_id, session.segment, error_code_of(error), str(error)))
+                                ErrorMessage(request_id, session.segment, error_code_of(error), _text(error)))
         if event_count is not None and count != event_count:
             self._fail_protocol(f"writer {writer_id}: a block announces {event_count} events and holds {count}",
                                 InvalidEventNumber(request_id, writer_id, last_event_number))
@@ -986,11 +992,11 @@ class Connection(asyncio.BufferedProtocol):
         if isinstance(error, WrongHostError):
             return WrongHost(request_id, segment, "")
         if isinstance(error, AuthenticationError):
-            return AuthTokenCheckFailed(request_id, str(error))
+            return AuthTokenCheckFailed(request_id, _text(error))
         if not isinstance(error, MillstreamError):
             log.error("connection %s: request %d on %r failed unexpectedly", self.peer, request_id, segment,
                       exc_info=error)
-        return ErrorMessage(request_id, segment, error_code_of(error), str(error) or type(error).__name__)
+        return ErrorMessage(request_id, segment, error_code_of(error), _text(error))
 
     def _safe_container(self, segment: str, container: SegmentContainer | None) -> SegmentContainer | None:
         if container is not None:
@@ -1022,6 +1028,19 @@ def _length_or_zero(container: SegmentContainer | None, segment: str) -> int:
 
 
 _PAYLOAD_TOO_LARGE = PayloadTooLargeError()
+
+
+def _text(error: BaseException | str, limit: int = limits.SERVER_ERROR_TEXT_BYTES_MAX) -> str:
+    """The text an error reply carries: the error's message (its class name if it has none), cut to
+    ``limit`` UTF-8 bytes so that the reply always fits its string field, whatever it quotes."""
+    text = error if isinstance(error, str) else (str(error) or type(error).__name__)
+    if len(text) <= limit // 4:  # (fewer characters cannot make too many bytes)
+        return text
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return text
+    cut = encoded[:limit - 40].decode("utf-8", "ignore")
+    return f"{cut}... (cut from {len(encoded)} bytes)"
 
 
 def _refuse_transient(segment: str, what: str) -> None:

@@ -20,7 +20,7 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
     WrongHostError,
 )
-from millstream.naming import container_of, is_transient_segment
+from millstream.naming import container_of, is_transient_segment, validate_segment_name
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
@@ -254,9 +254,9 @@ class SegmentStoreServer:
     def container_for(self, segment: str) -> SegmentContainer:
         """The running container that owns ``segment``.  Raises ``WrongHostError`` if this server
         does not own it, ``ContainerUnavailableError`` while it restarts, ``ObjectClosedError``
-        once the server stopped."""
-        if not isinstance(segment, str) or not segment:
-            raise InvalidArgumentError(f"a segment name must be a non-empty str, not {segment!r}")
+        once the server stopped, ``InvalidArgumentError`` for a name that is not a str of 1 to
+        ``limits.SEGMENT_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes."""
+        validate_segment_name(segment)  # (before hashing it: container_of remembers the names it saw)
         container_id = container_of(segment, self.config.container_count)
         host = self._hosts.get(container_id)
         if host is None:

@@ -103,7 +103,7 @@ from uuid import UUID
 
 import attrs
 from millstream import limits
-from millstream.errors import InternalError, InvalidArgumentError, PayloadTooLargeError
+from millstream.errors import InternalError, InvalidArgumentError, PayloadTooLargeError, ProtocolError
 from millstream.wire import commands as _commands
 from millstream.wire.commands import AppendBlock, Command, DataAppended, SegmentRead
 
@@ -114,6 +114,7 @@ __all__ = [
     "OLDEST_COMPATIBLE_VERSION",
     "STRING_LENGTH_MAX",
     "WIRE_VERSION",
+    "CommandTooLargeError",
     "Decoder",
     "FrameTooLargeError",
     "IncompatibleVersionError",
@@ -162,12 +163,14 @@ _UUID_CACHE_SIZE_MAX = 1024
 # --- Errors ----------------------------------------------------------------------------------------
 
 
-class WireProtocolError(InvalidArgumentError):
-    """Root of the codec's errors: bytes that are not a valid frame, or a command that cannot be one.
+class WireProtocolError(ProtocolError):
+    """Root of the errors about bytes received: bytes that are not a valid frame, append data that is
+    not whole events, a peer that speaks no version we do.
 
     Raised by ``Decoder.feed`` (the decoder is then poisoned and the connection must be closed), by
-    ``encode`` (nothing was encoded) and by ``negotiate``.  The peer (or the caller) is at fault;
-    retrying the same bytes fails the same way."""
+    ``count_events``/``iter_events`` and by ``negotiate``.  The *peer* is at fault (``PeerError``):
+    whoever sent the bytes; retrying the same bytes fails the same way.  (What the caller hands to
+    ``encode`` is the caller's fault instead: ``InvalidCommandError``.)"""
 
 
 class MalformedFrameError(WireProtocolError):
@@ -176,10 +179,11 @@ class MalformedFrameError(WireProtocolError):
     poisoned; the server closes the connection."""
 
 
-class FrameTooLargeError(MalformedFrameError, PayloadTooLargeError):
-    """A frame (or an event, which must fit in one) is longer than ``FRAME_LENGTH_MAX``.  Raised by the
-    decoder as soon as the header announcing it is complete (poisoned, as for any malformed frame),
-    and by ``encode``/``encode_event`` before anything is written."""
+class FrameTooLargeError(MalformedFrameError):
+    """A frame header announces more than the decoder accepts: ``FRAME_LENGTH_MAX``, or the lower
+    ``Decoder.frame_length_max`` a server sets for a connection that has not authenticated yet.
+    Raised as soon as the header is complete, before a byte of the body is buffered (poisoned, as for
+    any malformed frame)."""
 
 
 class UnknownCommandError(WireProtocolError):
@@ -187,20 +191,26 @@ class UnknownCommandError(WireProtocolError):
     complete; the decoder is poisoned, the server closes the connection."""
 
 
-class InvalidCommandError(WireProtocolError):
-    """``encode`` was given something it cannot put on the wire: not a command, or a field that does
-    not fit its wire type (an int out of range, a string over 65,535 UTF-8 bytes or with a lone
-    surrogate, a bool field holding something else).  Nothing was encoded."""
-
-
 class MalformedEventError(WireProtocolError):
     """Append data is not a sequence of whole framed events (a type other than 0, a negative length,
-    an event cut short).  The block must not be appended; the server closes the connection."""
+    an event cut short).  The block must not be appended; the server closes the connection (a
+    reader that meets such bytes in a segment raises it too: the bytes came from elsewhere)."""
 
 
 class IncompatibleVersionError(WireProtocolError):
     """``negotiate`` found no protocol version both sides speak (or the peer's range is empty).  The
     connection must be closed."""
+
+
+class InvalidCommandError(InvalidArgumentError):
+    """``encode`` was given something it cannot put on the wire: not a command, or a field that does
+    not fit its wire type (an int out of range, a string over 65,535 UTF-8 bytes or with a lone
+    surrogate, a bool field holding something else).  The caller is at fault; nothing was encoded."""
+
+
+class CommandTooLargeError(InvalidCommandError, PayloadTooLargeError):
+    """``encode`` was given a command whose frame would exceed ``FRAME_LENGTH_MAX``, or
+    ``encode_event`` a payload that could not fit in a frame.  Nothing was encoded."""
 
 
 def negotiate(ours_high: int, ours_low: int, theirs_high: int, theirs_low: int) -> int:
@@ -391,7 +401,7 @@ def _byte_length(data: bytes | bytearray | memoryview) -> int:
 
 def _frame_length(command: Command, length: int) -> int:
     if length > FRAME_LENGTH_MAX:
-        raise FrameTooLargeError(f"{type(command).__name__} needs a frame of {length} bytes; "
+        raise CommandTooLargeError(f"{type(command).__name__} needs a frame of {length} bytes; "
                                  f"the limit is {FRAME_LENGTH_MAX}")
     return length
 
@@ -594,7 +604,7 @@ def encode(command: Command) -> bytes:
     """One frame holding ``command``.
 
     Raises ``InvalidCommandError`` if ``command`` is not a command or a field does not fit its wire
-    type, and ``FrameTooLargeError`` if the frame would exceed ``FRAME_LENGTH_MAX``."""
+    type, and ``CommandTooLargeError`` if the frame would exceed ``FRAME_LENGTH_MAX``."""
     try:
         encoder = _ENCODERS[type(command)]
     except KeyError:
@@ -750,14 +760,14 @@ class Decoder:
 def encode_event(payload: bytes | bytearray | memoryview) -> bytes:
     """One framed event (``type:i32 = 0 | length:i32 | payload``), ready to add to a block.
 
-    Raises ``FrameTooLargeError`` if the framed event could not fit in a frame, and
+    Raises ``CommandTooLargeError`` if the framed event could not fit in a frame, and
     ``InvalidArgumentError`` if ``payload`` is not bytes-like."""
     try:
         length = _byte_length(payload)
     except TypeError:
         raise InvalidArgumentError(f"an event payload is bytes-like, not {type(payload).__name__}") from None
     if length > FRAME_LENGTH_MAX - EVENT_HEADER_LENGTH:
-        raise FrameTooLargeError(f"an event of {length} bytes does not fit in a frame ({FRAME_LENGTH_MAX} bytes)")
+        raise CommandTooLargeError(f"an event of {length} bytes does not fit in a frame ({FRAME_LENGTH_MAX} bytes)")
     return _HEADER.pack(_EVENT_TYPE, length) + payload
 
 
