@@ -41,6 +41,7 @@ import contextlib
 import functools
 import logging
 import struct
+import sys
 from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -65,7 +66,7 @@ from millstream.errors import (
     WrongHostError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
-from millstream.naming import is_transient_segment
+from millstream.naming import is_transient_segment, quote
 from millstream.server._appends import Failure, PendingBlock, WriterSession, scan_events
 from millstream.server._transient import check_merge
 from millstream.wire import (
@@ -310,7 +311,7 @@ class Connection(asyncio.BufferedProtocol):
                 for task in list(self._tasks):
                     task.cancel()
         except Exception as error:  # a bug in a request task: this connection cannot be trusted
-            log.exception("connection %s failed", self.peer, exc_info=error)
+            self._server.log.error("connection %s failed", self.peer, exc_info=error)
             self._abort(f"internal error: {error!r}")
         finally:
             self._closing = True
@@ -376,7 +377,7 @@ class Connection(asyncio.BufferedProtocol):
         """Close because the peer (or a failure) left nothing sensible to do; logged once."""
         if self._closing:
             return
-        log.warning("closing connection %s: %s", self.peer, reason)
+        self._server.log.warning("closing connection %s: %s", self.peer, reason)
         self.close(reason)
 
     def _check_quiet(self) -> None:
@@ -449,7 +450,8 @@ class Connection(asyncio.BufferedProtocol):
         try:
             encode_into(self._outgoing, command)
         except InvalidCommandError as error:  # a bug: every reply's fields are bounded (see _text)
-            log.error("connection %s: cannot encode %s", self.peer, type(command).__name__, exc_info=error)
+            self._server.log.error("connection %s: cannot encode %s", self.peer,
+                                   type(command).__name__, exc_info=error)
             self._abort(f"internal error: a {type(command).__name__} reply could not be encoded")
             return
         if not self._flush_scheduled:
@@ -482,7 +484,8 @@ class Connection(asyncio.BufferedProtocol):
         if handler is None:
             # A reply only the store sends, or a Hello again: nothing to do with it.
             request_id = getattr(command, "request_id", -1)
-            log.info("connection %s: unsupported %s (request %s)", self.peer, kind.__name__, request_id)
+            self._server.log.info("connection %s: unsupported %s (request %s)", self.peer,
+                                  kind.__name__, request_id)
             self._send(OperationUnsupported(request_id, kind.__name__))
             return
         handler(self, command)
@@ -506,7 +509,8 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._server.authorizer.check(token, segment, permission)
         except AuthenticationError as error:
-            log.info("connection %s: request %d refused: %s", self.peer, request_id, error)
+            self._server.log.info("connection %s: request %d refused: %s", self.peer, request_id,
+                                  _text(error, limits.ERROR_QUOTE_CHARACTERS_MAX * 4))
             self._send(AuthTokenCheckFailed(request_id, _text(error)))
             return False
         return True
@@ -656,7 +660,8 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._appended(container, session, block, None if error is not None else future.result(), error)
         except Exception:  # a bug: this runs as a loop callback, so say so here and end the connection
-            log.exception("%s: handling an append's outcome failed", self.peer)
+            self._server.log.error("%s: handling an append's outcome failed", self.peer,
+                                   exc_info=sys.exc_info()[1])
             self._abort("internal error while answering an append")
 
     def _appended(self, container: SegmentContainer, session: WriterSession, block: PendingBlock,
@@ -951,7 +956,8 @@ class Connection(asyncio.BufferedProtocol):
         controller = self._server.controller
         if controller is None or not controller.knows(command.method):
             what = "ControllerRequest" if controller is None else f"ControllerRequest {command.method[:100]!r}"
-            log.info("connection %s: unsupported %s (request %d)", self.peer, what, command.request_id)
+            self._server.log.info("connection %s: unsupported %s (request %d)", self.peer,
+                                  what, command.request_id)
             self._send(OperationUnsupported(command.request_id, what))
             return
         if len(command.body) > limits.CONTROLLER_REQUEST_BODY_BYTES_MAX:
@@ -994,8 +1000,8 @@ class Connection(asyncio.BufferedProtocol):
         if isinstance(error, AuthenticationError):
             return AuthTokenCheckFailed(request_id, _text(error))
         if not isinstance(error, MillstreamError):
-            log.error("connection %s: request %d on %r failed unexpectedly", self.peer, request_id, segment,
-                      exc_info=error)
+            self._server.log.error("connection %s: request %d on %s failed unexpectedly", self.peer,
+                                   request_id, quote(segment), exc_info=error)
         return ErrorMessage(request_id, segment, error_code_of(error), _text(error))
 
     def _safe_container(self, segment: str, container: SegmentContainer | None) -> SegmentContainer | None:

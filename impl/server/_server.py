@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from millstream import limits
 from millstream.auth import Authorizer
 from millstream.clock import Clock, SystemClock
 from millstream.errors import (
@@ -21,6 +22,7 @@ from millstream.errors import (
     WrongHostError,
 )
 from millstream.naming import container_of, is_transient_segment, validate_segment_name
+from millstream.rate_limited_log import RateLimitedLog
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
@@ -119,6 +121,10 @@ class SegmentStoreServer:
         self.transients = TransientSegments(idle_seconds=self.config.transient_idle_seconds,
                                             grace_seconds=self.config.transient_disconnect_grace_seconds)
         self._sweeper: asyncio.Task[None] | None = None
+        #: What peers can make the server say (a connection closed for bad input, a token refused, a
+        #: connection refused) goes through this log: a flood of them becomes a summary per minute.
+        self.log = RateLimitedLog(log, self.clock)
+        self._log_flusher: asyncio.Task[None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -147,6 +153,7 @@ class SegmentStoreServer:
         self._port = self._listener.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_transients(),
                                                                name="millstream-transient-sweep")
+        self._log_flusher = asyncio.get_running_loop().create_task(self._flush_log(), name="millstream-log-flush")
         log.info("segment store listening on %s (containers %s of %d)", self.uri,
                  sorted(self.config.containers), self.config.container_count)
 
@@ -163,10 +170,11 @@ class SegmentStoreServer:
             self._transition("stop")
             return
         self._transition("stop")
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-            self._sweeper = None
+        for task in (self._sweeper, self._log_flusher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._sweeper = self._log_flusher = None
         if self._listener is not None:
             self._listener.close()
         connections = list(self._connections)
@@ -195,6 +203,7 @@ class SegmentStoreServer:
             await self._listener.wait_closed()
         await self._stop_hosts()
         self._transition("stopped")
+        self.log.flush(force=True)
         log.info("segment store on port %d stopped", self._port)
 
     async def _stop_hosts(self) -> None:
@@ -289,6 +298,12 @@ class SegmentStoreServer:
             except MillstreamError as error:  # a container restarting: the next sweep tries again
                 log.info("transient-segment sweep: %s", error)
 
+    async def _flush_log(self) -> None:
+        """Summarize what ``log`` held back, once per window, even when nothing new comes."""
+        while True:
+            await self.clock.sleep(limits.LOG_WINDOW_SECONDS)
+            self.log.flush()
+
     async def expire_transient_segments(self) -> list[str]:
         """One sweep: adopt transient segments the containers hold without a record (recovered from
         their logs), then delete those past their grace period or idle time.  Returns the names
@@ -309,13 +324,14 @@ class SegmentStoreServer:
             except StreamSegmentNotExistsError:
                 pass  # merged or deleted meanwhile (or lost with a container that recovered without it)
             except MillstreamError as error:
-                log.info("transient segment %s: deletion deferred (%s)", name, error)
+                self.log.info("transient segment %s: deletion deferred (%s)", name,
+                              error)
                 continue
             if self.transients.get(name) is not None:
                 self.transients.deleted(name, cause)
                 deleted.append(name)
-                log.info("deleted transient segment %s (%s)", name,
-                         "its writer's connection stayed closed" if cause == "disconnect" else "idle")
+                self.log.info("deleted transient segment %s (%s)", name,
+                              "its writer's connection stayed closed" if cause == "disconnect" else "idle")
         return deleted
 
     # --- connections (called by Connection) ---------------------------------------------------------------------
@@ -326,9 +342,9 @@ class SegmentStoreServer:
 
     def adopt(self, connection: Connection) -> None:
         if self._state is not ServerState.RUNNING or len(self._connections) >= self.config.connections_max:
-            log.warning("refusing connection %s: %s", connection.peer,
-                        "the server is shutting down" if self._state is not ServerState.RUNNING
-                        else f"{self.config.connections_max} connections are open")
+            self.log.warning("refusing connection %s: %s", connection.peer,
+                             "the server is shutting down" if self._state is not ServerState.RUNNING
+                             else f"{self.config.connections_max} connections are open")
             connection.close("refused")
             return
         self._connections.add(connection)
@@ -362,6 +378,7 @@ class SegmentStoreServer:
             connection.check_invariants()
         self.statistics.check_invariants()
         self.transients.check_invariants()
+        self.log.check_invariants()
 
 
 async def _all_quiet(connections: list[Connection]) -> None:
