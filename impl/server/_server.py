@@ -27,7 +27,7 @@ from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
-from millstream.server._config import IngressBudget, ServerConfig
+from millstream.server._config import IngressBudget, ReceiveBudget, ServerConfig
 from millstream.server._connection import Connection
 from millstream.server._stats import SegmentStatistics
 from millstream.server._transient import TransientSegments
@@ -100,6 +100,17 @@ class SegmentStoreServer:
         self.authorizer = Authorizer(auth_secret, now=wall_clock)
         self.budget = IngressBudget(self.config.in_flight_bytes_max, self.config.connection_in_flight_bytes_target,
                                     self.config.connection_in_flight_bytes_min)
+        #: Bytes of partly received frames over every connection (``ReceiveBudget``).
+        self.receive_budget = ReceiveBudget(self.config.receive_buffered_bytes_max,
+                                            self.config.connection_receive_buffered_bytes_min)
+        #: The one receive buffer every connection reads into (``Connection.get_buffer``): a read is
+        #: decoded (and whatever must outlive it copied out) before the next read of any connection
+        #: starts, so connections need no buffer of their own -- 4,096 of them once cost 1 GiB.
+        #: ``receiving`` is set while a read is being processed; a read that starts meanwhile (no
+        #: asyncio transport does that) gets a buffer of its own.
+        self.receive_view = memoryview(bytearray(limits.SERVER_RECEIVE_BUFFER_BYTES))
+        self.receiving = False
+        self._per_address: dict[str, int] = {}
         self._open_log = open_log
         self._chunk_storage = chunk_storage
         self._storage_settings = storage_settings
@@ -341,20 +352,49 @@ class SegmentStoreServer:
         return frozenset(self._connections)
 
     def adopt(self, connection: Connection) -> None:
-        if self._state is not ServerState.RUNNING or len(self._connections) >= self.config.connections_max:
-            self.log.warning("refusing connection %s: %s", connection.peer,
-                             "the server is shutting down" if self._state is not ServerState.RUNNING
-                             else f"{self.config.connections_max} connections are open")
+        """Serve ``connection``, or refuse it (closed at once, logged) while the server is not running,
+        has ``config.connections_max`` connections open, or has ``config.connections_per_address_max``
+        open from the connection's peer address."""
+        address = connection.peer_address
+        if self._state is not ServerState.RUNNING:
+            refusal = "the server is shutting down"
+        elif len(self._connections) >= self.config.connections_max:
+            refusal = f"{self.config.connections_max} connections are open"
+        elif self._per_address.get(address, 0) >= self.config.connections_per_address_max:
+            refusal = f"{self.config.connections_per_address_max} connections from {address} are open"
+        else:
+            refusal = None
+        if refusal is not None:
+            self.log.warning("refusing connection %s: %s", connection.peer, refusal)
             connection.close("refused")
             return
+        self._per_address[address] = self._per_address.get(address, 0) + 1
+        connection.adopted = True
         self._connections.add(connection)
         task = asyncio.get_running_loop().create_task(connection.run(), name=f"connection {connection.peer}")
         self._connection_tasks.add(task)
         task.add_done_callback(self._connection_tasks.discard)
 
     def forget(self, connection: Connection) -> None:
+        if connection in self._connections:
+            address = connection.peer_address
+            count = self._per_address.get(address, 0) - 1
+            if count > 0:
+                self._per_address[address] = count
+            else:
+                self._per_address.pop(address, None)
         self._connections.discard(connection)
         self._paused.discard(connection)
+
+    def on_receive_released(self) -> None:
+        """Bytes of partly received frames were given back: offer the room to the connections that
+        wait for it, in the order they began to wait (``ReceiveBudget``)."""
+        budget = self.receive_budget
+        for connection in list(budget.waiting):
+            if connection in budget.waiting:
+                connection.retry_receive()  # type: ignore[attr-defined]
+            if budget.exhausted and budget.exempt is not None:
+                break  # (nobody further can be granted more now)
 
     def watch_paused(self, connection: Connection) -> None:
         """``connection`` stopped reading for lack of budget: re-check it when bytes are released."""
@@ -374,6 +414,13 @@ class SegmentStoreServer:
         total = sum(c.in_flight_bytes for c in self._connections)
         assert total == self.budget.total, (total, self.budget.total)
         assert self.budget.total >= 0
+        buffered = sum(c.receive_buffered_bytes for c in self._connections)
+        assert buffered == self.receive_budget.total, (buffered, self.receive_budget.total)
+        self.receive_budget.check_invariants()
+        per_address: dict[str, int] = {}
+        for connection in self._connections:
+            per_address[connection.peer_address] = per_address.get(connection.peer_address, 0) + 1
+        assert per_address == self._per_address, (per_address, self._per_address)
         for connection in self._connections:
             connection.check_invariants()
         self.statistics.check_invariants()

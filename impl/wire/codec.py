@@ -637,28 +637,71 @@ def encode_into(buffer: bytearray, command: Command) -> int:
 # --- Decoding --------------------------------------------------------------------------------------
 
 
-def _reject_header(type_code: int, length: int) -> None:
+def _reject_header(type_code: int, length: int, length_max: int = FRAME_LENGTH_MAX) -> None:
     """Raise the error a bad frame header deserves (``Decoder`` calls this only for a bad one)."""
     if type_code not in _DECODERS:
         raise UnknownCommandError(f"unknown command type {type_code}")
     if length < 0:
         raise MalformedFrameError(f"a frame of type {type_code} announces a negative length ({length})")
-    raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; the limit is {FRAME_LENGTH_MAX}")
+    if length > FRAME_LENGTH_MAX:
+        raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; "
+                                 f"the limit is {FRAME_LENGTH_MAX}")
+    raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; the limit on this "
+                             f"connection (not authenticated yet) is {length_max}")
 
 
 class Decoder:
     """Turns the bytes of one connection, fed in pieces of any size, into commands.
 
-    Holds the bytes of at most one unfinished frame (``pending_bytes`` < 8 + ``FRAME_LENGTH_MAX``).
-    After any ``WireProtocolError`` it is poisoned: ``error`` holds the error and every later
-    ``feed`` raises it again.  The server then closes the connection."""
+    Holds the bytes of at most one unfinished frame (``pending_bytes`` < 8 + ``frame_length_max``).
+    ``frame_length_max`` (at most, and by default, ``FRAME_LENGTH_MAX``) is the longest frame it
+    accepts; a server lowers it for a connection that has not authenticated yet, and raises it
+    afterwards.  After any ``WireProtocolError`` it is poisoned: ``error`` holds the error and every
+    later ``feed`` raises it again.  The server then closes the connection."""
 
-    __slots__ = ("_buffer", "_error", "_uuids")
+    __slots__ = ("_buffer", "_error", "_frame_length_max", "_uuids")
 
-    def __init__(self) -> None:
+    def __init__(self, frame_length_max: int = FRAME_LENGTH_MAX) -> None:
         self._buffer = bytearray()  # the start of one unfinished frame (its header already checked if whole)
         self._error: WireProtocolError | None = None
         self._uuids: _UuidCache = {}
+        self._frame_length_max = FRAME_LENGTH_MAX
+        self.frame_length_max = frame_length_max
+
+    @property
+    def frame_length_max(self) -> int:
+        """The longest frame (fields, without the header) this decoder accepts."""
+        return self._frame_length_max
+
+    @frame_length_max.setter
+    def frame_length_max(self, value: int) -> None:
+        """Raises ``InvalidArgumentError`` unless 0 <= ``value`` <= ``FRAME_LENGTH_MAX``, or if a frame
+        already buffered is longer than ``value`` allows."""
+        if type(value) is not int or not 0 <= value <= FRAME_LENGTH_MAX:
+            raise InvalidArgumentError(f"frame_length_max must be an int in [0, {FRAME_LENGTH_MAX}], not {value!r}")
+        pending = self.pending_frame_length
+        if pending is not None and pending - FRAME_HEADER_LENGTH > value:
+            raise InvalidArgumentError(f"a frame of {pending} bytes is being received; it exceeds {value}")
+        self._frame_length_max = value
+
+    @property
+    def pending_frame_length(self) -> int | None:
+        """The whole length (header included) of the unfinished frame, once its header is buffered
+        (and checked); else None."""
+        if len(self._buffer) < FRAME_HEADER_LENGTH:
+            return None
+        return FRAME_HEADER_LENGTH + _HEADER.unpack_from(self._buffer)[1]  # type: ignore[no-any-return]
+
+    def take_pending(self) -> bytearray:
+        """Hand over the buffered start of the unfinished frame (whose header is buffered and checked)
+        and forget it: the decoder is between frames again, and the caller gathers the rest of that
+        frame itself and feeds it back whole.  (The server does this for large frames, which it
+        receives into buffers of their own.)  Raises ``InvalidArgumentError`` if no whole header is
+        buffered."""
+        if self._error is not None or len(self._buffer) < FRAME_HEADER_LENGTH:
+            raise InvalidArgumentError("no frame header is buffered")
+        taken, self._buffer = self._buffer, bytearray()
+        return taken
 
     @property
     def error(self) -> WireProtocolError | None:
@@ -705,13 +748,14 @@ class Decoder:
         header = _HEADER.unpack_from
         decoders = _DECODERS
         uuids = self._uuids
+        length_max = self._frame_length_max
         position = 0
         size = len(view)
         while size - position >= FRAME_HEADER_LENGTH:
             type_code, length = header(view, position)
             decode = decoders.get(type_code)
-            if decode is None or length < 0 or length > FRAME_LENGTH_MAX:
-                _reject_header(type_code, length)
+            if decode is None or length < 0 or length > length_max:
+                _reject_header(type_code, length, length_max)
             end = position + FRAME_HEADER_LENGTH + length
             if end > size:
                 break
@@ -732,8 +776,8 @@ class Decoder:
             if len(buffer) < FRAME_HEADER_LENGTH:
                 return view
             type_code, length = _HEADER.unpack_from(buffer)
-            if type_code not in _DECODERS or length < 0 or length > FRAME_LENGTH_MAX:
-                _reject_header(type_code, length)
+            if type_code not in _DECODERS or length < 0 or length > self._frame_length_max:
+                _reject_header(type_code, length, self._frame_length_max)
         type_code, length = _HEADER.unpack_from(buffer)
         taken = FRAME_HEADER_LENGTH + length - len(buffer)
         buffer += view[:taken]
@@ -745,12 +789,13 @@ class Decoder:
 
     def check_invariants(self) -> None:
         """The buffer holds less than one frame, and a whole header in it was checked."""
-        assert len(self._buffer) < FRAME_HEADER_LENGTH + FRAME_LENGTH_MAX, len(self._buffer)
+        assert 0 <= self._frame_length_max <= FRAME_LENGTH_MAX
+        assert len(self._buffer) < FRAME_HEADER_LENGTH + self._frame_length_max, len(self._buffer)
         if self._error is not None:
             assert not self._buffer
         if len(self._buffer) >= FRAME_HEADER_LENGTH:
             type_code, length = _HEADER.unpack_from(self._buffer)
-            assert type_code in _DECODERS and 0 <= length <= FRAME_LENGTH_MAX, (type_code, length)
+            assert type_code in _DECODERS and 0 <= length <= self._frame_length_max, (type_code, length)
             assert len(self._buffer) < FRAME_HEADER_LENGTH + length
 
 
