@@ -297,9 +297,11 @@ SERVER_RECEIVE_BUFFERED_BYTES_MAX: Final = 64 * MIB
 SERVER_CONNECTION_RECEIVE_BUFFERED_BYTES_MIN: Final = 64 * KIB
 
 #: A large frame's buffer grows as its bytes arrive: to at most twice what arrived, and by at least
-#: this much (one socket read's worth), never past the frame's length.  A writer's 512 KiB block
-#: then needs one or two steps, and a peer that announces 16 MiB and sends 8 bytes gets 64 KiB.
-SERVER_LARGE_FRAME_GROWTH_MIN_BYTES: Final = 64 * KIB
+#: this much, never past the frame's length.  Small, so that room stays in proportion to what a peer
+#: really sent: one that announces 16 MiB and sends 8 bytes gets 4 KiB (4,096 of them: 16 MiB), not a
+#: read's worth each.  A writer's 512 KiB block usually starts with a good part of it in its first
+#: read, so it needs one or two steps (a few more if it starts at the very end of a read).
+SERVER_LARGE_FRAME_GROWTH_MIN_BYTES: Final = 4 * KIB
 
 #: A frame whose first byte arrived must be complete within this long (time the server itself made
 #: the peer wait -- backpressure -- does not count), so a peer that drips a frame byte by byte does
@@ -322,6 +324,16 @@ SERVER_CONNECTIONS_PER_ADDRESS_MAX: Final = 1024
 #: server a little memory for as long as the connection lives.  A client process rarely writes to more
 #: than a few hundred segments at once over one connection.
 SERVER_CONNECTION_WRITERS_MAX: Final = 4096
+
+#: The server's housekeeping (summaries of rate-limited log messages, giving memory back) runs this
+#: often.  Each run is a few dictionary lookups unless it has something to do.
+SERVER_HOUSEKEEPING_INTERVAL_SECONDS: Final = 1.0
+
+#: Once this many connections closed since the last time, housekeeping gives the C heap's free pages
+#: back to the operating system (``malloc_trim``; ``server._memory``): a flood of connections leaves
+#: megabytes of freed pages that glibc would otherwise keep.  A trim walks the heap (milliseconds),
+#: so a steady trickle of short connections pays for one only now and then.
+SERVER_MEMORY_TRIM_AFTER_CLOSES: Final = 256
 
 #: The text of an error reply (``ErrorMessage``, ``AuthTokenCheckFailed``) is cut to this many UTF-8
 #: bytes, so a reply always fits its 65,535-byte string field whatever a request quoted into it.

@@ -303,13 +303,13 @@ class Connection(asyncio.BufferedProtocol):
 
     def _start_large(self, head: memoryview) -> None:
         """Begin receiving a large frame of which ``head`` (its header and more) arrived: into a buffer
-        of what arrived plus room for as much again (at least a read's worth) -- never the length the
-        frame announces -- if the receive budget grants that room; else of just what arrived, and
-        stop reading until room is granted."""
+        of what arrived plus room for as much again (at least ``SERVER_LARGE_FRAME_GROWTH_MIN_BYTES``)
+        -- never the length the frame announces -- if the receive budget grants that room; else of
+        just what arrived, and stop reading until room is granted."""
         held = len(head)
         header_length, = _LENGTH.unpack_from(head, 4)
         size = FRAME_HEADER_LENGTH + header_length
-        room = min(size, held + max(held, self._config.connection_receive_buffered_bytes_min)) - held
+        room = min(size, held + max(held, limits.SERVER_LARGE_FRAME_GROWTH_MIN_BYTES)) - held
         capacity = held
         self._charge_receive(held)
         if self._server.receive_budget.take(self, self._buffered, room):
@@ -337,13 +337,13 @@ class Connection(asyncio.BufferedProtocol):
         self._give_back_receive(len(large))
 
     def _ask_for_room(self) -> None:
-        """The large frame's buffer is full and the frame is not: grant it room to grow (twice what
-        arrived, at least a read's worth, at most the rest of the frame), or wait for room."""
+        """The large frame's buffer is full and the frame is not: grant it room to grow (to twice what
+        arrived, by at least ``SERVER_LARGE_FRAME_GROWTH_MIN_BYTES``, at most to the frame's end), or
+        wait for room."""
         large = self._large
         assert large is not None
         filled = self._large_filled
-        room = min(self._large_size, filled + max(filled, self._config.connection_receive_buffered_bytes_min)) \
-            - len(large)
+        room = min(self._large_size, filled + max(filled, limits.SERVER_LARGE_FRAME_GROWTH_MIN_BYTES)) - len(large)
         if self._server.receive_budget.take(self, self._buffered, room):
             self._buffered += room
             self._large_growth = room

@@ -29,6 +29,7 @@ from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
 from millstream.server._config import IngressBudget, ReceiveBudget, ServerConfig
 from millstream.server._connection import Connection
+from millstream.server._memory import trim_memory
 from millstream.server._stats import SegmentStatistics
 from millstream.server._transient import TransientSegments
 
@@ -135,7 +136,11 @@ class SegmentStoreServer:
         #: What peers can make the server say (a connection closed for bad input, a token refused, a
         #: connection refused) goes through this log: a flood of them becomes a summary per minute.
         self.log = RateLimitedLog(log, self.clock)
-        self._log_flusher: asyncio.Task[None] | None = None
+        self._housekeeper: asyncio.Task[None] | None = None
+        #: Connections closed since the C heap's free pages were last given back (``_memory``).
+        self._closed_since_trim = 0
+        #: Times they were (evidence for tests and operators).
+        self.memory_trims = 0
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -164,7 +169,7 @@ class SegmentStoreServer:
         self._port = self._listener.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_transients(),
                                                                name="millstream-transient-sweep")
-        self._log_flusher = asyncio.get_running_loop().create_task(self._flush_log(), name="millstream-log-flush")
+        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping(), name="millstream-housekeeping")
         log.info("segment store listening on %s (containers %s of %d)", self.uri,
                  sorted(self.config.containers), self.config.container_count)
 
@@ -181,11 +186,11 @@ class SegmentStoreServer:
             self._transition("stop")
             return
         self._transition("stop")
-        for task in (self._sweeper, self._log_flusher):
+        for task in (self._sweeper, self._housekeeper):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        self._sweeper = self._log_flusher = None
+        self._sweeper = self._housekeeper = None
         if self._listener is not None:
             self._listener.close()
         connections = list(self._connections)
@@ -309,11 +314,16 @@ class SegmentStoreServer:
             except MillstreamError as error:  # a container restarting: the next sweep tries again
                 log.info("transient-segment sweep: %s", error)
 
-    async def _flush_log(self) -> None:
-        """Summarize what ``log`` held back, once per window, even when nothing new comes."""
+    async def _housekeeping(self) -> None:
+        """Every ``SERVER_HOUSEKEEPING_INTERVAL_SECONDS``: summarize what ``log`` held back (whose
+        windows ended), and give freed memory back after many connections closed."""
         while True:
-            await self.clock.sleep(limits.LOG_WINDOW_SECONDS)
+            await self.clock.sleep(limits.SERVER_HOUSEKEEPING_INTERVAL_SECONDS)
             self.log.flush()
+            if self._closed_since_trim >= limits.SERVER_MEMORY_TRIM_AFTER_CLOSES:
+                self._closed_since_trim = 0
+                trim_memory()
+                self.memory_trims += 1
 
     async def expire_transient_segments(self) -> list[str]:
         """One sweep: adopt transient segments the containers hold without a record (recovered from
@@ -377,6 +387,7 @@ class SegmentStoreServer:
 
     def forget(self, connection: Connection) -> None:
         if connection in self._connections:
+            self._closed_since_trim += 1
             address = connection.peer_address
             count = self._per_address.get(address, 0) - 1
             if count > 0:

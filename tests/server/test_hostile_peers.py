@@ -453,3 +453,25 @@ def test_writer_sessions_per_connection_are_bounded(tmp_path: Path) -> None:
             with contextlib.suppress(Exception):
                 await client.close()
     run(scenario)
+
+
+def test_the_heap_is_trimmed_after_many_connections_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flood's freed memory goes back to the operating system at the next housekeeping tick (glibc's
+    allocator would keep it otherwise: tests/hostile measures the difference from outside)."""
+    monkeypatch.setattr(limits, "SERVER_MEMORY_TRIM_AFTER_CLOSES", 4)
+    clock = ManualClock()
+
+    async def scenario() -> None:
+        async with serving(Tiers("simulated", tmp_path), clock=clock) as server:
+            clients = [await RawClient.connect(server.port) for _ in range(3)]
+            for client in clients:
+                await client.close()
+            await until(lambda: not server.connections, "closed")
+            await advance(clock, limits.SERVER_HOUSEKEEPING_INTERVAL_SECONDS * 2)
+            assert server.memory_trims == 0, "three closes are not enough"
+            client = await RawClient.connect(server.port)
+            await client.close()
+            await until(lambda: not server.connections, "closed")
+            await advance(clock, limits.SERVER_HOUSEKEEPING_INTERVAL_SECONDS * 2)
+            assert server.memory_trims == 1
+    run(scenario)
