@@ -303,6 +303,14 @@ SERVER_CONNECTION_RECEIVE_BUFFERED_BYTES_MIN: Final = 64 * KIB
 #: read, so it needs one or two steps (a few more if it starts at the very end of a read).
 SERVER_LARGE_FRAME_GROWTH_MIN_BYTES: Final = 4 * KIB
 
+#: Buffers of large frames already received are kept, this many bytes of them over the server, for
+#: the next large frames (a writer sends blocks of similar sizes back to back): a frame that fits one
+#: is received into it whole -- two socket reads for a 512 KiB block, no new memory, no growth steps --
+#: instead of into a buffer that grows with each read.  Only a buffer at least as long as the frame is
+#: used (nothing announced makes the server allocate), and the pool itself is bounded: 16 MiB is
+#: thirty-two 512 KiB blocks.
+SERVER_LARGE_FRAME_POOL_BYTES_MAX: Final = 16 * MIB
+
 #: A frame whose first byte arrived must be complete within this long (time the server itself made
 #: the peer wait -- backpressure -- does not count), so a peer that drips a frame byte by byte does
 #: not keep its slot and its bytes forever.  A 16 MiB frame needs only ~560 KB/s to make it.

@@ -10,7 +10,7 @@ import attrs
 from millstream import limits
 from millstream.errors import InvalidArgumentError
 
-__all__ = ["IngressBudget", "ReceiveBudget", "ServerConfig"]
+__all__ = ["FramePool", "IngressBudget", "ReceiveBudget", "ServerConfig"]
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -197,3 +197,45 @@ class ReceiveBudget:
     def check_invariants(self) -> None:
         assert self.total >= 0, self.total
         assert self.exempt is None or self.exempt not in self.waiting
+
+
+class FramePool:
+    """Buffers of large frames already received, kept (at most ``total_max`` bytes of them, the most
+    recently given back) for the next large frames.  ``take(size)`` hands over the smallest buffer
+    at least ``size`` bytes long, or None: a frame is received into a pooled buffer only if it fits
+    whole, so a pooled buffer is never resized and nothing is allocated for what a frame announces.
+    A buffer's bytes past the frame it carries are left from earlier frames and never read."""
+
+    __slots__ = ("buffers", "total", "total_max")
+
+    def __init__(self, total_max: int) -> None:
+        self.total_max = total_max
+        self.total = 0
+        self.buffers: list[bytearray] = []  # oldest first
+
+    def take(self, size: int) -> bytearray | None:
+        best = None
+        for index, buffer in enumerate(self.buffers):
+            if len(buffer) >= size and (best is None or len(buffer) < len(self.buffers[best])):
+                best = index
+        if best is None:
+            return None
+        buffer = self.buffers.pop(best)
+        self.total -= len(buffer)
+        return buffer
+
+    def give(self, buffer: bytearray) -> None:
+        """Keep ``buffer`` (the oldest ones go, if the pool would hold more than ``total_max``)."""
+        if len(buffer) > self.total_max:
+            return
+        self.buffers.append(buffer)
+        self.total += len(buffer)
+        while self.total > self.total_max:
+            self.total -= len(self.buffers.pop(0))
+
+    def clear(self) -> None:
+        self.buffers.clear()
+        self.total = 0
+
+    def check_invariants(self) -> None:
+        assert self.total == sum(len(buffer) for buffer in self.buffers) <= self.total_max

@@ -1,7 +1,7 @@
 """One client connection of the segment-store server: bytes in, container calls, replies out.
 
 Theory of operation.  ``Connection`` is an ``asyncio.BufferedProtocol``: the transport reads into the
-connection's receive buffer and ``buffer_updated`` feeds those bytes to a ``wire.Decoder``; every
+server's shared receive buffer and ``buffer_updated`` feeds those bytes to a ``wire.Decoder``; every
 command decoded is dispatched at once, in order.  Cheap requests (Hello, SetupAppend, segment info,
 attribute reads) are answered inline; an append block is checked (event numbers, event count, event
 lengths), charged against the in-flight budget and handed to its writer's ``WriterSession``, which
@@ -20,9 +20,30 @@ Commands already decoded from the last read wait in a backlog meanwhile, so ever
 command rather than per read.  Whatever makes it pause re-checks when it changes (an answer, a
 release elsewhere on the server, the transport resuming).
 
-A frame too large for the receive buffer is received into a buffer of exactly its size and decoded
-whole, so the decoder does not gather (and copy) it piece by piece; a block's bytes are then copied
-once out of the frame by the codec and once into a DataFrame by the container.
+Receiving.  Nothing is allocated from a length a peer announces; bytes are held as they arrive.
+
+* Every connection reads into the server's one receive buffer (``SegmentStoreServer.receive_view``):
+  a read is decoded, and whatever must outlive it copied out, before any other read starts -- so an
+  idle connection holds no buffer at all.
+* Until a connection has *authenticated* -- with authentication off: said Hello; with it on: sent a
+  request whose token the server accepted (``_authorize``, or a controller call that succeeded) --
+  its bytes are kept in ``_unauthenticated`` and decoded one frame at a time
+  (``_drain_unauthenticated``), each frame limited to ``config.unauthenticated_frame_bytes_max``
+  (the decoder's ``frame_length_max`` says the same).  A larger frame is refused at its header and
+  the connection closed -- unless a request that may yet authenticate it is in flight: then reading
+  stops until that request is answered, and the frame is judged again.
+* A frame of at least ``_LARGE_FRAME_BYTES`` that does not arrive in one read is received straight
+  into a buffer of its own (``_start_large``), which grows as its bytes arrive: to at most twice what
+  arrived, never past the frame's length, each step granted by the server's ``ReceiveBudget`` (a
+  connection whose frame cannot grow stops reading until room is given back).  The decoder does not
+  gather it piece by piece; a block's bytes are then copied once out of the frame by the codec and
+  once into a DataFrame by the container.  Small frames' partial bytes (in the decoder) and the bytes
+  before authentication are counted in the same budget.
+* Deadlines (``overdue``, checked by ``_watch_liveness``): a Hello, a started frame, an idle
+  connection, a silent one.
+
+The connection's memory is then a few KiB of objects plus what its peer really sent, and a peer that
+sends little and slowly is closed by a deadline.
 
 Bad input never takes the server down and never disturbs other connections: a frame the decoder
 rejects, a block whose events are malformed or do not match its accounting, an event number that
@@ -173,6 +194,7 @@ class Connection(asyncio.BufferedProtocol):
         self._large_view: memoryview | None = None  # ... if it was (a part of) the large frame's buffer
         self._large: bytearray | None = None  # a large frame being received, its buffer growing as it arrives
         self._large_size = 0  # that frame's length, header included
+        self._large_capacity = 0  # how much of _large it may fill now (all of the frame, in a pooled buffer)
         self._large_filled = 0
         self._large_growth = 0  # room granted for it, added to the buffer on the next get_buffer
         self._receive_waiting = False  # the large frame needs room the server's receive budget has not got
@@ -247,15 +269,16 @@ class Connection(asyncio.BufferedProtocol):
             previous.release()  # (a view still exported would forbid resizing the buffer)
         filled = self._large_filled
         growth = self._large_growth
-        if not growth and filled >= len(large):
+        if not growth and filled >= self._large_capacity:
             # Asked for more without room granted (a transport that reads while paused): a little,
             # counted, so that what arrives is received as it arrives and no more.
             growth = min(self._large_size - filled, _PRIVATE_READ_BYTES)
             self._charge_receive(growth)
-        if growth:
+        if growth:  # (never for a pooled buffer: it holds the whole frame)
             large += bytes(growth)  # (realloc: usually in place; the zeros are overwritten as bytes arrive)
             self._large_growth = 0
-        view = self._large_view = memoryview(large)[filled:]
+            self._large_capacity = len(large)
+        view = self._large_view = memoryview(large)[filled:self._large_capacity]
         return view
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -306,35 +329,47 @@ class Connection(asyncio.BufferedProtocol):
         of what arrived plus room for as much again (at least ``SERVER_LARGE_FRAME_GROWTH_MIN_BYTES``)
         -- never the length the frame announces -- if the receive budget grants that room; else of
         just what arrived, and stop reading until room is granted."""
+        self._count_small()  # (``head`` may be what the decoder or the bytes before authentication held)
         held = len(head)
         header_length, = _LENGTH.unpack_from(head, 4)
         size = FRAME_HEADER_LENGTH + header_length
+        budget = self._server.receive_budget
+        pooled = self._server.frame_pool.take(size)
+        if pooled is not None:  # the buffer of an earlier frame, long enough for all of this one
+            if budget.take(self, self._buffered, len(pooled)):
+                self._buffered += len(pooled)
+                pooled[:held] = head
+                self._large, self._large_size, self._large_filled, self._large_capacity = pooled, size, held, size
+                return
+            self._server.frame_pool.give(pooled)  # (no room for it now)
         room = min(size, held + max(held, limits.SERVER_LARGE_FRAME_GROWTH_MIN_BYTES)) - held
         capacity = held
         self._charge_receive(held)
-        if self._server.receive_budget.take(self, self._buffered, room):
+        if budget.take(self, self._buffered, room):
             self._buffered += room
             capacity += room
         else:
             self._receive_waiting = True
         large = bytearray(capacity)
         large[:held] = head
-        self._large, self._large_size, self._large_filled = large, size, held
+        self._large, self._large_size, self._large_filled, self._large_capacity = large, size, held, capacity
 
     def _large_received(self, nbytes: int) -> None:
         large = self._large
         assert large is not None
         filled = self._large_filled = self._large_filled + nbytes
-        if filled < self._large_size:
-            if filled == len(large):
+        size = self._large_size
+        if filled < size:
+            if filled == self._large_capacity:
                 self._ask_for_room()
             return
         self._large = None
         self._large_view = None  # (the transport still holds that view for a moment: it must not be released)
-        with memoryview(large) as frame:
-            self._feed(frame)
+        with memoryview(large) as whole:
+            self._feed(whole[:size])
         self._server.receive_budget.finish(self)  # (first: the room given back may go to a waiter past the total)
         self._give_back_receive(len(large))
+        self._server.frame_pool.give(large)  # (for the next large frame, of this connection or another)
 
     def _ask_for_room(self) -> None:
         """The large frame's buffer is full and the frame is not: grant it room to grow (to twice what
@@ -344,6 +379,7 @@ class Connection(asyncio.BufferedProtocol):
         assert large is not None
         filled = self._large_filled
         room = min(self._large_size, filled + max(filled, limits.SERVER_LARGE_FRAME_GROWTH_MIN_BYTES)) - len(large)
+        assert room > 0, "a pooled buffer holds its whole frame"
         if self._server.receive_budget.take(self, self._buffered, room):
             self._buffered += room
             self._large_growth = room
@@ -666,7 +702,10 @@ class Connection(asyncio.BufferedProtocol):
         self._parts.clear()
         self._parts_bytes.clear()
         self._release(held)
-        # What was partly received goes back to the receive budget (the buffers go with this object).
+        # What was partly received goes back to the receive budget (the buffers go with this object,
+        # a large frame's to the pool).
+        if self._large is not None:
+            self._server.frame_pool.give(self._large)
         self._large = self._unauthenticated = None
         self._decoder = Decoder()
         self._small_buffered = 0
@@ -1312,8 +1351,9 @@ class Connection(asyncio.BufferedProtocol):
         large = self._large
         if large is not None:
             assert not self._decoder.pending_bytes and self._unauthenticated is None
-            assert 0 < self._large_filled < self._large_size and self._large_filled <= len(large) <= self._large_size
-            assert len(large) + self._large_growth <= self._large_size
+            assert 0 < self._large_filled < self._large_size and self._large_filled <= self._large_capacity
+            assert self._large_capacity <= len(large) and self._large_capacity <= self._large_size
+            assert self._large_growth == 0 or len(large) + self._large_growth <= self._large_size
         if not self._closing:
             unauthenticated = len(self._unauthenticated) if self._unauthenticated is not None else 0
             assert self._small_buffered == self._decoder.pending_bytes + unauthenticated, self._small_buffered

@@ -27,7 +27,7 @@ from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
-from millstream.server._config import IngressBudget, ReceiveBudget, ServerConfig
+from millstream.server._config import FramePool, IngressBudget, ReceiveBudget, ServerConfig
 from millstream.server._connection import Connection
 from millstream.server._memory import trim_memory
 from millstream.server._stats import SegmentStatistics
@@ -46,7 +46,9 @@ class ControllerEndpoint(Protocol):
         ...
 
     async def handle(self, method: str, body: bytes) -> bytes:
-        """The reply body of ``method`` called with ``body``; raises the typed error to answer with."""
+        """The reply body of ``method`` called with ``body``; raises the typed error to answer with --
+        ``AuthenticationError`` if the server's ``authorizer`` refuses the request's token (a reply
+        counts as proof that the connection authenticated)."""
         ...
 
 
@@ -111,6 +113,8 @@ class SegmentStoreServer:
         #: asyncio transport does that) gets a buffer of its own.
         self.receive_view = memoryview(bytearray(limits.SERVER_RECEIVE_BUFFER_BYTES))
         self.receiving = False
+        #: Buffers of large frames already received, for the next ones (``FramePool``).
+        self.frame_pool = FramePool(limits.SERVER_LARGE_FRAME_POOL_BYTES_MAX)
         self._per_address: dict[str, int] = {}
         self._open_log = open_log
         self._chunk_storage = chunk_storage
@@ -316,12 +320,14 @@ class SegmentStoreServer:
 
     async def _housekeeping(self) -> None:
         """Every ``SERVER_HOUSEKEEPING_INTERVAL_SECONDS``: summarize what ``log`` held back (whose
-        windows ended), and give freed memory back after many connections closed."""
+        windows ended), and give freed memory back after many connections closed (the frame pool's
+        buffers too)."""
         while True:
             await self.clock.sleep(limits.SERVER_HOUSEKEEPING_INTERVAL_SECONDS)
             self.log.flush()
             if self._closed_since_trim >= limits.SERVER_MEMORY_TRIM_AFTER_CLOSES:
                 self._closed_since_trim = 0
+                self.frame_pool.clear()  # (the writers still here refill it with their next blocks)
                 trim_memory()
                 self.memory_trims += 1
 
@@ -428,6 +434,7 @@ class SegmentStoreServer:
         buffered = sum(c.receive_buffered_bytes for c in self._connections)
         assert buffered == self.receive_budget.total, (buffered, self.receive_budget.total)
         self.receive_budget.check_invariants()
+        self.frame_pool.check_invariants()
         per_address: dict[str, int] = {}
         for connection in self._connections:
             per_address[connection.peer_address] = per_address.get(connection.peer_address, 0) + 1

@@ -22,7 +22,7 @@ import pytest
 from millstream import limits
 from millstream.auth import Permission, issue_token
 from millstream.server import ServerConfig
-from millstream.server._config import ReceiveBudget
+from millstream.server._config import FramePool, ReceiveBudget
 from millstream.testing.clock import ManualClock
 from millstream.wire import (
     FRAME_LENGTH_MAX,
@@ -43,6 +43,7 @@ from millstream.wire import (
     SetupAppend,
     encode,
     encode_event,
+    iter_events,
 )
 
 from tests.server.raw import RawClient, Tiers, block, run, serving
@@ -474,4 +475,44 @@ def test_the_heap_is_trimmed_after_many_connections_closed(tmp_path: Path, monke
             await until(lambda: not server.connections, "closed")
             await advance(clock, limits.SERVER_HOUSEKEEPING_INTERVAL_SECONDS * 2)
             assert server.memory_trims == 1
+    run(scenario)
+
+
+def test_the_frame_pool_hands_over_only_buffers_that_fit_a_whole_frame() -> None:
+    pool = FramePool(total_max=1000)
+    assert pool.take(10) is None
+    small, large = bytearray(100), bytearray(600)
+    pool.give(small)
+    pool.give(large)
+    assert pool.take(700) is None, "nothing is grown for what a frame announces"
+    assert pool.take(50) is small, "the smallest that fits"
+    pool.give(small)
+    pool.give(bytearray(500))  # past the total: the oldest (600) goes
+    assert sorted(len(b) for b in pool.buffers) == [100, 500] and pool.total == 600
+    pool.give(bytearray(2000))  # larger than the whole pool: not kept
+    assert pool.total == 600
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("tiers", ["simulated"], indirect=True)
+def test_large_frames_reuse_the_buffers_of_earlier_ones(tiers: Tiers) -> None:
+    """A writer's blocks arrive one after another; after the first, each is received into the buffer
+    of an earlier one (whole, in as few reads as the socket gives), not into a new growing buffer."""
+    writer = uuid.uuid4()
+
+    async def scenario() -> None:
+        async with serving(tiers) as server:
+            client = await RawClient.connect(server.port)
+            await client.request(CreateSegment(1, "sc/pool", ""))
+            await client.request(SetupAppend(2, writer, "sc/pool", ""))
+            payloads = [bytes([n]) * (300_000 - 1000 * n) for n in range(6)]
+            for number, payload in enumerate(payloads, start=1):
+                reply = await client.request(block(writer, number, [payload], 10 + number))
+                assert isinstance(reply, DataAppended) and reply.event_number == number, reply
+                assert server.frame_pool.buffers, "the block's buffer went back to the pool"
+            assert len(server.frame_pool.buffers) <= 2, "reused, not one per block"
+            read = await client.request(ReadSegment(20, "sc/pool", 0, 2 * limits.MIB, "", 0))
+            assert list(iter_events(read.data)) == payloads
+            server.check_invariants()
+            await client.close()
     run(scenario)
