@@ -251,11 +251,13 @@ SERVER_CONNECTION_REQUESTS_MAX: Final = 1024
 SERVER_CONNECTION_READ_BYTES_MAX: Final = 256 * MIB
 
 #: Connections one server holds open; beyond it new ones are closed at once (and logged).  Each costs
-#: a receive buffer and a few tasks; 4,096 is far more clients than a 2-core node serves well.
+#: a few KiB of objects and two tasks (an idle one about 8 KiB, measured from outside the process);
+#: 4,096 is far more clients than a 2-core node serves well.
 SERVER_CONNECTIONS_MAX: Final = 4096
 
-#: Bytes read from a socket at a time (the receive buffer).  Matches asyncio's own read size; a block
-#: larger than this is received straight into a buffer of its own size instead.
+#: Bytes read from a socket at a time: the size of the server's one receive buffer, which every
+#: connection reads into (a read is decoded before the next one starts).  Matches asyncio's own read
+#: size; a large frame is received straight into a buffer of its own instead.
 SERVER_RECEIVE_BUFFER_BYTES: Final = 256 * KIB
 
 #: Replies buffered for a peer that does not read them before the server stops reading from it (the

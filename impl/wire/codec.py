@@ -3,8 +3,10 @@
 Theory of operation.  A connection is a stream of frames.  Each frame is a fixed header -- the type
 code of its command and the length of its fields -- followed by the fields.  The ``Decoder`` keeps
 the bytes of at most one unfinished frame: as soon as a header is complete it is checked (a known
-type code, a length within ``FRAME_LENGTH_MAX``) before a byte of the body is awaited, so a peer can
-neither make it buffer more than one frame's worth nor make it wait for a body it will reject anyway.
+type code, a length within the decoder's ``frame_length_max``, at most ``FRAME_LENGTH_MAX``) before a
+byte of the body is awaited, so a peer can neither make it buffer more than one frame's worth nor
+make it wait for a body it will reject anyway.  (The decoder buffers what arrives, never what a
+header announces.)
 Complete frames are decoded straight from the bytes the caller fed, without copying them first; only
 a frame's ``data`` blob and its strings are copied out, so the commands owe nothing to the buffers.
 
