@@ -334,6 +334,25 @@ def test_a_started_frame_must_be_completed_in_time(tmp_path: Path, caplog: pytes
     run(scenario)
 
 
+def test_with_the_default_settings_a_dripping_peer_is_closed(tmp_path: Path) -> None:
+    """The issue's finding as it was: a peer sending a frame one byte every 5 s kept its connection
+    forever (every byte counted as life).  With the defaults it is closed once the frame is overdue."""
+    clock = ManualClock()
+    frame = encode(CreateSegment(1, "sc/" + "d" * 200, ""))
+
+    async def scenario() -> None:
+        async with serving(Tiers("simulated", tmp_path), clock=clock) as server:
+            dripper = await RawClient.connect(server.port)
+            for byte in frame[:30]:  # 30 bytes, 5 s apart: 150 s of dripping, if it is let
+                if not server.connections:
+                    break
+                await dripper.send_bytes(bytes([byte]))
+                await advance(clock, 5.0)
+            assert not server.connections, f"still open after {clock.monotonic():.0f} s of dripping"
+            assert clock.monotonic() <= limits.SERVER_FRAME_TIMEOUT_SECONDS + 10.0
+    run(scenario)
+
+
 def test_a_frame_the_server_stopped_reading_is_not_overdue(tmp_path: Path) -> None:
     """Time the server itself made a peer wait (here: a graceful shutdown's drain) is not the peer's."""
     clock = ManualClock()
