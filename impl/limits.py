@@ -321,8 +321,9 @@ SERVER_FRAME_TIMEOUT_SECONDS: Final = 30.0
 #: A connection with nothing in flight on which no whole frame arrived for this long is closed (a
 #: KeepAlive is a frame: a live client sends one every ``KEEPALIVE_INTERVAL_SECONDS``, so only peers
 #: that do not speak the protocol, or drip, reach it).  The same span as a dead peer's
-#: ``KEEPALIVE_MISSED_MAX`` missed keep-alives.
-SERVER_IDLE_TIMEOUT_SECONDS: Final = 30.0
+#: ``KEEPALIVE_MISSED_MAX`` missed keep-alives -- and a server configured with another keep-alive
+#: interval takes that many of its own intervals, unless its idle timeout is set.
+SERVER_IDLE_TIMEOUT_SECONDS: Final = KEEPALIVE_MISSED_MAX * KEEPALIVE_INTERVAL_SECONDS
 
 #: Connections one peer address may hold open, beside ``SERVER_CONNECTIONS_MAX`` over all: one host
 #: (or one attacker) cannot take every slot.  A client keeps at most ``CLIENT_CONNECTIONS_PER_ENDPOINT_MAX``

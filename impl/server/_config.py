@@ -66,7 +66,9 @@ class ServerConfig:
     connection_receive_buffered_bytes_min: int = attrs.field(
         default=limits.SERVER_CONNECTION_RECEIVE_BUFFERED_BYTES_MIN, validator=_positive)
     frame_timeout_seconds: float = attrs.field(default=limits.SERVER_FRAME_TIMEOUT_SECONDS, validator=_positive)
-    idle_timeout_seconds: float = attrs.field(default=limits.SERVER_IDLE_TIMEOUT_SECONDS, validator=_positive)
+    #: None: ``KEEPALIVE_MISSED_MAX`` x ``keepalive_interval_seconds`` (``SERVER_IDLE_TIMEOUT_SECONDS``
+    #: with the default interval); see ``idle_timeout``.
+    idle_timeout_seconds: float | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     connections_per_address_max: int = attrs.field(default=limits.SERVER_CONNECTIONS_PER_ADDRESS_MAX,
                                                    validator=_positive)
     connection_writers_max: int = attrs.field(default=limits.SERVER_CONNECTION_WRITERS_MAX, validator=_positive)
@@ -106,6 +108,13 @@ class ServerConfig:
         if self.connection_receive_buffered_bytes_min > self.receive_buffered_bytes_max:
             raise InvalidArgumentError(
                 "connection_receive_buffered_bytes_min must not exceed receive_buffered_bytes_max")
+
+    @property
+    def idle_timeout(self) -> float:
+        """Seconds after which a connection with nothing in flight and no frame received is closed."""
+        if self.idle_timeout_seconds is not None:
+            return self.idle_timeout_seconds
+        return limits.KEEPALIVE_MISSED_MAX * self.keepalive_interval_seconds
 
     @property
     def containers(self) -> frozenset[int]:

@@ -590,8 +590,7 @@ class Connection(asyncio.BufferedProtocol):
         """Close the connection once a deadline passes (``overdue``); send KeepAlives meanwhile."""
         config = self._config
         interval = config.keepalive_interval_seconds
-        tick = min(interval, config.hello_timeout_seconds, config.frame_timeout_seconds,
-                   config.idle_timeout_seconds) / 2
+        tick = min(interval, config.hello_timeout_seconds, config.frame_timeout_seconds, config.idle_timeout) / 2
         while not self._closing:
             await self._clock.sleep(tick)
             now = self._clock.monotonic()
@@ -610,7 +609,7 @@ class Connection(asyncio.BufferedProtocol):
           (time the server itself stopped reading, for backpressure, does not count; time it stopped
           because the peer does not read its replies does);
         * nothing in flight (no request, no append unanswered) and no whole frame -- a KeepAlive is
-          one -- for ``idle_timeout_seconds``;
+          one -- for ``config.idle_timeout``;
         * nothing at all received for ``KEEPALIVE_MISSED_MAX`` keep-alive intervals (a dead peer).
 
         The last two wait while the server is not reading from the peer: its keep-alives cannot
@@ -628,7 +627,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._reading_paused:
             return None
         quiet = now - self._last_frame_at
-        if quiet >= config.idle_timeout_seconds and not (self._requests or self._in_flight_bytes or self._backlog):
+        if quiet >= config.idle_timeout and not (self._requests or self._in_flight_bytes or self._backlog):
             return f"idle: no request or keep-alive for {quiet:.1f} s"
         silence = now - self._last_received
         if silence >= limits.KEEPALIVE_MISSED_MAX * config.keepalive_interval_seconds:
