@@ -251,11 +251,13 @@ SERVER_CONNECTION_REQUESTS_MAX: Final = 1024
 SERVER_CONNECTION_READ_BYTES_MAX: Final = 256 * MIB
 
 #: Connections one server holds open; beyond it new ones are closed at once (and logged).  Each costs
-#: a receive buffer and a few tasks; 4,096 is far more clients than a 2-core node serves well.
+#: a few KiB of objects and two tasks (an idle one about 8 KiB, measured from outside the process);
+#: 4,096 is far more clients than a 2-core node serves well.
 SERVER_CONNECTIONS_MAX: Final = 4096
 
-#: Bytes read from a socket at a time (the receive buffer).  Matches asyncio's own read size; a block
-#: larger than this is received straight into a buffer of its own size instead.
+#: Bytes read from a socket at a time: the size of the server's one receive buffer, which every
+#: connection reads into (a read is decoded before the next one starts).  Matches asyncio's own read
+#: size; a large frame is received straight into a buffer of its own instead.
 SERVER_RECEIVE_BUFFER_BYTES: Final = 256 * KIB
 
 #: Replies buffered for a peer that does not read them before the server stops reading from it (the
@@ -273,6 +275,93 @@ SERVER_SHUTDOWN_DRAIN_SECONDS: Final = 10.0
 
 #: A TLS handshake that has not finished after this long is abandoned (asyncio's default is 60 s).
 SERVER_TLS_HANDSHAKE_TIMEOUT_SECONDS: Final = 10.0
+
+# --- Server: hostile peers (memory before authentication, slots, slow senders) ---------------------
+
+#: The largest frame a connection may send before it has authenticated (with authentication off:
+#: before its Hello; with it on: before a request whose token the server accepted).  Every request a
+#: client opens a connection with fits easily (a Hello is 16 bytes, a request with a token well under
+#: 4 KiB), so nobody needs more before proving who they are, while 4,096 unauthenticated connections
+#: can then make the server hold at most a few hundred MiB even if each really sends this much.
+SERVER_UNAUTHENTICATED_FRAME_BYTES_MAX: Final = 64 * KIB
+
+#: Bytes of partly received frames (received, not yet decoded) over all connections of one server.
+#: Past it a connection that needs more room for its frame stops reading until others finish theirs
+#: (one at a time may go on regardless, so the server always makes progress).  Room is taken as bytes
+#: arrive, never from a length a peer announces, so a peer must send what it makes the server hold.
+#: 64 MiB is a hundred and more writers' 512 KiB blocks arriving at once -- more than a 2-core node
+#: receives in a few hundred milliseconds -- and little beside the 128 MiB of appends in flight.
+SERVER_RECEIVE_BUFFERED_BYTES_MAX: Final = 64 * MIB
+
+#: ... but every connection may hold this much of a partly received frame whatever the total, so small
+#: frames (every request, every block of a lightly loaded writer) are never held up by someone else's
+#: large ones.  4,096 connections x 64 KiB = 256 MiB at worst, and only if each really sends it.
+SERVER_CONNECTION_RECEIVE_BUFFERED_BYTES_MIN: Final = 64 * KIB
+
+#: A large frame's buffer grows as its bytes arrive: to at most twice what arrived, and by at least
+#: this much, never past the frame's length.  Small, so that room stays in proportion to what a peer
+#: really sent: one that announces 16 MiB and sends 8 bytes gets 4 KiB (4,096 of them: 16 MiB), not a
+#: read's worth each.  A writer's 512 KiB block usually starts with a good part of it in its first
+#: read, so it needs one or two steps (a few more if it starts at the very end of a read).
+SERVER_LARGE_FRAME_GROWTH_MIN_BYTES: Final = 4 * KIB
+
+#: Buffers of large frames already received are kept, this many bytes of them over the server, for
+#: the next large frames (a writer sends blocks of similar sizes back to back): a frame that fits one
+#: is received into it whole -- two socket reads for a 512 KiB block, no new memory, no growth steps --
+#: instead of into a buffer that grows with each read.  Only a buffer at least as long as the frame is
+#: used (nothing announced makes the server allocate), and the pool itself is bounded: 16 MiB is
+#: thirty-two 512 KiB blocks.
+SERVER_LARGE_FRAME_POOL_BYTES_MAX: Final = 16 * MIB
+
+#: A frame whose first byte arrived must be complete within this long (time the server itself made
+#: the peer wait -- backpressure -- does not count), so a peer that drips a frame byte by byte does
+#: not keep its slot and its bytes forever.  A 16 MiB frame needs only ~560 KB/s to make it.
+SERVER_FRAME_TIMEOUT_SECONDS: Final = 30.0
+
+#: A connection with nothing in flight on which no whole frame arrived for this long is closed (a
+#: KeepAlive is a frame: a live client sends one every ``KEEPALIVE_INTERVAL_SECONDS``, so only peers
+#: that do not speak the protocol, or drip, reach it).  The same span as a dead peer's
+#: ``KEEPALIVE_MISSED_MAX`` missed keep-alives -- and a server configured with another keep-alive
+#: interval takes that many of its own intervals, unless its idle timeout is set.
+SERVER_IDLE_TIMEOUT_SECONDS: Final = KEEPALIVE_MISSED_MAX * KEEPALIVE_INTERVAL_SECONDS
+
+#: Connections one peer address may hold open, beside ``SERVER_CONNECTIONS_MAX`` over all: one host
+#: (or one attacker) cannot take every slot.  A client keeps at most ``CLIENT_CONNECTIONS_PER_ENDPOINT_MAX``
+#: (4) per server, so 1,024 is over two hundred client processes on one machine (all of a
+#: standalone node's local clients share 127.0.0.1); raise it in the server config for more.
+SERVER_CONNECTIONS_PER_ADDRESS_MAX: Final = 1024
+
+#: Writer sessions (``SetupAppend``s of distinct writer ids) one connection may hold; each costs the
+#: server a little memory for as long as the connection lives.  A client process rarely writes to more
+#: than a few hundred segments at once over one connection.
+SERVER_CONNECTION_WRITERS_MAX: Final = 4096
+
+#: The server's housekeeping (summaries of rate-limited log messages, giving memory back) runs this
+#: often.  Each run is a few dictionary lookups unless it has something to do.
+SERVER_HOUSEKEEPING_INTERVAL_SECONDS: Final = 1.0
+
+#: Once this many connections closed since the last time, housekeeping gives the C heap's free pages
+#: back to the operating system (``malloc_trim``; ``server._memory``): a flood of connections leaves
+#: megabytes of freed pages that glibc would otherwise keep.  A trim walks the heap (milliseconds),
+#: so a steady trickle of short connections pays for one only now and then.
+SERVER_MEMORY_TRIM_AFTER_CLOSES: Final = 256
+
+#: The text of an error reply (``ErrorMessage``, ``AuthTokenCheckFailed``) is cut to this many UTF-8
+#: bytes, so a reply always fits its 65,535-byte string field whatever a request quoted into it.
+SERVER_ERROR_TEXT_BYTES_MAX: Final = 4 * KIB
+
+#: An error message quotes at most this many characters of an offending name or value.
+ERROR_QUOTE_CHARACTERS_MAX: Final = 100
+
+#: A kind of warning a peer can cause (a connection closed for bad input, a refused token) is logged at
+#: most this many times per window; the rest are counted and summarized once per window, so a flood
+#: of bad connections costs a few lines a minute instead of one line each.
+LOG_BURST_MAX: Final = 20
+LOG_WINDOW_SECONDS: Final = 60.0
+
+#: Distinct kinds of message one rate-limited log keeps counts for (kinds are fixed strings in the
+#: code, so this is only a backstop).
+LOG_KINDS_MAX: Final = 256
 
 # --- Client ----------------------------------------------------------------------------------------
 
@@ -421,6 +510,11 @@ CONTROLLER_STREAM_LOCK_WAIT_SECONDS: Final = 60.0
 
 #: A ``ControllerRequest`` body (JSON) larger than this is refused unparsed.
 CONTROLLER_REQUEST_BODY_BYTES_MAX: Final = 4 * MIB
+
+#: Nesting of arrays and objects in a ``ControllerRequest`` body, checked before it is parsed: every
+#: method's body nests four or five levels deep, and a parser (or a ``repr``) that recursed through
+#: thousands of levels would exhaust the stack.
+CONTROLLER_REQUEST_JSON_DEPTH_MAX: Final = 32
 
 #: The controller's periodic work (auto-scaling decisions, resuming interrupted workflows) runs every
 #: this many seconds; the per-segment rates are sampled at the same tick.  (Pravega: 5 s ticks.)

@@ -22,9 +22,11 @@ import enum
 import functools
 import hashlib
 import re
+import reprlib
 from typing import Final
 from uuid import UUID
 
+from millstream import limits
 from millstream.errors import InvalidArgumentError
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "is_transient_segment",
     "jump_consistent_hash",
     "primary_segment_name",
+    "quote",
     "reader_group_state_segment_name",
     "segment_id",
     "segment_id_parts",
@@ -49,6 +52,7 @@ __all__ = [
     "transaction_segment_name",
     "transient_segment_name",
     "validate_scope_or_stream_name",
+    "validate_segment_name",
 ]
 
 #: The scope that holds millstream's own segments; users may not create it or streams in it.
@@ -63,15 +67,66 @@ _EPOCH_DELIMITER: Final = ".#epoch."
 _USER_NAME: Final = re.compile(r"[A-Za-z0-9.\-][A-Za-z0-9_.\-]{0,254}")
 _STREAM_SEGMENT: Final = re.compile(r"(?P<scope>[^/]+)/(?P<stream>[^/]+)/(?P<number>\d+)\.#epoch\.(?P<epoch>\d+)")
 _NUMBER_MAX: Final = 2**32 - 1
+#: The longest scope or stream name (``_USER_NAME``'s bound; a system name adds its '_').
+_USER_NAME_LENGTH_MAX: Final = 255
+
+
+class _Quote(reprlib.Repr):
+    """``repr`` cut short: long strings and containers show their start, nesting stops a few levels
+    down (so quoting a value a peer sent costs little and never recurses deeply)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = self.maxother = self.maxlong = limits.ERROR_QUOTE_CHARACTERS_MAX
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 8
+
+    def repr_str(self, value: str, level: int) -> str:
+        limit = self.maxstring
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+
+    def repr_int(self, value: int, level: int) -> str:
+        if value.bit_length() > 4 * self.maxlong:  # (a huge int's repr is slow, and limited by Python)
+            return f"<an int of {value.bit_length()} bits>"
+        return super().repr_int(value, level)
+
+
+_QUOTE: Final = _Quote()
+
+
+def quote(value: object) -> str:
+    """``value`` as an error message quotes it: its ``repr``, or for a long string (or a big or deep
+    container) a prefix of it that says how long the whole is (``limits.ERROR_QUOTE_CHARACTERS_MAX``)."""
+    return _QUOTE.repr(value)
 
 
 def validate_scope_or_stream_name(name: str, *, what: str = "name", system: bool = False) -> str:
-    """Return ``name`` if it is a valid scope or stream name; else raise ``InvalidArgumentError``.
-    ``system=True`` also admits names starting with '_' (millstream's own)."""
-    if not isinstance(name, str) or not (_USER_NAME.fullmatch(name) or (system and name.startswith("_")
-                                                                         and _USER_NAME.fullmatch(name[1:]))):
+    """Return ``name`` if it is a valid scope or stream name; else raise ``InvalidArgumentError``
+    (whose message quotes at most a prefix of it).  ``system=True`` also admits names starting with
+    '_' (millstream's own)."""
+    if not isinstance(name, str) or len(name) > _USER_NAME_LENGTH_MAX + system or not (
+            _USER_NAME.fullmatch(name) or (system and name.startswith("_") and _USER_NAME.fullmatch(name[1:]))):
         raise InvalidArgumentError(
-            f"{what} {name!r} must be 1-255 letters, digits, '-', '_' or '.', not starting with '_'")
+            f"{what} {quote(name)} must be 1-255 letters, digits, '-', '_' or '.', not starting with '_'")
+    return name
+
+
+def validate_segment_name(name: object, *, what: str = "segment name") -> str:
+    """Return ``name`` if it is a segment name a request may carry: a non-empty str of at most
+    ``limits.SEGMENT_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes.  Else raise ``InvalidArgumentError`` (its
+    message quotes at most a prefix).  Cheap: the length is checked before anything else."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(f"a {what} must be a non-empty str, not {quote(name)}")
+    limit = limits.SEGMENT_NAME_LENGTH_MAX_BYTES
+    if len(name) > limit // 4:  # (fewer characters than that cannot make too many bytes)
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate (only a Python caller can make one)
+            raise InvalidArgumentError(f"{what} {quote(name)} is not valid Unicode") from None
+        if size > limit:
+            raise InvalidArgumentError(f"a {what} may hold {limit} UTF-8 bytes, not {size}: {quote(name)}")
     return name
 
 

@@ -5,6 +5,9 @@ Errors are split by whose fault they are and by whether retrying can help:
 * ``CallerError`` -- the request is invalid in the state it met (a sealed segment, a wrong
   offset).  Nothing changed; the same request will fail again.
 * ``StorageError`` -- a durable tier failed or holds data that cannot be trusted.
+* ``PeerError`` -- the other end of a connection broke the protocol (bad bytes, a reply that answers
+  nothing).  The connection is closed; nothing on it is trusted.  Retrying on a new connection to a
+  healthy peer may succeed.
 * ``RetryableError`` -- the request's outcome is unknown or it could not run now; the same
   request may succeed later (after a reconnect, or once the container has recovered).
 * ``InternalError`` -- "cannot happen": a broken invariant inside millstream.
@@ -44,6 +47,7 @@ __all__ = [
     "ObjectClosedError",
     "OperationUnsupportedError",
     "PayloadTooLargeError",
+    "PeerError",
     "ProtocolError",
     "ReaderExistsError",
     "ReaderGroupExistsError",
@@ -379,7 +383,14 @@ class EventReaderOpenError(InvalidArgumentError):
     streamed.  Nothing changed; close the ``EventReader`` first."""
 
 
-class ProtocolError(MillstreamError):
+class PeerError(MillstreamError):
+    """The other end of a connection is at fault: what it sent cannot be trusted.  Bad bytes from a
+    peer are never the caller's fault (``CallerError``), whichever side notices them: the server
+    answers a malformed frame by closing the connection, a client treats a server's garbage as a
+    broken connection."""
+
+
+class ProtocolError(PeerError):
     """The peer broke the protocol (a malformed frame, a reply that answers nothing, a block that ends
     inside an event).  The connection was closed; nothing on it is trusted."""
 

@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
+from millstream import limits
 from millstream.auth import Authorizer, Permission, reader_group_resource
 from millstream.client._streams import ReaderGroupConfig, StreamConfig, canonical_json
 from millstream.controller._controller import Controller
 from millstream.controller._transactions import check_fence, check_lease, check_transaction_id
-from millstream.errors import FenceValueError, InvalidArgumentError
-from millstream.naming import validate_scope_or_stream_name
+from millstream.errors import FenceValueError, InvalidArgumentError, PayloadTooLargeError
+from millstream.naming import quote, validate_scope_or_stream_name, validate_segment_name
 
-__all__ = ["METHODS", "ControllerRpc"]
+__all__ = ["METHODS", "ControllerRpc", "check_json_depth"]
 
 _Args = dict[str, Any]
 _Parse = Callable[[Any, str], Any]
@@ -41,59 +43,64 @@ _Parse = Callable[[Any, str], Any]
 def _name(what: str) -> _Parse:
     def parse(value: Any, field: str) -> str:
         if not isinstance(value, str):
-            raise InvalidArgumentError(f"{field} must be a string, not {value!r}")
+            raise InvalidArgumentError(f"{field} must be a string, not {quote(value)}")
         return validate_scope_or_stream_name(value, what=what)
     return parse
 
 
 def _qualified_stream(value: Any, field: str) -> str:
     if not isinstance(value, str) or value.count("/") != 1:
-        raise InvalidArgumentError(f"{field} must be 'scope/stream', not {value!r}")
+        raise InvalidArgumentError(f"{field} must be 'scope/stream', not {quote(value)}")
     scope, stream = value.split("/")
     validate_scope_or_stream_name(scope, what="scope")
     validate_scope_or_stream_name(stream, what="stream")
     return value
 
 
+#: Decimal digits of the largest segment id (2**64 - 1).
+_SEGMENT_ID_DIGITS_MAX: Final = 20
+
+
 def _segment_id(value: Any, field: str) -> int:
     if type(value) is not int or not 0 <= value < 2**64:
-        raise InvalidArgumentError(f"{field} must be a segment id (a non-negative int), not {value!r}")
+        raise InvalidArgumentError(f"{field} must be a segment id (a non-negative int), not {quote(value)}")
     return value
 
 
 def _segment_ids(value: Any, field: str) -> list[int]:
     if not isinstance(value, list):
-        raise InvalidArgumentError(f"{field} must be a list of segment ids, not {value!r}")
+        raise InvalidArgumentError(f"{field} must be a list of segment ids, not {quote(value)}")
     return [_segment_id(v, field) for v in value]
 
 
 def _key(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise InvalidArgumentError(f"{field}: key range bounds are numbers in [0, 1], not {value!r}")
+        raise InvalidArgumentError(f"{field}: key range bounds are numbers in [0, 1], not {quote(value)}")
     return float(value)
 
 
 def _ranges(value: Any, field: str) -> list[tuple[float, float]]:
     if not isinstance(value, list):
-        raise InvalidArgumentError(f"{field} must be a list of [key_start, key_end] pairs, not {value!r}")
+        raise InvalidArgumentError(f"{field} must be a list of [key_start, key_end] pairs, not {quote(value)}")
     ranges = []
     for pair in value:
         if not isinstance(pair, list) or len(pair) != 2:
-            raise InvalidArgumentError(f"{field}: a key range is [key_start, key_end], not {pair!r}")
+            raise InvalidArgumentError(f"{field}: a key range is [key_start, key_end], not {quote(pair)}")
         ranges.append((_key(pair[0], field), _key(pair[1], field)))
     return ranges
 
 
 def _cut(value: Any, field: str) -> dict[int, int]:
     if not isinstance(value, dict) or not value:
-        raise InvalidArgumentError(f"{field} must be a stream cut ({{\"<segment id>\": offset}}), not {value!r}")
+        raise InvalidArgumentError(f"{field} must be a stream cut ({{\"<segment id>\": offset}}), not {quote(value)}")
     cut: dict[int, int] = {}
     for key, offset in value.items():
-        if not (key.isascii() and key.isdigit()) or (len(key) > 1 and key[0] == "0"):
-            raise InvalidArgumentError(f"{field}: a stream cut's keys are segment ids in decimal, not {key!r}")
+        if len(key) > _SEGMENT_ID_DIGITS_MAX or not (key.isascii() and key.isdigit()) \
+                or (len(key) > 1 and key[0] == "0"):
+            raise InvalidArgumentError(f"{field}: a stream cut's keys are segment ids in decimal, not {quote(key)}")
         if type(offset) is not int or offset < 0:
             raise InvalidArgumentError(f"{field}: the offset of segment {key} must be a non-negative int, "
-                                       f"not {offset!r}")
+                                       f"not {quote(offset)}")
         cut[_segment_id(int(key), field)] = offset
     return cut
 
@@ -104,7 +111,7 @@ def _optional_cut(value: Any, field: str) -> dict[int, int] | None:
 
 def _time(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidArgumentError(f"{field} must be a time in seconds, not {value!r}")
+        raise InvalidArgumentError(f"{field} must be a time in seconds, not {quote(value)}")
     return float(value)
 
 
@@ -112,7 +119,7 @@ def _optional_generation(value: Any, field: str) -> int | None:
     if value is None:
         return None
     if type(value) is not int or value < 0:
-        raise InvalidArgumentError(f"{field} must be a non-negative int, not {value!r}")
+        raise InvalidArgumentError(f"{field} must be a non-negative int, not {quote(value)}")
     return value
 
 
@@ -125,19 +132,19 @@ def _group_config(value: Any, field: str) -> ReaderGroupConfig:
 
 
 def _segment_name(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not value or len(value.encode("utf-8", "surrogatepass")) > 1024:
-        raise InvalidArgumentError(f"{field} must be a segment name, not {value!r}")
-    return value
+    return validate_segment_name(value, what=f"{field} (a segment name)")
 
 
 def _transaction_id(value: Any, field: str) -> str:
+    if not isinstance(value, str) or len(value) != _TRANSACTION_ID_LENGTH:  # (quoted short before it is checked)
+        raise InvalidArgumentError(f"{field} must be a transaction id (32 lower-case hex digits), not {quote(value)}")
     return check_transaction_id(value, field)
 
 
 def _transaction_ids(value: Any, field: str) -> list[str]:
     if not isinstance(value, list):
-        raise InvalidArgumentError(f"{field} must be a list of transaction ids, not {value!r}")
-    return [check_transaction_id(v, field) for v in value]
+        raise InvalidArgumentError(f"{field} must be a list of transaction ids, not {quote(value)}")
+    return [_transaction_id(v, field) for v in value]
 
 
 def _optional_lease(value: Any, field: str) -> float | None:
@@ -145,16 +152,22 @@ def _optional_lease(value: Any, field: str) -> float | None:
 
 
 def _optional_fence(value: Any, field: str) -> tuple[str, int] | None:
-    if value is not None and not isinstance(value, list):
-        raise FenceValueError(f"{field} must be [key, value] or null, not {value!r}")
+    if value is not None and (not isinstance(value, list) or len(value) != 2):
+        raise FenceValueError(f"{field} must be [key, value] or null, not {quote(value)}")
+    if value is not None:
+        _fence_key(value[0], field, FenceValueError)
     return check_fence(value)
 
 
-def _fence_key(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidArgumentError(f"{field} must be a non-empty string, not {value!r}")
+def _fence_key(value: Any, field: str, error: type[InvalidArgumentError] = InvalidArgumentError) -> str:
+    if not isinstance(value, str) or not value or len(value) > limits.FENCE_KEY_LENGTH_MAX:
+        raise error(f"{field}: a fence key is a non-empty string of at most {limits.FENCE_KEY_LENGTH_MAX} "
+                    f"characters, not {quote(value)}")
     return value
 
+
+#: A transaction id's length (``UUID.hex``).
+_TRANSACTION_ID_LENGTH: Final = 32
 
 _SCOPE, _STREAM, _GROUP = _name("scope"), _name("stream"), _name("reader group")
 
@@ -269,14 +282,43 @@ METHODS: Final[dict[str, _Method]] = {
 }
 
 
+#: What nesting depends on: a JSON string (skipped whole, escapes included) or a bracket.
+_JSON_NESTING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_OPENING: Final = frozenset(b"[{")
+
+
+def check_json_depth(body: bytes, depth_max: int = limits.CONTROLLER_REQUEST_JSON_DEPTH_MAX) -> None:
+    """Raise ``InvalidArgumentError`` if arrays and objects in ``body`` nest deeper than ``depth_max``,
+    before anything parses it (a parser recursing through thousands of levels would exhaust the
+    stack).  Brackets inside strings do not count.  Fast for the usual body: one with no more brackets
+    than the limit cannot nest deeper, so it is not scanned."""
+    if body.count(b"[") + body.count(b"{") <= depth_max:
+        return
+    depth = 0
+    for match in _JSON_NESTING.finditer(body):
+        first = match[0][0]
+        if first in _OPENING:
+            depth += 1
+            if depth > depth_max:
+                raise InvalidArgumentError(f"the request body nests arrays and objects deeper than {depth_max} levels")
+        elif first != 0x22:  # a closing bracket (a string starts with '"')
+            depth -= 1
+
+
 def parse_request(method: str, body: bytes) -> tuple[_Args, str]:
     """The checked arguments of a ``method`` request and its token.  Raises ``InvalidArgumentError``
-    for a body that is not a JSON object of exactly the method's fields."""
+    for a body that is not a JSON object of exactly the method's fields, or that is larger than
+    ``limits.CONTROLLER_REQUEST_BODY_BYTES_MAX`` or nests deeper than
+    ``limits.CONTROLLER_REQUEST_JSON_DEPTH_MAX`` (both checked before it is parsed)."""
     spec = METHODS[method]
+    if len(body) > limits.CONTROLLER_REQUEST_BODY_BYTES_MAX:
+        raise PayloadTooLargeError(f"{method}: a request body of {len(body)} bytes exceeds "
+                                   f"{limits.CONTROLLER_REQUEST_BODY_BYTES_MAX}")
+    check_json_depth(body)
     try:
         request = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InvalidArgumentError(f"{method}: the request body is not JSON: {error}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:  # (RecursionError: cannot, see above)
+        raise InvalidArgumentError(f"{method}: the request body is not JSON: {quote(str(error))}") from None
     if not isinstance(request, dict):
         raise InvalidArgumentError(f"{method}: the request body must be a JSON object, not {type(request).__name__}")
     token = request.pop("token", "")
@@ -284,7 +326,7 @@ def parse_request(method: str, body: bytes) -> tuple[_Args, str]:
         raise InvalidArgumentError(f"{method}: token must be a string")
     unknown = set(request) - set(spec.required) - set(spec.optional)
     if unknown:
-        raise InvalidArgumentError(f"{method}: unknown fields {sorted(unknown)}")
+        raise InvalidArgumentError(f"{method}: unknown fields {quote(sorted(unknown))}")
     missing = set(spec.required) - set(request)
     if missing:
         raise InvalidArgumentError(f"{method}: missing fields {sorted(missing)}")
@@ -306,7 +348,7 @@ class ControllerRpc:
     async def handle(self, method: str, body: bytes) -> bytes:
         spec = METHODS.get(method)
         if spec is None:
-            raise InvalidArgumentError(f"no controller method {method!r}")
+            raise InvalidArgumentError(f"no controller method {quote(method)}")
         args, token = parse_request(method, body)
         if self._authorizer is not None:
             self._authorizer.check(token, spec.resource(args), spec.permission)

@@ -1,7 +1,7 @@
 """One client connection of the segment-store server: bytes in, container calls, replies out.
 
 Theory of operation.  ``Connection`` is an ``asyncio.BufferedProtocol``: the transport reads into the
-connection's receive buffer and ``buffer_updated`` feeds those bytes to a ``wire.Decoder``; every
+server's shared receive buffer and ``buffer_updated`` feeds those bytes to a ``wire.Decoder``; every
 command decoded is dispatched at once, in order.  Cheap requests (Hello, SetupAppend, segment info,
 attribute reads) are answered inline; an append block is checked (event numbers, event count, event
 lengths), charged against the in-flight budget and handed to its writer's ``WriterSession``, which
@@ -20,9 +20,30 @@ Commands already decoded from the last read wait in a backlog meanwhile, so ever
 command rather than per read.  Whatever makes it pause re-checks when it changes (an answer, a
 release elsewhere on the server, the transport resuming).
 
-A frame too large for the receive buffer is received into a buffer of exactly its size and decoded
-whole, so the decoder does not gather (and copy) it piece by piece; a block's bytes are then copied
-once out of the frame by the codec and once into a DataFrame by the container.
+Receiving.  Nothing is allocated from a length a peer announces; bytes are held as they arrive.
+
+* Every connection reads into the server's one receive buffer (``SegmentStoreServer.receive_view``):
+  a read is decoded, and whatever must outlive it copied out, before any other read starts -- so an
+  idle connection holds no buffer at all.
+* Until a connection has *authenticated* -- with authentication off: said Hello; with it on: sent a
+  request whose token the server accepted (``_authorize``, or a controller call that succeeded) --
+  its bytes are kept in ``_unauthenticated`` and decoded one frame at a time
+  (``_drain_unauthenticated``), each frame limited to ``config.unauthenticated_frame_bytes_max``
+  (the decoder's ``frame_length_max`` says the same).  A larger frame is refused at its header and
+  the connection closed -- unless a request that may yet authenticate it is in flight: then reading
+  stops until that request is answered, and the frame is judged again.
+* A frame of at least ``_LARGE_FRAME_BYTES`` that does not arrive in one read is received straight
+  into a buffer of its own (``_start_large``), which grows as its bytes arrive: to at most twice what
+  arrived, never past the frame's length, each step granted by the server's ``ReceiveBudget`` (a
+  connection whose frame cannot grow stops reading until room is given back).  The decoder does not
+  gather it piece by piece; a block's bytes are then copied once out of the frame by the codec and
+  once into a DataFrame by the container.  Small frames' partial bytes (in the decoder) and the bytes
+  before authentication are counted in the same budget.
+* Deadlines (``overdue``, checked by ``_watch_liveness``): a Hello, a started frame, an idle
+  connection, a silent one.
+
+The connection's memory is then a few KiB of objects plus what its peer really sent, and a peer that
+sends little and slowly is closed by a deadline.
 
 Bad input never takes the server down and never disturbs other connections: a frame the decoder
 rejects, a block whose events are malformed or do not match its accounting, an event number that
@@ -42,6 +63,7 @@ import contextlib
 import functools
 import logging
 import struct
+import sys
 from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -67,11 +89,12 @@ from millstream.errors import (
     WrongHostError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
-from millstream.naming import is_transient_segment
+from millstream.naming import is_transient_segment, quote
 from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
 from millstream.server._appends import Failure, PendingBlock, WriterSession, scan_events
 from millstream.server._transient import check_merge
 from millstream.wire import (
+    COMMAND_TYPES,
     FRAME_HEADER_LENGTH,
     FRAME_LENGTH_MAX,
     OLDEST_COMPATIBLE_VERSION,
@@ -94,6 +117,7 @@ from millstream.wire import (
     GetSegmentAttribute,
     GetSegmentInfo,
     Hello,
+    InvalidCommandError,
     InvalidEventNumber,
     KeepAlive,
     MergeSegments,
@@ -136,9 +160,12 @@ _HEADER = struct.Struct(">ii")
 _LENGTH = struct.Struct(">i")
 
 #: A frame at least this long that does not arrive in one read is received into a buffer of its own
-#: (exactly its size), then decoded whole: its bytes are not first gathered by the decoder, which
-#: would copy them once more (and again each time its buffer grew).
+#: (growing as it arrives, up to its size), then decoded whole: its bytes are not first gathered by
+#: the decoder, which would copy them once more (and again each time its buffer grew).
 _LARGE_FRAME_BYTES = 64 * 1024
+
+#: A read that cannot use the server's shared receive buffer gets one of its own of this size.
+_PRIVATE_READ_BYTES = 64 * 1024
 
 _READ, _APPEND = SegmentOperation.READ, SegmentOperation.APPEND
 
@@ -157,11 +184,28 @@ class Connection(asyncio.BufferedProtocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self.peer = "?"
-        self._decoder = Decoder()
-        self._receive = bytearray(limits.SERVER_RECEIVE_BUFFER_BYTES)
-        self._receive_view = memoryview(self._receive)
-        self._large_frame: memoryview | None = None  # a frame too large for _receive, being received
-        self._large_frame_filled = 0
+        self.peer_address = "?"  # the peer's host (connections per address are limited)
+        self.adopted = False  # served by the server (not refused)
+        # Receiving (see "Receiving" in the module docstring).
+        self._decoder = Decoder(frame_length_max=self._config.unauthenticated_frame_bytes_max)
+        self._authenticated = False
+        #: Bytes received before authentication and not decoded yet (None once authenticated).
+        self._unauthenticated: bytearray | None = bytearray()
+        self._unauthenticated_blocked = False  # a frame too large for now waits for requests in flight
+        self._handed: memoryview | None = None  # the buffer the last get_buffer handed out
+        self._large_view: memoryview | None = None  # ... if it was (a part of) the large frame's buffer
+        self._large: bytearray | None = None  # a large frame being received, its buffer growing as it arrives
+        self._large_size = 0  # that frame's length, header included
+        self._large_capacity = 0  # how much of _large it may fill now (all of the frame, in a pooled buffer)
+        self._large_filled = 0
+        self._large_growth = 0  # room granted for it, added to the buffer on the next get_buffer
+        self._receive_waiting = False  # the large frame needs room the server's receive budget has not got
+        self._buffered = 0  # bytes charged to the server's receive budget
+        self._small_buffered = 0  # ... of which the decoder's pending bytes and _unauthenticated
+        self._frame_started_at: float | None = None  # when the frame being received began (None: between frames)
+        self._completed_frame = False  # the read being processed completed a frame
+        self._paused_at: float | None = None
+        self._paused_by_peer = False  # paused because the peer does not read its replies
         self._outgoing = bytearray()
         self._flush_scheduled = False
         self._version: int | None = None
@@ -183,7 +227,8 @@ class Connection(asyncio.BufferedProtocol):
         self._closing = False
         self._lost: asyncio.Future[None] = self._loop.create_future()
         self._quiet = asyncio.Event()
-        self._connected_at = self._last_received = self._last_sent = self._clock.monotonic()
+        now = self._clock.monotonic()
+        self._connected_at = self._last_received = self._last_frame_at = self._last_sent = now
         self.close_reason: str | None = None
 
     # --- the transport's callbacks -------------------------------------------------------------------
@@ -193,6 +238,7 @@ class Connection(asyncio.BufferedProtocol):
         self._transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+        self.peer_address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
         transport.set_write_buffer_limits(high=self._config.send_buffer_bytes_max)
         # Read nothing until ``run`` has entered the task group that dispatch spawns into.
         self._set_reading(False)
@@ -200,38 +246,245 @@ class Connection(asyncio.BufferedProtocol):
         self._server.adopt(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        large = self._large_frame
-        if large is not None:
-            return large[self._large_frame_filled:]  # exactly the rest of that frame, no more
-        return self._receive_view
+        if self._large is not None:
+            view = self._large_buffer()
+        else:
+            server = self._server
+            if server.receiving:  # another connection's read is being processed (asyncio never does this)
+                view = memoryview(bytearray(_PRIVATE_READ_BYTES))
+            elif self._unauthenticated is not None:
+                view = server.receive_view[:self._config.unauthenticated_frame_bytes_max + FRAME_HEADER_LENGTH]
+            elif server.receive_budget.exhausted:  # (a large frame starting now gets little before it waits)
+                view = server.receive_view[:self._config.connection_receive_buffered_bytes_min]
+            else:
+                view = server.receive_view
+        self._handed = view
+        return view
+
+    def _large_buffer(self) -> memoryview:
+        """The rest of the large frame's buffer, grown first by the room granted for it.  (Growing is
+        done here, not in ``buffer_updated``: the transport no longer uses the view it had then.)"""
+        large = self._large
+        assert large is not None
+        previous = self._large_view
+        if previous is not None:
+            previous.release()  # (a view still exported would forbid resizing the buffer)
+        filled = self._large_filled
+        growth = self._large_growth
+        if not growth and filled >= self._large_capacity:
+            # Asked for more without room granted (a transport that reads while paused): a little,
+            # counted, so that what arrives is received as it arrives and no more.
+            growth = min(self._large_size - filled, _PRIVATE_READ_BYTES)
+            self._charge_receive(growth)
+        if growth:  # (never for a pooled buffer: it holds the whole frame)
+            large += bytes(growth)  # (realloc: usually in place; the zeros are overwritten as bytes arrive)
+            self._large_growth = 0
+            self._large_capacity = len(large)
+        view = self._large_view = memoryview(large)[filled:self._large_capacity]
+        return view
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._closing:
             return
-        self._last_received = self._clock.monotonic()
-        large = self._large_frame
-        if large is not None:
-            self._large_frame_filled += nbytes
-            if self._large_frame_filled < len(large):
-                return
-            self._large_frame = None
-            self._feed(large)
-        else:
-            view = self._receive_view[:nbytes]
-            whole = self._whole_frames_end(view)
-            if whole is None:
-                self._feed(view)
+        server = self._server
+        server.receiving = True
+        try:
+            self._last_received = self._clock.monotonic()
+            handed = self._handed
+            assert handed is not None
+            if self._large is not None:
+                self._large_received(nbytes)
+            elif self._unauthenticated is not None:
+                self._unauthenticated += handed[:nbytes]
+                self._drain_unauthenticated()
             else:
-                # A large frame starts at ``whole`` and does not end in this read: decode what comes
-                # before it, and receive the rest of it straight into a buffer of its own size.
-                self._feed(view[:whole])
-                if self._closing:
-                    return
-                header_length, = _LENGTH.unpack_from(view, whole + 4)
-                large = memoryview(bytearray(FRAME_HEADER_LENGTH + header_length))
-                large[:nbytes - whole] = view[whole:]
-                self._large_frame, self._large_frame_filled = large, nbytes - whole
+                self._receive(handed[:nbytes])
+            if not self._closing:
+                self._after_read()
+        finally:
+            server.receiving = False
+
+    def _receive(self, view: memoryview) -> None:
+        """Decode the bytes of an authenticated connection; a large frame that starts and does not end
+        in them is received into a buffer of its own (see "Receiving")."""
+        whole = self._whole_frames_end(view)
+        if whole is None:
+            self._feed(view)
+        else:
+            # A large frame starts at ``whole`` and does not end in this read: decode what comes
+            # before it, and receive the rest of it straight into a buffer of its own.
+            self._feed(view[:whole])
+            if self._closing:
+                return
+            self._start_large(view[whole:])
+            return
+        decoder = self._decoder
+        if decoder.pending_bytes >= FRAME_HEADER_LENGTH and not self._closing:
+            pending = decoder.pending_frame_length
+            if pending is not None and pending >= _LARGE_FRAME_BYTES:
+                # The decoder holds the start of a large frame (its header came in pieces, or after a
+                # frame it was finishing): take it over, so that it is not gathered piece by piece.
+                self._start_large(memoryview(decoder.take_pending()))
+
+    def _start_large(self, head: memoryview) -> None:
+        """Begin receiving a large frame of which ``head`` (its header and more) arrived: into a buffer
+        of what arrived plus room for as much again (at least ``SERVER_LARGE_FRAME_GROWTH_MIN_BYTES``)
+        -- never the length the frame announces -- if the receive budget grants that room; else of
+        just what arrived, and stop reading until room is granted."""
+        self._count_small()  # (``head`` may be what the decoder or the bytes before authentication held)
+        held = len(head)
+        header_length, = _LENGTH.unpack_from(head, 4)
+        size = FRAME_HEADER_LENGTH + header_length
+        budget = self._server.receive_budget
+        pooled = self._server.frame_pool.take(size)
+        if pooled is not None:  # the buffer of an earlier frame, long enough for all of this one
+            if budget.take(self, self._buffered, len(pooled)):
+                self._buffered += len(pooled)
+                pooled[:held] = head
+                self._large, self._large_size, self._large_filled, self._large_capacity = pooled, size, held, size
+                return
+            self._server.frame_pool.give(pooled)  # (no room for it now)
+        room = min(size, held + max(held, limits.SERVER_LARGE_FRAME_GROWTH_MIN_BYTES)) - held
+        capacity = held
+        self._charge_receive(held)
+        if budget.take(self, self._buffered, room):
+            self._buffered += room
+            capacity += room
+        else:
+            self._receive_waiting = True
+        large = bytearray(capacity)
+        large[:held] = head
+        self._large, self._large_size, self._large_filled, self._large_capacity = large, size, held, capacity
+
+    def _large_received(self, nbytes: int) -> None:
+        large = self._large
+        assert large is not None
+        filled = self._large_filled = self._large_filled + nbytes
+        size = self._large_size
+        if filled < size:
+            if filled == self._large_capacity:
+                self._ask_for_room()
+            return
+        self._large = None
+        self._large_view = None  # (the transport still holds that view for a moment: it must not be released)
+        with memoryview(large) as whole:
+            self._feed(whole[:size])
+        self._server.receive_budget.finish(self)  # (first: the room given back may go to a waiter past the total)
+        self._give_back_receive(len(large))
+        self._server.frame_pool.give(large)  # (for the next large frame, of this connection or another)
+
+    def _ask_for_room(self) -> None:
+        """The large frame's buffer is full and the frame is not: grant it room to grow (to twice what
+        arrived, by at least ``SERVER_LARGE_FRAME_GROWTH_MIN_BYTES``, at most to the frame's end), or
+        wait for room."""
+        large = self._large
+        assert large is not None
+        filled = self._large_filled
+        room = min(self._large_size, filled + max(filled, limits.SERVER_LARGE_FRAME_GROWTH_MIN_BYTES)) - len(large)
+        assert room > 0, "a pooled buffer holds its whole frame"
+        if self._server.receive_budget.take(self, self._buffered, room):
+            self._buffered += room
+            self._large_growth = room
+            self._receive_waiting = False
+        else:
+            self._receive_waiting = True
+
+    def retry_receive(self) -> None:
+        """The server's receive budget has room again: take some if this connection waits for it."""
+        if self._closing:
+            self._server.receive_budget.finish(self)
+            return
+        if self._receive_waiting and self._large is not None:
+            self._ask_for_room()
+            if not self._receive_waiting:
+                self._update_reading()
+
+    def _drain_unauthenticated(self) -> None:
+        """Decode, one frame at a time, the bytes that arrived before authentication: each frame must
+        fit ``config.unauthenticated_frame_bytes_max``, and once a request authenticates the connection
+        the rest goes the usual way.  A frame too large for now waits while requests that may yet
+        authenticate the connection are in flight (reading stops meanwhile); with none, it is refused
+        and the connection closed."""
+        pending = self._unauthenticated
+        assert pending is not None
+        self._unauthenticated_blocked = False
+        size = len(pending)
+        position = 0
+        limit = self._decoder.frame_length_max
+        with memoryview(pending) as view:
+            while not self._closing and not self._authenticated and not self._backlog \
+                    and size - position >= FRAME_HEADER_LENGTH:
+                type_code, length = _HEADER.unpack_from(view, position)
+                known = type_code in COMMAND_TYPES
+                if known and 0 <= length <= limit:
+                    end = position + FRAME_HEADER_LENGTH + length
+                    if end > size:
+                        break  # the rest of the frame has not arrived
+                elif known and limit < length <= FRAME_LENGTH_MAX and self._requests:
+                    self._unauthenticated_blocked = True  # (a request in flight may authenticate us)
+                    break
+                else:
+                    end = position + FRAME_HEADER_LENGTH  # the decoder rejects the header itself
+                self._feed(view[position:end])
+                position = end
+            rest = view[position:]
+            if self._closing:
+                return
+            if not self._authenticated:
+                if position:
+                    self._unauthenticated = bytearray(rest)
+                return
+            self._unauthenticated = None
+            if rest:
+                self._receive(rest)
+
+    def _authenticate(self) -> None:
+        """A request's token was accepted (or authentication is off and the peer said Hello): frames
+        up to the wire's limit are welcome from now on."""
+        self._authenticated = True
+        self._decoder.frame_length_max = FRAME_LENGTH_MAX
+
+    def _after_read(self) -> None:
+        """Count what the read left buffered, note whether a frame is in progress, and decide whether
+        to read on."""
+        small = self._count_small()
+        if self._large is None and not small:
+            self._frame_started_at = None
+        elif self._frame_started_at is None or self._completed_frame:
+            self._frame_started_at = self._last_received  # (this read finished a frame and began another)
+        self._completed_frame = False
         self._update_reading()
+
+    def _count_small(self) -> int:
+        """Charge (or give back) the change in the small buffered bytes -- the decoder's unfinished
+        frame, the bytes not decoded before authentication; return them."""
+        unauthenticated = self._unauthenticated
+        small = self._decoder.pending_bytes + (len(unauthenticated) if unauthenticated is not None else 0)
+        counted = self._small_buffered
+        if small != counted:
+            self._small_buffered = small
+            if small > counted:
+                self._charge_receive(small - counted)
+            else:
+                self._give_back_receive(counted - small)
+        return small
+
+    def _charge_receive(self, amount: int) -> None:
+        self._buffered += amount
+        self._server.receive_budget.charge(amount)
+
+    def _give_back_receive(self, amount: int) -> None:
+        if amount:
+            self._buffered -= amount
+            budget = self._server.receive_budget
+            budget.give_back(amount)
+            if budget.waiting:
+                self._server.on_receive_released()
+
+    @property
+    def receive_buffered_bytes(self) -> int:
+        """Bytes this connection holds of partly received frames (charged to the receive budget)."""
+        return self._buffered
 
     def _whole_frames_end(self, view: memoryview) -> int | None:
         """Where a frame of at least ``_LARGE_FRAME_BYTES`` starts that ``view`` holds only the start
@@ -259,6 +512,8 @@ class Connection(asyncio.BufferedProtocol):
             self._abort(f"malformed input ({type(error).__name__}: {error})")
             return
         if commands:
+            self._last_frame_at = self._last_received
+            self._completed_frame = True
             self._backlog.extend(commands)
             self._run_backlog()
 
@@ -278,7 +533,8 @@ class Connection(asyncio.BufferedProtocol):
             self._dispatching = False
 
     def eof_received(self) -> bool:
-        pending = self._decoder.pending_bytes or self._large_frame_filled * (self._large_frame is not None)
+        pending = self._decoder.pending_bytes or self._large_filled * (self._large is not None) \
+            or len(self._unauthenticated or b"")
         if pending:
             self._abort(f"the peer hung up inside a frame ({pending} bytes of it)")
         return False  # close our side too: there is no half-open use in this protocol
@@ -311,7 +567,7 @@ class Connection(asyncio.BufferedProtocol):
                 for task in list(self._tasks):
                     task.cancel()
         except Exception as error:  # a bug in a request task: this connection cannot be trusted
-            log.exception("connection %s failed", self.peer, exc_info=error)
+            self._server.log.error("connection %s failed", self.peer, exc_info=error)
             self._abort(f"internal error: {error!r}")
         finally:
             self._closing = True
@@ -333,21 +589,57 @@ class Connection(asyncio.BufferedProtocol):
             task.add_done_callback(self._read_tasks.discard)
 
     async def _watch_liveness(self) -> None:
-        """Say Hello in time, send KeepAlives on an idle connection, close a silent one."""
+        """Close the connection once a deadline passes (``overdue``); send KeepAlives meanwhile."""
         config = self._config
         interval = config.keepalive_interval_seconds
-        tick = min(interval, config.hello_timeout_seconds) / 2
+        tick = min(interval, config.hello_timeout_seconds, config.frame_timeout_seconds, config.idle_timeout) / 2
         while not self._closing:
             await self._clock.sleep(tick)
             now = self._clock.monotonic()
-            if self._version is None and now - self._connected_at >= config.hello_timeout_seconds:
-                self._abort(f"no Hello within {config.hello_timeout_seconds:g} s")
-                return
-            if now - self._last_received >= limits.KEEPALIVE_MISSED_MAX * interval:
-                self._abort(f"nothing received for {now - self._last_received:.1f} s")
+            reason = self.overdue(now)
+            if reason is not None:
+                self._abort(reason)
                 return
             if now - self._last_sent >= interval:
                 self._send(KeepAlive())
+
+    def overdue(self, now: float) -> str | None:
+        """Why the connection must be closed at ``now``, if a deadline has passed:
+
+        * no Hello within ``hello_timeout_seconds`` of connecting;
+        * a frame begun ``frame_timeout_seconds`` ago still incomplete -- a peer dripping a frame
+          (time the server itself stopped reading, for backpressure, does not count; time it stopped
+          because the peer does not read its replies does);
+        * nothing in flight (no request, no append unanswered) and no whole frame -- a KeepAlive is
+          one -- for ``config.idle_timeout``;
+        * nothing at all received for ``KEEPALIVE_MISSED_MAX`` keep-alive intervals (a dead peer).
+
+        The last two wait while the server is not reading from the peer: its keep-alives cannot
+        arrive then."""
+        config = self._config
+        if self._version is None and now - self._connected_at >= config.hello_timeout_seconds:
+            return f"no Hello within {config.hello_timeout_seconds:g} s"
+        started = self._frame_started_at
+        if started is not None:
+            elapsed = now - started
+            if self._reading_paused and not self._paused_by_peer and self._paused_at is not None:
+                elapsed -= now - self._paused_at  # (the server's own pause so far)
+            if elapsed >= config.frame_timeout_seconds:
+                return f"a frame begun {elapsed:.1f} s ago is still incomplete ({self._frame_progress()})"
+        if self._reading_paused:
+            return None
+        quiet = now - self._last_frame_at
+        if quiet >= config.idle_timeout and not (self._requests or self._in_flight_bytes or self._backlog):
+            return f"idle: no request or keep-alive for {quiet:.1f} s"
+        silence = now - self._last_received
+        if silence >= limits.KEEPALIVE_MISSED_MAX * config.keepalive_interval_seconds:
+            return f"nothing received for {silence:.1f} s"
+        return None
+
+    def _frame_progress(self) -> str:
+        if self._large is not None:
+            return f"{self._large_filled} of {self._large_size} bytes arrived"
+        return f"{self._small_buffered} bytes arrived"
 
     def begin_drain(self) -> None:
         """Graceful shutdown: read nothing more, cancel waiting reads (they have no effect to keep);
@@ -377,7 +669,7 @@ class Connection(asyncio.BufferedProtocol):
         """Close because the peer (or a failure) left nothing sensible to do; logged once."""
         if self._closing:
             return
-        log.warning("closing connection %s: %s", self.peer, reason)
+        self._server.log.warning("closing connection %s: %s", self.peer, reason)
         self.close(reason)
 
     def _check_quiet(self) -> None:
@@ -411,6 +703,16 @@ class Connection(asyncio.BufferedProtocol):
         self._parts.clear()
         self._parts_bytes.clear()
         self._release(held)
+        # What was partly received goes back to the receive budget (the buffers go with this object,
+        # a large frame's to the pool).
+        if self._large is not None:
+            self._server.frame_pool.give(self._large)
+        self._large = self._unauthenticated = None
+        self._decoder = Decoder()
+        self._small_buffered = 0
+        self._receive_waiting = False
+        self._server.receive_budget.finish(self)
+        self._give_back_receive(self._buffered)
         self._server.forget(self)
 
     def _must_pause(self) -> bool:
@@ -424,7 +726,12 @@ class Connection(asyncio.BufferedProtocol):
             return
         if self._backlog:
             self._run_backlog()
-        pause = bool(self._backlog) or self._must_pause()
+        if self._unauthenticated and not self._backlog and not self._dispatching:
+            self._drain_unauthenticated()  # (what waited for the backlog, or for authentication)
+            if self._closing:
+                return
+            self._count_small()
+        pause = bool(self._backlog) or self._must_pause() or self._receive_waiting or self._unauthenticated_blocked
         if pause != self._reading_paused:
             self._set_reading(not pause)
         if pause and not self._writing_paused and self._task_group is not None:
@@ -438,16 +745,33 @@ class Connection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        now = self._clock.monotonic()
         if reading:
             transport.resume_reading()
+            paused_at = self._paused_at
+            if paused_at is not None:
+                # The frame deadline does not count the server's own pause; the idle and silence
+                # deadlines start again (the peer's keep-alives could not be read meanwhile).
+                if not self._paused_by_peer and self._frame_started_at is not None:
+                    self._frame_started_at += now - paused_at
+                self._last_received = self._last_frame_at = now
+                self._paused_at = None
         else:
             transport.pause_reading()
+            self._paused_at = now
+            self._paused_by_peer = self._writing_paused
         self._reading_paused = not reading
 
     # --- sending ------------------------------------------------------------------------------------------
 
     def _send(self, command: Command) -> None:
-        encode_into(self._outgoing, command)
+        try:
+            encode_into(self._outgoing, command)
+        except InvalidCommandError as error:  # a bug: every reply's fields are bounded (see _text)
+            self._server.log.error("connection %s: cannot encode %s", self.peer,
+                                   type(command).__name__, exc_info=error)
+            self._abort(f"internal error: a {type(command).__name__} reply could not be encoded")
+            return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -478,7 +802,8 @@ class Connection(asyncio.BufferedProtocol):
         if handler is None:
             # A reply only the store sends, or a Hello again: nothing to do with it.
             request_id = getattr(command, "request_id", -1)
-            log.info("connection %s: unsupported %s (request %s)", self.peer, kind.__name__, request_id)
+            self._server.log.info("connection %s: unsupported %s (request %s)", self.peer,
+                                  kind.__name__, request_id)
             self._send(OperationUnsupported(request_id, kind.__name__))
             return
         handler(self, command)
@@ -494,6 +819,8 @@ class Connection(asyncio.BufferedProtocol):
             self._version = negotiate(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION, hello.high_version, hello.low_version)
         except WireProtocolError as error:
             self._fail_protocol(f"incompatible: {error}")
+        if not self._server.authorizer.enabled:
+            self._authenticate()  # (with authentication off, a Hello is all there is to prove)
 
     def _on_keep_alive(self, command: KeepAlive) -> None:
         pass  # its arrival updated _last_received already
@@ -504,13 +831,17 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._server.authorizer.authorize(token, segment, operation)
         except AuthenticationError as error:
-            log.info("connection %s: request %d refused: %s", self.peer, request_id, error)
-            self._send(AuthTokenCheckFailed(request_id, str(error)))
+            self._server.log.info("connection %s: request %d refused: %s", self.peer, request_id,
+                                  _text(error, limits.ERROR_QUOTE_CHARACTERS_MAX * 4))
+            self._send(AuthTokenCheckFailed(request_id, _text(error)))
             return False
         except (ReservedSegmentError, TransientSegmentError) as error:
-            log.info("connection %s: request %d refused: %s", self.peer, request_id, error)
-            self._send(ErrorMessage(request_id, segment, error_code_of(error), str(error)))
+            self._server.log.info("connection %s: request %d refused: %s", self.peer, request_id,
+                                  _text(error, limits.ERROR_QUOTE_CHARACTERS_MAX * 4))
+            self._send(ErrorMessage(request_id, segment, error_code_of(error), _text(error)))
             return False
+        if not self._authenticated:
+            self._authenticate()
         return True
 
     def _container(self, request_id: int, segment: str) -> SegmentContainer | None:
@@ -520,7 +851,7 @@ class Connection(asyncio.BufferedProtocol):
         except WrongHostError:
             self._send(WrongHost(request_id, segment, ""))
         except MillstreamError as error:  # the container is restarting or stopped; a bad name
-            self._send(ErrorMessage(request_id, segment, error_code_of(error), str(error)))
+            self._send(ErrorMessage(request_id, segment, error_code_of(error), _text(error)))
         return None
 
     # --- appends -------------------------------------------------------------------------------------------
@@ -533,6 +864,11 @@ class Connection(asyncio.BufferedProtocol):
         if container is None:
             return
         existing = self._writers.get(command.writer_id)
+        if existing is None and len(self._writers) >= self._config.connection_writers_max:
+            self._send(ErrorMessage(request_id, segment, error_code_of(InvalidArgumentError()),
+                                    f"this connection has {len(self._writers)} writers set up already; "
+                                    f"the limit is {self._config.connection_writers_max}"))
+            return
         if existing is not None and not existing.idle:
             self._send(ErrorMessage(request_id, segment, error_code_of(InvalidArgumentError()),
                                     f"writer {command.writer_id} has appends in flight on this connection"))
@@ -594,7 +930,7 @@ class Connection(asyncio.BufferedProtocol):
             count, longest = scan_events(data)
         except WireProtocolError as error:
             self._fail_protocol(f"writer {writer_id}: malformed events: {error}",
-                                ErrorMessage(request_id, session.segment, error_code_of(error), str(error)))
+                                ErrorMessage(request_id, session.segment, error_code_of(error), _text(error)))
         if event_count is not None and count != event_count:
             self._fail_protocol(f"writer {writer_id}: a block announces {event_count} events and holds {count}",
                                 InvalidEventNumber(request_id, writer_id, last_event_number))
@@ -658,7 +994,8 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._appended(container, session, block, None if error is not None else future.result(), error)
         except Exception:  # a bug: this runs as a loop callback, so say so here and end the connection
-            log.exception("%s: handling an append's outcome failed", self.peer)
+            self._server.log.error("%s: handling an append's outcome failed", self.peer,
+                                   exc_info=sys.exc_info()[1])
             self._abort("internal error while answering an append")
 
     def _appended(self, container: SegmentContainer, session: WriterSession, block: PendingBlock,
@@ -957,7 +1294,8 @@ class Connection(asyncio.BufferedProtocol):
         controller = self._server.controller
         if controller is None or not controller.knows(command.method):
             what = "ControllerRequest" if controller is None else f"ControllerRequest {command.method[:100]!r}"
-            log.info("connection %s: unsupported %s (request %d)", self.peer, what, command.request_id)
+            self._server.log.info("connection %s: unsupported %s (request %d)", self.peer,
+                                  what, command.request_id)
             self._send(OperationUnsupported(command.request_id, what))
             return
         if len(command.body) > limits.CONTROLLER_REQUEST_BODY_BYTES_MAX:
@@ -973,6 +1311,8 @@ class Connection(asyncio.BufferedProtocol):
         except Exception as error:
             self._send(self._error_reply(command.request_id, "", error))
             return
+        if not self._authenticated and not self._closing:
+            self._authenticate()  # (the controller checks the request's token with the server's authorizer)
         self._send(ControllerReply(command.request_id, body))
 
     # --- errors ----------------------------------------------------------------------------------------------
@@ -998,11 +1338,11 @@ class Connection(asyncio.BufferedProtocol):
         if isinstance(error, WrongHostError):
             return WrongHost(request_id, segment, "")
         if isinstance(error, AuthenticationError):
-            return AuthTokenCheckFailed(request_id, str(error))
+            return AuthTokenCheckFailed(request_id, _text(error))
         if not isinstance(error, MillstreamError):
-            log.error("connection %s: request %d on %r failed unexpectedly", self.peer, request_id, segment,
-                      exc_info=error)
-        return ErrorMessage(request_id, segment, error_code_of(error), str(error) or type(error).__name__)
+            self._server.log.error("connection %s: request %d on %s failed unexpectedly", self.peer,
+                                   request_id, quote(segment), exc_info=error)
+        return ErrorMessage(request_id, segment, error_code_of(error), _text(error))
 
     def _safe_container(self, segment: str, container: SegmentContainer | None) -> SegmentContainer | None:
         if container is not None:
@@ -1020,8 +1360,20 @@ class Connection(asyncio.BufferedProtocol):
         for session in self._writers.values():
             session.check_invariants()
         self._decoder.check_invariants()
-        if self._large_frame is not None:
-            assert not self._decoder.pending_bytes and 0 < self._large_frame_filled < len(self._large_frame)
+        large = self._large
+        if large is not None:
+            assert not self._decoder.pending_bytes and self._unauthenticated is None
+            assert 0 < self._large_filled < self._large_size and self._large_filled <= self._large_capacity
+            assert self._large_capacity <= len(large) and self._large_capacity <= self._large_size
+            assert self._large_growth == 0 or len(large) + self._large_growth <= self._large_size
+        if not self._closing:
+            unauthenticated = len(self._unauthenticated) if self._unauthenticated is not None else 0
+            assert self._small_buffered == self._decoder.pending_bytes + unauthenticated, self._small_buffered
+            large_held = len(large) + self._large_growth if large is not None else 0
+            assert self._buffered == self._small_buffered + large_held, (self._buffered, self._small_buffered,
+                                                                         large_held)
+            assert self._authenticated == (self._unauthenticated is None)
+            assert len(self._writers) <= self._config.connection_writers_max
 
 
 def _length_or_zero(container: SegmentContainer | None, segment: str) -> int:
@@ -1034,6 +1386,19 @@ def _length_or_zero(container: SegmentContainer | None, segment: str) -> int:
 
 
 _PAYLOAD_TOO_LARGE = PayloadTooLargeError()
+
+
+def _text(error: BaseException | str, limit: int = limits.SERVER_ERROR_TEXT_BYTES_MAX) -> str:
+    """The text an error reply carries: the error's message (its class name if it has none), cut to
+    ``limit`` UTF-8 bytes so that the reply always fits its string field, whatever it quotes."""
+    text = error if isinstance(error, str) else (str(error) or type(error).__name__)
+    if len(text) <= limit // 4:  # (fewer characters cannot make too many bytes)
+        return text
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= limit:
+        return text
+    cut = encoded[:limit - 40].decode("utf-8", "ignore")
+    return f"{cut}... (cut from {len(encoded)} bytes)"
 
 
 def _refuse_transient(segment: str, what: str) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from millstream import limits
 from millstream.auth import Authorizer
 from millstream.clock import Clock, SystemClock
 from millstream.errors import (
@@ -20,13 +21,15 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
     WrongHostError,
 )
-from millstream.naming import container_of, is_transient_segment
+from millstream.naming import container_of, is_transient_segment, validate_segment_name
+from millstream.rate_limited_log import RateLimitedLog
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.container import SegmentContainer, StorageSettings
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
-from millstream.server._config import IngressBudget, ServerConfig
+from millstream.server._config import FramePool, IngressBudget, ReceiveBudget, ServerConfig
 from millstream.server._connection import Connection
+from millstream.server._memory import trim_memory
 from millstream.server._stats import SegmentStatistics
 from millstream.server._transient import TransientSegments
 
@@ -43,7 +46,9 @@ class ControllerEndpoint(Protocol):
         ...
 
     async def handle(self, method: str, body: bytes) -> bytes:
-        """The reply body of ``method`` called with ``body``; raises the typed error to answer with."""
+        """The reply body of ``method`` called with ``body``; raises the typed error to answer with --
+        ``AuthenticationError`` if the server's ``authorizer`` refuses the request's token (a reply
+        counts as proof that the connection authenticated)."""
         ...
 
 
@@ -98,6 +103,19 @@ class SegmentStoreServer:
         self.authorizer = Authorizer(auth_secret, now=wall_clock)
         self.budget = IngressBudget(self.config.in_flight_bytes_max, self.config.connection_in_flight_bytes_target,
                                     self.config.connection_in_flight_bytes_min)
+        #: Bytes of partly received frames over every connection (``ReceiveBudget``).
+        self.receive_budget = ReceiveBudget(self.config.receive_buffered_bytes_max,
+                                            self.config.connection_receive_buffered_bytes_min)
+        #: The one receive buffer every connection reads into (``Connection.get_buffer``): a read is
+        #: decoded (and whatever must outlive it copied out) before the next read of any connection
+        #: starts, so connections need no buffer of their own -- 4,096 of them once cost 1 GiB.
+        #: ``receiving`` is set while a read is being processed; a read that starts meanwhile (no
+        #: asyncio transport does that) gets a buffer of its own.
+        self.receive_view = memoryview(bytearray(limits.SERVER_RECEIVE_BUFFER_BYTES))
+        self.receiving = False
+        #: Buffers of large frames already received, for the next ones (``FramePool``).
+        self.frame_pool = FramePool(limits.SERVER_LARGE_FRAME_POOL_BYTES_MAX)
+        self._per_address: dict[str, int] = {}
         self._open_log = open_log
         self._chunk_storage = chunk_storage
         self._storage_settings = storage_settings
@@ -119,6 +137,14 @@ class SegmentStoreServer:
         self.transients = TransientSegments(idle_seconds=self.config.transient_idle_seconds,
                                             grace_seconds=self.config.transient_disconnect_grace_seconds)
         self._sweeper: asyncio.Task[None] | None = None
+        #: What peers can make the server say (a connection closed for bad input, a token refused, a
+        #: connection refused) goes through this log: a flood of them becomes a summary per minute.
+        self.log = RateLimitedLog(log, self.clock)
+        self._housekeeper: asyncio.Task[None] | None = None
+        #: Connections closed since the C heap's free pages were last given back (``_memory``).
+        self._closed_since_trim = 0
+        #: Times they were (evidence for tests and operators).
+        self.memory_trims = 0
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -147,6 +173,7 @@ class SegmentStoreServer:
         self._port = self._listener.sockets[0].getsockname()[1]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_transients(),
                                                                name="millstream-transient-sweep")
+        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping(), name="millstream-housekeeping")
         log.info("segment store listening on %s (containers %s of %d)", self.uri,
                  sorted(self.config.containers), self.config.container_count)
 
@@ -163,10 +190,11 @@ class SegmentStoreServer:
             self._transition("stop")
             return
         self._transition("stop")
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-            self._sweeper = None
+        for task in (self._sweeper, self._housekeeper):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._sweeper = self._housekeeper = None
         if self._listener is not None:
             self._listener.close()
         connections = list(self._connections)
@@ -195,6 +223,7 @@ class SegmentStoreServer:
             await self._listener.wait_closed()
         await self._stop_hosts()
         self._transition("stopped")
+        self.log.flush(force=True)
         log.info("segment store on port %d stopped", self._port)
 
     async def _stop_hosts(self) -> None:
@@ -254,9 +283,9 @@ class SegmentStoreServer:
     def container_for(self, segment: str) -> SegmentContainer:
         """The running container that owns ``segment``.  Raises ``WrongHostError`` if this server
         does not own it, ``ContainerUnavailableError`` while it restarts, ``ObjectClosedError``
-        once the server stopped."""
-        if not isinstance(segment, str) or not segment:
-            raise InvalidArgumentError(f"a segment name must be a non-empty str, not {segment!r}")
+        once the server stopped, ``InvalidArgumentError`` for a name that is not a str of 1 to
+        ``limits.SEGMENT_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes."""
+        validate_segment_name(segment)  # (before hashing it: container_of remembers the names it saw)
         container_id = container_of(segment, self.config.container_count)
         host = self._hosts.get(container_id)
         if host is None:
@@ -289,6 +318,19 @@ class SegmentStoreServer:
             except MillstreamError as error:  # a container restarting: the next sweep tries again
                 log.info("transient-segment sweep: %s", error)
 
+    async def _housekeeping(self) -> None:
+        """Every ``SERVER_HOUSEKEEPING_INTERVAL_SECONDS``: summarize what ``log`` held back (whose
+        windows ended), and give freed memory back after many connections closed (the frame pool's
+        buffers too)."""
+        while True:
+            await self.clock.sleep(limits.SERVER_HOUSEKEEPING_INTERVAL_SECONDS)
+            self.log.flush()
+            if self._closed_since_trim >= limits.SERVER_MEMORY_TRIM_AFTER_CLOSES:
+                self._closed_since_trim = 0
+                self.frame_pool.clear()  # (the writers still here refill it with their next blocks)
+                trim_memory()
+                self.memory_trims += 1
+
     async def expire_transient_segments(self) -> list[str]:
         """One sweep: adopt transient segments the containers hold without a record (recovered from
         their logs), then delete those past their grace period or idle time.  Returns the names
@@ -309,13 +351,14 @@ class SegmentStoreServer:
             except StreamSegmentNotExistsError:
                 pass  # merged or deleted meanwhile (or lost with a container that recovered without it)
             except MillstreamError as error:
-                log.info("transient segment %s: deletion deferred (%s)", name, error)
+                self.log.info("transient segment %s: deletion deferred (%s)", name,
+                              error)
                 continue
             if self.transients.get(name) is not None:
                 self.transients.deleted(name, cause)
                 deleted.append(name)
-                log.info("deleted transient segment %s (%s)", name,
-                         "its writer's connection stayed closed" if cause == "disconnect" else "idle")
+                self.log.info("deleted transient segment %s (%s)", name,
+                              "its writer's connection stayed closed" if cause == "disconnect" else "idle")
         return deleted
 
     # --- connections (called by Connection) ---------------------------------------------------------------------
@@ -325,20 +368,50 @@ class SegmentStoreServer:
         return frozenset(self._connections)
 
     def adopt(self, connection: Connection) -> None:
-        if self._state is not ServerState.RUNNING or len(self._connections) >= self.config.connections_max:
-            log.warning("refusing connection %s: %s", connection.peer,
-                        "the server is shutting down" if self._state is not ServerState.RUNNING
-                        else f"{self.config.connections_max} connections are open")
+        """Serve ``connection``, or refuse it (closed at once, logged) while the server is not running,
+        has ``config.connections_max`` connections open, or has ``config.connections_per_address_max``
+        open from the connection's peer address."""
+        address = connection.peer_address
+        if self._state is not ServerState.RUNNING:
+            refusal = "the server is shutting down"
+        elif len(self._connections) >= self.config.connections_max:
+            refusal = f"{self.config.connections_max} connections are open"
+        elif self._per_address.get(address, 0) >= self.config.connections_per_address_max:
+            refusal = f"{self.config.connections_per_address_max} connections from {address} are open"
+        else:
+            refusal = None
+        if refusal is not None:
+            self.log.warning("refusing connection %s: %s", connection.peer, refusal)
             connection.close("refused")
             return
+        self._per_address[address] = self._per_address.get(address, 0) + 1
+        connection.adopted = True
         self._connections.add(connection)
         task = asyncio.get_running_loop().create_task(connection.run(), name=f"connection {connection.peer}")
         self._connection_tasks.add(task)
         task.add_done_callback(self._connection_tasks.discard)
 
     def forget(self, connection: Connection) -> None:
+        if connection in self._connections:
+            self._closed_since_trim += 1
+            address = connection.peer_address
+            count = self._per_address.get(address, 0) - 1
+            if count > 0:
+                self._per_address[address] = count
+            else:
+                self._per_address.pop(address, None)
         self._connections.discard(connection)
         self._paused.discard(connection)
+
+    def on_receive_released(self) -> None:
+        """Bytes of partly received frames were given back: offer the room to the connections that
+        wait for it, in the order they began to wait (``ReceiveBudget``)."""
+        budget = self.receive_budget
+        for connection in list(budget.waiting):
+            if connection in budget.waiting:
+                connection.retry_receive()  # type: ignore[attr-defined]
+            if budget.exhausted and budget.exempt is not None:
+                break  # (nobody further can be granted more now)
 
     def watch_paused(self, connection: Connection) -> None:
         """``connection`` stopped reading for lack of budget: re-check it when bytes are released."""
@@ -358,10 +431,19 @@ class SegmentStoreServer:
         total = sum(c.in_flight_bytes for c in self._connections)
         assert total == self.budget.total, (total, self.budget.total)
         assert self.budget.total >= 0
+        buffered = sum(c.receive_buffered_bytes for c in self._connections)
+        assert buffered == self.receive_budget.total, (buffered, self.receive_budget.total)
+        self.receive_budget.check_invariants()
+        self.frame_pool.check_invariants()
+        per_address: dict[str, int] = {}
+        for connection in self._connections:
+            per_address[connection.peer_address] = per_address.get(connection.peer_address, 0) + 1
+        assert per_address == self._per_address, (per_address, self._per_address)
         for connection in self._connections:
             connection.check_invariants()
         self.statistics.check_invariants()
         self.transients.check_invariants()
+        self.log.check_invariants()
 
 
 async def _all_quiet(connections: list[Connection]) -> None:

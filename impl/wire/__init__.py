@@ -5,7 +5,8 @@ received bytes into commands and ``codec.encode`` turns commands into bytes, and
 socket, a clock or an event loop, so the server's and the client's asyncio adapters stay thin and
 every byte-level rule is tested without a network.  Both sides open with ``Hello`` and speak the
 version ``negotiate`` picks.  Any ``WireProtocolError`` from the decoder means the connection has
-lost its framing or its peer cannot be trusted: the caller closes the connection.  The protocol's
+lost its framing or its peer cannot be trusted (a ``PeerError``): the caller closes the connection.
+``encode`` refuses what the caller hands it with an ``InvalidCommandError`` (a ``CallerError``).  The protocol's
 conversation is described in ``commands``; the byte layout of every frame in ``codec``.
 """
 
@@ -16,6 +17,7 @@ from millstream.wire.codec import (
     OLDEST_COMPATIBLE_VERSION,
     STRING_LENGTH_MAX,
     WIRE_VERSION,
+    CommandTooLargeError,
     Decoder,
     FrameTooLargeError,
     IncompatibleVersionError,
@@ -93,6 +95,7 @@ __all__ = [
     "Command",
     "ConditionalAppend",
     "ConditionalBlockEnd",
+    "CommandTooLargeError",
     "ConditionalCheckFailed",
     "ControllerReply",
     "ControllerRequest",

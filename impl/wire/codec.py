@@ -3,8 +3,10 @@
 Theory of operation.  A connection is a stream of frames.  Each frame is a fixed header -- the type
 code of its command and the length of its fields -- followed by the fields.  The ``Decoder`` keeps
 the bytes of at most one unfinished frame: as soon as a header is complete it is checked (a known
-type code, a length within ``FRAME_LENGTH_MAX``) before a byte of the body is awaited, so a peer can
-neither make it buffer more than one frame's worth nor make it wait for a body it will reject anyway.
+type code, a length within the decoder's ``frame_length_max``, at most ``FRAME_LENGTH_MAX``) before a
+byte of the body is awaited, so a peer can neither make it buffer more than one frame's worth nor
+make it wait for a body it will reject anyway.  (The decoder buffers what arrives, never what a
+header announces.)
 Complete frames are decoded straight from the bytes the caller fed, without copying them first; only
 a frame's ``data`` blob and its strings are copied out, so the commands owe nothing to the buffers.
 
@@ -103,7 +105,7 @@ from uuid import UUID
 
 import attrs
 from millstream import limits
-from millstream.errors import InternalError, InvalidArgumentError, PayloadTooLargeError
+from millstream.errors import InternalError, InvalidArgumentError, PayloadTooLargeError, ProtocolError
 from millstream.wire import commands as _commands
 from millstream.wire.commands import AppendBlock, Command, DataAppended, SegmentRead
 
@@ -114,6 +116,7 @@ __all__ = [
     "OLDEST_COMPATIBLE_VERSION",
     "STRING_LENGTH_MAX",
     "WIRE_VERSION",
+    "CommandTooLargeError",
     "Decoder",
     "FrameTooLargeError",
     "IncompatibleVersionError",
@@ -162,12 +165,14 @@ _UUID_CACHE_SIZE_MAX = 1024
 # --- Errors ----------------------------------------------------------------------------------------
 
 
-class WireProtocolError(InvalidArgumentError):
-    """Root of the codec's errors: bytes that are not a valid frame, or a command that cannot be one.
+class WireProtocolError(ProtocolError):
+    """Root of the errors about bytes received: bytes that are not a valid frame, append data that is
+    not whole events, a peer that speaks no version we do.
 
     Raised by ``Decoder.feed`` (the decoder is then poisoned and the connection must be closed), by
-    ``encode`` (nothing was encoded) and by ``negotiate``.  The peer (or the caller) is at fault;
-    retrying the same bytes fails the same way."""
+    ``count_events``/``iter_events`` and by ``negotiate``.  The *peer* is at fault (``PeerError``):
+    whoever sent the bytes; retrying the same bytes fails the same way.  (What the caller hands to
+    ``encode`` is the caller's fault instead: ``InvalidCommandError``.)"""
 
 
 class MalformedFrameError(WireProtocolError):
@@ -176,10 +181,11 @@ class MalformedFrameError(WireProtocolError):
     poisoned; the server closes the connection."""
 
 
-class FrameTooLargeError(MalformedFrameError, PayloadTooLargeError):
-    """A frame (or an event, which must fit in one) is longer than ``FRAME_LENGTH_MAX``.  Raised by the
-    decoder as soon as the header announcing it is complete (poisoned, as for any malformed frame),
-    and by ``encode``/``encode_event`` before anything is written."""
+class FrameTooLargeError(MalformedFrameError):
+    """A frame header announces more than the decoder accepts: ``FRAME_LENGTH_MAX``, or the lower
+    ``Decoder.frame_length_max`` a server sets for a connection that has not authenticated yet.
+    Raised as soon as the header is complete, before a byte of the body is buffered (poisoned, as for
+    any malformed frame)."""
 
 
 class UnknownCommandError(WireProtocolError):
@@ -187,20 +193,26 @@ class UnknownCommandError(WireProtocolError):
     complete; the decoder is poisoned, the server closes the connection."""
 
 
-class InvalidCommandError(WireProtocolError):
-    """``encode`` was given something it cannot put on the wire: not a command, or a field that does
-    not fit its wire type (an int out of range, a string over 65,535 UTF-8 bytes or with a lone
-    surrogate, a bool field holding something else).  Nothing was encoded."""
-
-
 class MalformedEventError(WireProtocolError):
     """Append data is not a sequence of whole framed events (a type other than 0, a negative length,
-    an event cut short).  The block must not be appended; the server closes the connection."""
+    an event cut short).  The block must not be appended; the server closes the connection (a
+    reader that meets such bytes in a segment raises it too: the bytes came from elsewhere)."""
 
 
 class IncompatibleVersionError(WireProtocolError):
     """``negotiate`` found no protocol version both sides speak (or the peer's range is empty).  The
     connection must be closed."""
+
+
+class InvalidCommandError(InvalidArgumentError):
+    """``encode`` was given something it cannot put on the wire: not a command, or a field that does
+    not fit its wire type (an int out of range, a string over 65,535 UTF-8 bytes or with a lone
+    surrogate, a bool field holding something else).  The caller is at fault; nothing was encoded."""
+
+
+class CommandTooLargeError(InvalidCommandError, PayloadTooLargeError):
+    """``encode`` was given a command whose frame would exceed ``FRAME_LENGTH_MAX``, or
+    ``encode_event`` a payload that could not fit in a frame.  Nothing was encoded."""
 
 
 def negotiate(ours_high: int, ours_low: int, theirs_high: int, theirs_low: int) -> int:
@@ -391,7 +403,7 @@ def _byte_length(data: bytes | bytearray | memoryview) -> int:
 
 def _frame_length(command: Command, length: int) -> int:
     if length > FRAME_LENGTH_MAX:
-        raise FrameTooLargeError(f"{type(command).__name__} needs a frame of {length} bytes; "
+        raise CommandTooLargeError(f"{type(command).__name__} needs a frame of {length} bytes; "
                                  f"the limit is {FRAME_LENGTH_MAX}")
     return length
 
@@ -594,7 +606,7 @@ def encode(command: Command) -> bytes:
     """One frame holding ``command``.
 
     Raises ``InvalidCommandError`` if ``command`` is not a command or a field does not fit its wire
-    type, and ``FrameTooLargeError`` if the frame would exceed ``FRAME_LENGTH_MAX``."""
+    type, and ``CommandTooLargeError`` if the frame would exceed ``FRAME_LENGTH_MAX``."""
     try:
         encoder = _ENCODERS[type(command)]
     except KeyError:
@@ -627,28 +639,71 @@ def encode_into(buffer: bytearray, command: Command) -> int:
 # --- Decoding --------------------------------------------------------------------------------------
 
 
-def _reject_header(type_code: int, length: int) -> None:
+def _reject_header(type_code: int, length: int, length_max: int = FRAME_LENGTH_MAX) -> None:
     """Raise the error a bad frame header deserves (``Decoder`` calls this only for a bad one)."""
     if type_code not in _DECODERS:
         raise UnknownCommandError(f"unknown command type {type_code}")
     if length < 0:
         raise MalformedFrameError(f"a frame of type {type_code} announces a negative length ({length})")
-    raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; the limit is {FRAME_LENGTH_MAX}")
+    if length > FRAME_LENGTH_MAX:
+        raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; "
+                                 f"the limit is {FRAME_LENGTH_MAX}")
+    raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; the limit on this "
+                             f"connection (not authenticated yet) is {length_max}")
 
 
 class Decoder:
     """Turns the bytes of one connection, fed in pieces of any size, into commands.
 
-    Holds the bytes of at most one unfinished frame (``pending_bytes`` < 8 + ``FRAME_LENGTH_MAX``).
-    After any ``WireProtocolError`` it is poisoned: ``error`` holds the error and every later
-    ``feed`` raises it again.  The server then closes the connection."""
+    Holds the bytes of at most one unfinished frame (``pending_bytes`` < 8 + ``frame_length_max``).
+    ``frame_length_max`` (at most, and by default, ``FRAME_LENGTH_MAX``) is the longest frame it
+    accepts; a server lowers it for a connection that has not authenticated yet, and raises it
+    afterwards.  After any ``WireProtocolError`` it is poisoned: ``error`` holds the error and every
+    later ``feed`` raises it again.  The server then closes the connection."""
 
-    __slots__ = ("_buffer", "_error", "_uuids")
+    __slots__ = ("_buffer", "_error", "_frame_length_max", "_uuids")
 
-    def __init__(self) -> None:
+    def __init__(self, frame_length_max: int = FRAME_LENGTH_MAX) -> None:
         self._buffer = bytearray()  # the start of one unfinished frame (its header already checked if whole)
         self._error: WireProtocolError | None = None
         self._uuids: _UuidCache = {}
+        self._frame_length_max = FRAME_LENGTH_MAX
+        self.frame_length_max = frame_length_max
+
+    @property
+    def frame_length_max(self) -> int:
+        """The longest frame (fields, without the header) this decoder accepts."""
+        return self._frame_length_max
+
+    @frame_length_max.setter
+    def frame_length_max(self, value: int) -> None:
+        """Raises ``InvalidArgumentError`` unless 0 <= ``value`` <= ``FRAME_LENGTH_MAX``, or if a frame
+        already buffered is longer than ``value`` allows."""
+        if type(value) is not int or not 0 <= value <= FRAME_LENGTH_MAX:
+            raise InvalidArgumentError(f"frame_length_max must be an int in [0, {FRAME_LENGTH_MAX}], not {value!r}")
+        pending = self.pending_frame_length
+        if pending is not None and pending - FRAME_HEADER_LENGTH > value:
+            raise InvalidArgumentError(f"a frame of {pending} bytes is being received; it exceeds {value}")
+        self._frame_length_max = value
+
+    @property
+    def pending_frame_length(self) -> int | None:
+        """The whole length (header included) of the unfinished frame, once its header is buffered
+        (and checked); else None."""
+        if len(self._buffer) < FRAME_HEADER_LENGTH:
+            return None
+        return FRAME_HEADER_LENGTH + _HEADER.unpack_from(self._buffer)[1]  # type: ignore[no-any-return]
+
+    def take_pending(self) -> bytearray:
+        """Hand over the buffered start of the unfinished frame (whose header is buffered and checked)
+        and forget it: the decoder is between frames again, and the caller gathers the rest of that
+        frame itself and feeds it back whole.  (The server does this for large frames, which it
+        receives into buffers of their own.)  Raises ``InvalidArgumentError`` if no whole header is
+        buffered."""
+        if self._error is not None or len(self._buffer) < FRAME_HEADER_LENGTH:
+            raise InvalidArgumentError("no frame header is buffered")
+        taken, self._buffer = self._buffer, bytearray()
+        return taken
 
     @property
     def error(self) -> WireProtocolError | None:
@@ -695,13 +750,14 @@ class Decoder:
         header = _HEADER.unpack_from
         decoders = _DECODERS
         uuids = self._uuids
+        length_max = self._frame_length_max
         position = 0
         size = len(view)
         while size - position >= FRAME_HEADER_LENGTH:
             type_code, length = header(view, position)
             decode = decoders.get(type_code)
-            if decode is None or length < 0 or length > FRAME_LENGTH_MAX:
-                _reject_header(type_code, length)
+            if decode is None or length < 0 or length > length_max:
+                _reject_header(type_code, length, length_max)
             end = position + FRAME_HEADER_LENGTH + length
             if end > size:
                 break
@@ -722,8 +778,8 @@ class Decoder:
             if len(buffer) < FRAME_HEADER_LENGTH:
                 return view
             type_code, length = _HEADER.unpack_from(buffer)
-            if type_code not in _DECODERS or length < 0 or length > FRAME_LENGTH_MAX:
-                _reject_header(type_code, length)
+            if type_code not in _DECODERS or length < 0 or length > self._frame_length_max:
+                _reject_header(type_code, length, self._frame_length_max)
         type_code, length = _HEADER.unpack_from(buffer)
         taken = FRAME_HEADER_LENGTH + length - len(buffer)
         buffer += view[:taken]
@@ -735,12 +791,13 @@ class Decoder:
 
     def check_invariants(self) -> None:
         """The buffer holds less than one frame, and a whole header in it was checked."""
-        assert len(self._buffer) < FRAME_HEADER_LENGTH + FRAME_LENGTH_MAX, len(self._buffer)
+        assert 0 <= self._frame_length_max <= FRAME_LENGTH_MAX
+        assert len(self._buffer) < FRAME_HEADER_LENGTH + self._frame_length_max, len(self._buffer)
         if self._error is not None:
             assert not self._buffer
         if len(self._buffer) >= FRAME_HEADER_LENGTH:
             type_code, length = _HEADER.unpack_from(self._buffer)
-            assert type_code in _DECODERS and 0 <= length <= FRAME_LENGTH_MAX, (type_code, length)
+            assert type_code in _DECODERS and 0 <= length <= self._frame_length_max, (type_code, length)
             assert len(self._buffer) < FRAME_HEADER_LENGTH + length
 
 
@@ -750,14 +807,14 @@ class Decoder:
 def encode_event(payload: bytes | bytearray | memoryview) -> bytes:
     """One framed event (``type:i32 = 0 | length:i32 | payload``), ready to add to a block.
 
-    Raises ``FrameTooLargeError`` if the framed event could not fit in a frame, and
+    Raises ``CommandTooLargeError`` if the framed event could not fit in a frame, and
     ``InvalidArgumentError`` if ``payload`` is not bytes-like."""
     try:
         length = _byte_length(payload)
     except TypeError:
         raise InvalidArgumentError(f"an event payload is bytes-like, not {type(payload).__name__}") from None
     if length > FRAME_LENGTH_MAX - EVENT_HEADER_LENGTH:
-        raise FrameTooLargeError(f"an event of {length} bytes does not fit in a frame ({FRAME_LENGTH_MAX} bytes)")
+        raise CommandTooLargeError(f"an event of {length} bytes does not fit in a frame ({FRAME_LENGTH_MAX} bytes)")
     return _HEADER.pack(_EVENT_TYPE, length) + payload
 
 

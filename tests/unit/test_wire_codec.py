@@ -393,12 +393,18 @@ def test_the_longest_frame_is_awaited_and_decoded() -> None:
     assert decoder.feed(frame[100:]) == [command]
 
 
-def test_errors_form_one_tree_under_invalid_argument() -> None:
-    assert issubclass(WireProtocolError, errors.InvalidArgumentError)
-    for error in (MalformedFrameError, FrameTooLargeError, UnknownCommandError, InvalidCommandError,
-                  MalformedEventError, IncompatibleVersionError):
+def test_errors_split_by_whose_fault() -> None:
+    """Bad bytes received are the peer's fault (issue 19: not a ``CallerError``); a command the caller
+    cannot encode is the caller's."""
+    assert issubclass(WireProtocolError, errors.ProtocolError) and issubclass(WireProtocolError, errors.PeerError)
+    assert not issubclass(WireProtocolError, errors.CallerError)
+    for error in (MalformedFrameError, FrameTooLargeError, UnknownCommandError, MalformedEventError,
+                  IncompatibleVersionError):
         assert issubclass(error, WireProtocolError), error
-    assert issubclass(FrameTooLargeError, errors.PayloadTooLargeError)
+    assert issubclass(InvalidCommandError, errors.InvalidArgumentError)
+    assert not issubclass(InvalidCommandError, errors.PeerError)
+    assert issubclass(codec.CommandTooLargeError, InvalidCommandError)
+    assert issubclass(codec.CommandTooLargeError, errors.PayloadTooLargeError)
     assert FRAME_LENGTH_MAX == limits.APPEND_LENGTH_MAX_BYTES
 
 
@@ -441,7 +447,7 @@ def test_unencodable_commands_are_refused(command: c.Command) -> None:
 ])
 def test_a_frame_over_the_limit_is_refused(make) -> None:  # type: ignore[no-untyped-def]
     command = make(bytes(FRAME_LENGTH_MAX))
-    with pytest.raises(FrameTooLargeError):
+    with pytest.raises(codec.CommandTooLargeError):
         encode(command)
     buffer = bytearray()
     with pytest.raises(errors.PayloadTooLargeError):
@@ -523,6 +529,6 @@ def test_event_argument_errors() -> None:
         encode_event("text")  # type: ignore[arg-type]
     with pytest.raises(errors.InvalidArgumentError):
         count_events(12)  # type: ignore[arg-type]
-    with pytest.raises(FrameTooLargeError):
+    with pytest.raises(codec.CommandTooLargeError):
         encode_event(bytes(FRAME_LENGTH_MAX - codec.EVENT_HEADER_LENGTH + 1))
     assert len(encode_event(bytes(FRAME_LENGTH_MAX - codec.EVENT_HEADER_LENGTH))) == FRAME_LENGTH_MAX
