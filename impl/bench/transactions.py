@@ -26,7 +26,10 @@ Measurements, each ``warmup_seconds`` unmeasured then ``duration_seconds`` measu
 * ``plain-flushed``: the same writer flushing after every ``EVENTS_PER_TXN`` events -- the durability
   points of a transaction per group, without its commit.
 
-A transaction counts in the window where its COMMITTED was seen.  Every measurement records the CPU
+A transaction counts in the window where its COMMITTED was seen.  A window never closes empty: if no
+transaction was seen COMMITTED by its nominal end (a loaded machine, a tiny ``duration_seconds``), it
+stays open until the first one is, at most ``limits.TRANSACTION_COMPLETION_WAIT_SECONDS`` longer, and
+rates divide by the window's real length.  Every measurement records the CPU
 of this process, of the server and of everything else on the machine (others' CPU: the machine is
 shared; quote medians).  Every wait is bounded: calls by ``limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS``,
 a commit's visibility by ``limits.TRANSACTION_COMPLETION_WAIT_SECONDS``, the server's start and stop
@@ -36,6 +39,7 @@ by the harness's limits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -139,25 +143,51 @@ def _keys() -> list[str]:
 
 
 class _Clock:
-    """The window: which instants count, and the CPU at its ends."""
+    """The window: which instants count, and the CPU at its ends.  A transactional window that saw no
+    transaction COMMITTED by its nominal end stays open until the first one is (at most
+    ``limits.TRANSACTION_COMPLETION_WAIT_SECONDS`` longer): an empty window measures nothing."""
 
     def __init__(self, warmup: float, duration: float, server_pid: int) -> None:
         now = time.perf_counter()
         self.start = now + warmup
         self.end = self.start + duration
+        self.limit = self.end + limits.TRANSACTION_COMPLETION_WAIT_SECONDS
         self.cpu = CpuMeter(server_pid)
+        self.counted = 0
+        self._closed = asyncio.Event()
 
-    def counts(self, at: float) -> bool:
-        return self.start <= at < self.end
+    @property
+    def seconds(self) -> float:
+        """The window's length (its nominal duration unless it had to wait for a first transaction)."""
+        return self.end - self.start
+
+    def count(self, at: float) -> bool:
+        """Whether a transaction seen COMMITTED at ``at`` counts; the first one after an empty
+        window's nominal end counts and closes the window there."""
+        if self.start <= at < self.end:
+            self.counted += 1
+            return True
+        if at >= self.end and self.counted == 0 and at < self.limit:
+            self.end = at  # (the window closes at the first transaction seen: it counts, nothing after it)
+            self.counted = 1
+            self._closed.set()
+            return True
+        return False
 
     def running(self) -> bool:
-        return time.perf_counter() < self.end
+        now = time.perf_counter()
+        return now < self.end or (self.counted == 0 and now < self.limit)
 
-    async def sample(self) -> None:
-        """Read the CPU counters at the window's start and at its end."""
-        for at in (self.start, self.end):
-            await asyncio.sleep(max(0.0, at - time.perf_counter()))
-            self.cpu.mark()
+    async def sample(self, *, wait_for_first: bool) -> None:
+        """Read the CPU counters at the window's start and at its end (if ``wait_for_first``, the end
+        of a window that had to wait for its first transaction: bounded by ``limit``)."""
+        await asyncio.sleep(max(0.0, self.start - time.perf_counter()))
+        self.cpu.mark()
+        await asyncio.sleep(max(0.0, self.end - time.perf_counter()))
+        if wait_for_first and self.counted == 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), max(0.0, self.limit - time.perf_counter()))
+        self.cpu.mark()
 
 
 async def _visible(txn: Any, poll_seconds: float) -> float:
@@ -187,10 +217,8 @@ async def _transactions(client: Any, lanes: int, config: TransactionsConfig, ser
     clock = _Clock(config.warmup_seconds, config.duration_seconds, server_pid)
     committed = LatencySamples()
     decided = LatencySamples()
-    counted = 0
 
     async def lane(number: int) -> None:
-        nonlocal counted
         turn = number
         while clock.running():
             txn = await bounded(writer.begin())
@@ -201,24 +229,25 @@ async def _transactions(client: Any, lanes: int, config: TransactionsConfig, ser
             await bounded(txn.commit())
             answered = time.perf_counter()
             seen = await _visible(txn, poll)
-            if clock.counts(seen):
-                counted += 1
+            if clock.count(seen):
                 committed.add(seen - started)
                 decided.add(answered - started)
 
     try:
         async with asyncio.TaskGroup() as group:
-            group.create_task(clock.sample())
+            group.create_task(clock.sample(wait_for_first=True))
             for number in range(lanes):
                 group.create_task(lane(number))
     finally:
         await bounded(writer.close())
     window = clock.cpu.window()
+    counted = clock.counted
     events = counted * EVENTS_PER_TXN
+    seconds = clock.seconds
     return Measurement(
         scenario=scenario, lanes=lanes, poll_seconds=poll, transactions=counted, events=events,
-        transactions_per_second=counted / config.duration_seconds, events_per_second=events / config.duration_seconds,
-        megabytes_per_second=events * EVENT_BYTES / config.duration_seconds / 1e6,
+        transactions_per_second=counted / seconds, events_per_second=events / seconds,
+        megabytes_per_second=events * EVENT_BYTES / seconds / 1e6,
         commit_latency=committed.summary() if counted else None, decided_latency=decided.summary() if counted else None,
         window=window, quiet=quiet)
 

@@ -6,6 +6,8 @@ slow), so nothing is compared against a time."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -14,6 +16,7 @@ from millstream.bench.transactions import (
     SCENARIOS,
     SECTION_BEGIN,
     SECTION_END,
+    _Clock,
     replace_section,
     section_of,
 )
@@ -64,3 +67,16 @@ def test_the_section_is_added_once_and_then_replaced() -> None:
     assert replace_section(added, second) == OTHERS + "\n" + second
     assert replace_section("", first) == first
     assert section_of(OTHERS) is None and section_of(replace_section(added, second) + "## after\n") == second
+
+
+def test_a_window_that_saw_no_transaction_by_its_end_stays_open_for_the_first() -> None:
+    """On a loaded machine a short window may end before any commit is visible: it must then wait for
+    the first one (bounded), not report an empty measurement."""
+    clock = _Clock(0.0, 0.0, os.getpid())
+    assert clock.running(), "nothing counted yet: the lanes go on past the nominal end"
+    seen = time.perf_counter()
+    assert clock.count(seen) and clock.counted == 1 and clock.end == seen
+    assert not clock.count(time.perf_counter()), "the window closed at its first transaction"
+    assert not clock.running() and clock.seconds == seen - clock.start
+    ordinary = _Clock(0.0, 3600.0, os.getpid())
+    assert ordinary.count(time.perf_counter()) and ordinary.count(time.perf_counter()) and ordinary.counted == 2
