@@ -121,25 +121,37 @@ def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpo
               help="Where the store and the checkpoints go (default: a temporary directory, removed after).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the raw figures to this JSON file.")
-def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, json_path: Path | None) -> None:
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Replace the pipeline's section of this Markdown file (e.g. BENCHMARKS.md), keeping the rest.")
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Draw rows/s per query into DIR/pipeline-throughput.png (needs the bench extra: matplotlib).")
+def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, json_path: Path | None,
+                   markdown_path: Path | None, figures_dir: Path | None) -> None:
     """Measure the Spark side, everything in one run on this machine:
 
     \b
       source: rows/s from a millstream stream through the Arrow read path into Spark's noop sink,
-              beside Spark's built-in rate source into the same noop sink;
-      sink:   rows/s from the rate source into a millstream stream (Arrow writer, one store
-              transaction per task, fenced commit), beside the rate source into noop;
-      pipeline: the reference pipeline's per-micro-batch durations (median, p90, max) while a
-              sensor workload is written.
+              as bytes and parsed as JSON, beside Spark's built-in rate source into the same sink;
+      sink:   rows/s from the rate source into a millstream stream (Arrow and row writers, one
+              store transaction per task, fenced commit), beside the rate source into noop;
+      pipeline: the reference pipeline's per-micro-batch durations (median, p90, max, and where
+              they go) while sensor readings are written at 10,000 events/s.
 
-    Prints a Markdown table.
+    Prints a Markdown table with the ratios and targets of issue 21.
+
+    \b
+    Example (what `tox -e bench` runs last):
+      millstream pipeline bench --rows 1000000 --pipeline-seconds 30 \\
+          --markdown BENCHMARKS.md --figures docs/bench
     """
     _need_spark()
     from millstream.spark.bench import BenchConfig
     from millstream.spark.bench import main as bench_main
 
+    command = " ".join(["millstream", *sys.argv[1:]]) if sys.argv[1:2] == ["pipeline"] else "millstream pipeline bench"
     sys.exit(bench_main(BenchConfig(rows=rows, pipeline_seconds=pipeline_seconds, data_dir=data_dir,
-                                    json_path=json_path)))
+                                    json_path=json_path, markdown_path=markdown_path, figures_dir=figures_dir),
+                        command=command))
 
 
 @main.command(short_help="The main job: a store, a workload, the Spark pipeline, a driver kill, a verification.")
