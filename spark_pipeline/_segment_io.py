@@ -5,8 +5,8 @@ rows into a stream transaction's segments (``frame_events``, ``route``, ``Transa
 Theory of operation.  A range ``[start, end)`` of a segment was written before the batch was
 planned (its end is at most the tail the planner saw), so reading it never waits for data: each
 ``ReadSegment`` asks for at most what is left of the range -- up to ``limits.SPARK_READ_AHEAD_MAX``
-reads in flight while a task reads a whole range, none ahead while the planner counts events -- and
-no byte beyond ``end`` is fetched.
+reads in flight, also while the planner counts events for admission control (but none starting past
+a byte budget) -- and no byte beyond ``end`` is fetched.
 
 The bytes are events framed as the writer frames them (``type 0 | length | payload``, big-endian
 32-bit integers).  ``scan_frames`` finds where the frames start in a whole buffer, not event by
@@ -225,19 +225,22 @@ def _not_an_event(span: SegmentRange, offset: int, kind: int, length: int) -> In
 
 
 class _Reads:
-    """Reads of one range on the client's event loop, up to ``depth`` of them in flight."""
+    """Reads of one range on the client's event loop, up to ``depth`` of them in flight, none starting
+    at or beyond ``horizon`` (a byte budget's end) unless asked for."""
 
-    def __init__(self, client: Client, span: SegmentRange, depth: int) -> None:
+    def __init__(self, client: Client, span: SegmentRange, depth: int, horizon: int | None = None) -> None:
         self._client = client
         self._span = span
         self._depth = depth
+        self._horizon = span.end_offset if horizon is None else min(horizon, span.end_offset)
         self._segments = client.async_client.segments()
         self._length_max = client.async_client.config.read_length_bytes
         self._pending: deque[tuple[int, int, concurrent.futures.Future[Any]]] = deque()  # (offset, length, read)
         self._next = span.start_offset  # where the next read to start begins
 
     def _fill(self) -> None:
-        while len(self._pending) < self._depth and self._next < self._span.end_offset:
+        while len(self._pending) < self._depth and self._next < self._span.end_offset and (
+                not self._pending or self._next < self._horizon):
             length = min(self._length_max, self._span.end_offset - self._next)
             future = asyncio.run_coroutine_threadsafe(
                 self._segments.read(self._span.segment, self._next, length=length), self._client.loop)
@@ -278,7 +281,9 @@ def read_blocks(client: Client, span: SegmentRange, *, max_events: int | None = 
     Raises ``TruncatedDataError``, ``InvalidStreamCutError`` (see the module docstring); ``sleep``
     waits between empty reads (tests pass a fake)."""
     bounded = max_events is not None or max_bytes is not None
-    reads = _Reads(client, span, 1 if bounded else limits.SPARK_READ_AHEAD_MAX)
+    # Bounded (the planner counting events), reads go ahead too -- but not past a byte budget's end.
+    reads = _Reads(client, span, limits.SPARK_READ_AHEAD_MAX,
+                   None if max_bytes is None else span.start_offset + max_bytes)
     buffer: bytes = b""
     base = span.start_offset  # the offset of buffer[0]
     fetched = span.start_offset
