@@ -1,10 +1,11 @@
 """millstream.spark: millstream streams as a Spark Structured Streaming source and exactly-once sink.
 
 ``MillstreamDataSource`` is a PySpark Python Data Source (PySpark 4.2 or later, no jars) named
-``millstream``::
+``millstream``; ``register(spark)`` makes it available in a session (and lets its queries write in
+update output mode, which Spark's Python data sources cannot take by themselves: ``_modes``)::
 
-    from millstream.spark import MillstreamDataSource
-    spark.dataSource.register(MillstreamDataSource)
+    import millstream.spark
+    millstream.spark.register(spark)
 
     events = (spark.readStream.format("millstream")
               .option("controller", "tcp://127.0.0.1:9090").option("stream", "sensors/readings")
@@ -18,11 +19,14 @@
 
 The source reads micro-batches between stream cuts (its offsets), keeping each routing key's order
 across scaling, with admission control and ``trigger(availableNow=True)``; ``spark.read`` reads the
-events between two cuts.  The sink writes each task's rows into one store transaction and commits a
-batch's transactions in one fenced step keyed by (query id, batch id), so a batch Spark re-runs after
-a crash is written once.  Options: ``_options``; the source: ``_reader`` and ``_planning``; the
-sink: ``_writer``.  Spark's Python workers must import millstream: install it in the interpreter
-``PYSPARK_PYTHON`` names.
+events between two cuts.  It moves whole buffers of events, not events one by one
+(``_segment_io``, ``_decoding``); an event it cannot decode fails the batch naming its position, or
+goes to the ``deadLetterStream`` (``_dead_letters``).  The sink writes each task's rows into one
+store transaction and commits a batch's transactions in one fenced step keyed by (query id, batch
+id), so a batch Spark re-runs after a crash is written once, in append, update and complete output
+modes.  Options: ``_options``; the source: ``_reader`` and ``_planning``; the sink: ``_writer``;
+one client per Python process: ``_store``.  Spark's Python workers must import millstream: install it
+in the interpreter ``PYSPARK_PYTHON`` names.
 """
 
 from __future__ import annotations
