@@ -4,7 +4,7 @@ Theory of operation.  One standalone store (in a background thread) and one Spar
 process, ``local[2]``, the pipeline's settings) serve every measurement, so the figures compare on
 the same machine at the same moment:
 
-* **source**: ``rows`` events (the sensor workload's payloads, about 90 bytes each) are written to a
+* **source**: ``rows`` readings (16 sensors, the sensor workload's shape, about 90 bytes each) are written to a
   stream of two segments first; then a query reads them through the millstream source -- Arrow record
   batches out of ``read()`` -- into Spark's ``noop`` sink, in ``BATCHES`` micro-batches of
   ``rows / BATCHES`` (admission control): once as ``value`` bytes (``serializer=raw``), once parsed
@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 from millstream.clock import SystemClock
 from millstream.spark.pipeline import PipelineConfig, build_session, start_query
-from millstream.spark.workload import SensorWorkload
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,6 +65,8 @@ __all__ = ["SECTION_BEGIN", "SECTION_END", "BenchConfig", "BenchReport", "Measur
 BATCHES: Final = 6
 #: A throughput query gets this long before it is stopped and reported as failed.
 QUERY_TIMEOUT_SECONDS: Final = 900.0
+#: Events a millstream -> noop warm-up reads before the source is measured (its Python workers start).
+WARM_UP_EVENTS: Final = 30_000
 #: The rate the pipeline measurement writes at (issue 21: 10,000 events/s at one-second triggers).
 PIPELINE_EVENTS_PER_SECOND: Final = 10_000
 #: The event time of the pipeline measurement's first reading (any fixed instant: windows follow it).
@@ -347,11 +348,22 @@ def _measure(name: str, start: Callable[[], Any], rows: int, *, stop_after_rows:
                        own_cpu_percent=own, others_cpu_percent=others)
 
 
-def _write_events(uri: str, stream: str, workload: SensorWorkload, count: int) -> None:
+def reading(index: int) -> tuple[bytes, str]:
+    """Reading ``index`` of 16 sensors (about 90 bytes, the sensor workload's shape) and its routing
+    key; its event time advances at ``PIPELINE_EVENTS_PER_SECOND``.  A format string: the seeded
+    workload's generator costs tens of microseconds an event, which the bench would spend writing."""
+    sensor = f"sensor-{index % 16:04d}"
+    return (f'{{"kind":"reading","sensor_id":"{sensor}",'
+            f'"ts_ms":{PIPELINE_EVENT_TIME_START_MS + index * 1000 // PIPELINE_EVENTS_PER_SECOND},'
+            f'"temperature_c":{20 + index % 70}.{index % 100:02d}}}').encode(), sensor
+
+
+def _write_events(uri: str, stream: str, count: int, first: int = 0) -> None:
     import millstream
 
     with millstream.connect(uri) as client, client.event_writer(stream) as writer:
-        for routing_key, payload in workload.events(0, count):
+        for index in range(first, first + count):
+            payload, routing_key = reading(index)
             writer.write_event(payload, routing_key=routing_key)
 
 
@@ -364,10 +376,11 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
     with millstream.connect(uri) as client:
         manager = client.stream_manager()
         manager.create_scope("bench", exist_ok=True)
-        for name in ("bench/source", "bench/sink-arrow", "bench/sink-rows"):
+        for name in ("bench/source", "bench/warm-up", "bench/sink-arrow", "bench/sink-rows"):
             manager.create_stream(name, StreamConfig(scaling=ScalingPolicy.fixed(2)))
     say(f"writing {rows:,} events to bench/source")
-    _write_events(uri, "bench/source", SensorWorkload(seed=3, malformed_every=0), rows)
+    _write_events(uri, "bench/source", rows)
+    _write_events(uri, "bench/warm-up", WARM_UP_EVENTS)
 
     def checkpoint(name: str) -> str:
         return str(workdir / "checkpoints" / name)
@@ -385,6 +398,10 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
     def millstream_source() -> Any:
         return (spark.readStream.format("millstream").option("controller", uri).option("stream", "bench/source")
                 .option("maxRowsPerBatch", str(per_batch)).load())
+
+    def millstream_warm_up() -> Any:
+        return (spark.readStream.format("millstream").option("controller", uri).option("stream", "bench/warm-up")
+                .option("maxRowsPerBatch", str(WARM_UP_EVENTS // 3)).load())
 
     def millstream_json_source() -> Any:
         return (spark.readStream.format("millstream").option("controller", uri).option("stream", "bench/source")
@@ -406,8 +423,9 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
         return start
 
     results = []
-    say("warm-up: rate-micro-batch -> noop")
+    say("warm-up: rate-micro-batch -> noop, millstream -> noop")
     _measure("warm-up", to_noop(rate, "warm-up", False), rows, stop_after_rows=2 * per_batch)
+    _measure("warm-up", to_noop(millstream_warm_up, "warm-up-millstream", True), WARM_UP_EVENTS)
     plan = [
         (SOURCE, to_noop(millstream_source, "source-millstream", True), None),
         (SOURCE_JSON, to_noop(millstream_json_source, "source-millstream-json", True), None),
@@ -434,39 +452,42 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     stop = threading.Event()
     clock = SystemClock()
 
-    def write() -> None:
-        # Readings of 16 sensors whose event time advances with the rate (the pipeline's windows close
-        # as it goes), made by a format string: the seeded workload's generator costs tens of
-        # microseconds an event, a fifth of a core at this rate, which the measurement would pay for.
+    def write(first: int) -> None:
         began = clock.monotonic()
-        start_ms = PIPELINE_EVENT_TIME_START_MS
-        written = 0
+        written = first
         with millstream.connect(uri) as client, client.event_writer("bench/sensors") as writer:
             while not stop.wait(0.02):
-                due = int((clock.monotonic() - began) * PIPELINE_EVENTS_PER_SECOND)
+                due = first + int((clock.monotonic() - began) * PIPELINE_EVENTS_PER_SECOND)
                 for index in range(written, due):
-                    sensor = index % 16
-                    payload = (f'{{"kind":"reading","sensor_id":"sensor-{sensor:04d}",'
-                               f'"ts_ms":{start_ms + index * 1000 // PIPELINE_EVENTS_PER_SECOND},'
-                               f'"temperature_c":{20 + index % 70}.{index % 100:02d}}}').encode()
-                    writer.write_event(payload, routing_key=f"sensor-{sensor:04d}")
+                    value, key = reading(index)
+                    writer.write_event(value, routing_key=key)
                 written = max(written, due)
 
+    # One second's readings for the first micro-batch, which pays for the query's start (workers, JIT,
+    # RocksDB) and is left out of the figures; the rate starts after it, so no backlog is measured.
+    _write_events(uri, "bench/sensors", PIPELINE_EVENTS_PER_SECOND)
     config = PipelineConfig(controller=uri, input_stream="bench/sensors", output_stream="bench/alerts",
                             checkpoint=workdir / "checkpoints" / "pipeline")
-    writer = threading.Thread(target=write, name="bench-workload", daemon=True)
-    writer.start()
-    say(f"reference pipeline for {seconds:.0f} s")
+    writer = threading.Thread(target=write, args=(PIPELINE_EVENTS_PER_SECOND,), name="bench-workload", daemon=True)
+    say(f"reference pipeline: its first micro-batch (start-up), then {seconds:.0f} s at "
+        f"{PIPELINE_EVENTS_PER_SECOND:,} events/s")
     meter = CpuMeter()
     query = start_query(spark, config)
     began = clock.monotonic()
     try:
+        while not query.recentProgress and not query.awaitTermination(0.5):
+            if clock.monotonic() - began > QUERY_TIMEOUT_SECONDS:
+                raise TimeoutError(f"the reference pipeline's first batch took over {QUERY_TIMEOUT_SECONDS:.0f} s")
+        writer.start()
+        meter = CpuMeter()
+        began = clock.monotonic()
         while clock.monotonic() - began < seconds and not query.awaitTermination(0.5):
             meter.sample()
     finally:
         query.stop()
         stop.set()
-        writer.join(30.0)
+        if writer.is_alive():
+            writer.join(30.0)
     cpu = meter.shares(clock.monotonic() - began)
     error = query.exception()
     if error is not None:

@@ -83,7 +83,9 @@ def pipeline() -> None:
               help="RocksDB's memory bound per executor JVM (a soft limit).")
 @click.option("--shuffle-partitions", type=click.IntRange(1, 1024), default=2, show_default=True,
               help="Partitions of the window state (fixed by the checkpoint once it exists).")
-@click.option("--master", default="local[2]", show_default=True, help="The Spark master.")
+@click.option("--spark-master", "--master", "master", default="local[2]", show_default=True, metavar="URL",
+              help="The Spark master: local[N], or a standalone cluster's spark://HOST:PORT (its executors must "
+                   "reach --controller over TCP and import millstream; each gets one core and 512 MiB).")
 def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpoint: Path, window_seconds: int,
                  watermark_delay_seconds: int, alert_threshold: Decimal, alert_readings: int, trigger: str,
                  interval: float, max_rows_per_batch: int | None, state_memory_mb: int, shuffle_partitions: int,
@@ -170,8 +172,11 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
 @click.option("--max-write-seconds", type=click.FloatRange(1.0, 3600.0), default=360.0, show_default=True,
               help="...and at most this long, however long the input stream takes to split.")
 @click.option("--keep", "keep_data", is_flag=True, help="Keep the temporary directory (its path is printed).")
+@click.option("--spark-master", default="local[2]", show_default=True, metavar="URL",
+              help="Where the pipeline runs: local[N], or a Spark standalone cluster's spark://HOST:PORT (its "
+                   "executors reach the demo's store on this machine's loopback, so the cluster runs here too).")
 def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int, kills: int,
-         min_write_seconds: float, max_write_seconds: float, keep_data: bool) -> None:
+         min_write_seconds: float, max_write_seconds: float, keep_data: bool, spark_master: str) -> None:
     """Run the main job and check it, in a few minutes on a laptop.
 
     \b
@@ -194,7 +199,7 @@ def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int,
     try:
         config = DemoConfig(data_dir=data_dir, seed=seed, sensors=sensors, events_per_second=events_per_second,
                             kills=kills, min_write_seconds=min_write_seconds, max_write_seconds=max_write_seconds,
-                            keep_data=keep_data)
+                            keep_data=keep_data, spark_master=spark_master)
     except InvalidArgumentError as error:
         raise click.UsageError(str(error)) from None
     try:
