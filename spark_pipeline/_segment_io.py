@@ -439,22 +439,19 @@ class TransactionAppender:
         self._client.run(write())
 
     def flush(self) -> None:
+        """Wait until every segment's bytes are durable (all segments at once: one round of
+        acknowledgements, not one per segment)."""
         async def flush() -> None:
-            for writer in self._writers.values():
-                await writer.flush()
+            await asyncio.gather(*(writer.flush() for writer in self._writers.values()))
         self._client.run(flush())
 
     def close(self) -> None:
-        """Stop every pipeline (after flushing what it holds); the first error is raised after all
-        are stopped."""
+        """Stop every pipeline after flushing what it holds (all at once); the first error is raised
+        after all are stopped."""
         async def close() -> None:
-            errors = []
-            for writer in self._writers.values():
-                try:
-                    await writer.close()
-                except Exception as error:  # every pipeline stops before anything is raised
-                    errors.append(error)
-            self._writers.clear()
+            writers, self._writers = list(self._writers.values()), {}
+            results = await asyncio.gather(*(writer.close() for writer in writers), return_exceptions=True)
+            errors = [result for result in results if isinstance(result, BaseException)]
             if errors:
                 raise errors[0]
         self._client.run(close())
