@@ -127,9 +127,13 @@ class BenchReport:
     pipeline_batches: tuple[dict[str, Any], ...]
     pipeline_cpu_percent: tuple[float, float]  # (ours, others') while the pipeline ran
     spark_version: str
+    #: The same query logic on Spark's rate source into noop, the same rate (Spark's own cost).
+    baseline_batches: tuple[dict[str, Any], ...] = ()
+    baseline_cpu_percent: tuple[float, float] = (0.0, 0.0)
 
-    def latency_summary(self) -> dict[str, float]:
-        batches = [b for b in self.pipeline_batches[1:] if b.get("trigger_ms") is not None]
+    def latency_summary(self, baseline: bool = False) -> dict[str, float]:
+        source = self.baseline_batches if baseline else self.pipeline_batches
+        batches = [b for b in source[1:] if b.get("trigger_ms") is not None]
         if not batches:
             return {}
         trigger = sorted(float(b["trigger_ms"]) for b in batches)
@@ -177,20 +181,27 @@ class BenchReport:
         summary = self.latency_summary()
         if summary:
             met = summary["median_ms"] < LATENCY_TARGETS_MS[0] and summary["p90_ms"] < LATENCY_TARGETS_MS[1]
+            rows = [("millstream -> reference pipeline -> millstream", summary, self.pipeline_cpu_percent)]
+            spark_own = self.latency_summary(baseline=True)
+            if spark_own:
+                rows.append(("rate -> the same logic -> noop (Spark's own)", spark_own, self.baseline_cpu_percent))
             lines += ["", "Reference pipeline, per micro-batch (processing-time trigger 1 s, "
-                      f"{PIPELINE_EVENTS_PER_SECOND:,} events/s written; the first batch left out; target median < "
+                      f"{PIPELINE_EVENTS_PER_SECOND:,} events/s; the first batch left out; target median < "
                       f"{LATENCY_TARGETS_MS[0]:.0f} ms, p90 < {LATENCY_TARGETS_MS[1]:.0f} ms: "
-                      f"{'met' if met else 'NOT met'}):", "",
-                      "| batches | rows/batch (median) | latency median ms | p90 ms | max ms | our CPU % "
+                      f"{'met' if met else 'NOT met'}), beside the same query logic fed by Spark's rate "
+                      "source into noop:", "",
+                      "| query | batches | rows/batch (median) | latency median ms | p90 ms | max ms | our CPU % "
                       "| others' CPU % |",
-                      "|---:|---:|---:|---:|---:|---:|---:|",
-                      f"| {summary['batches']:.0f} | {summary['rows_per_batch_median']:.0f} | "
-                      f"{summary['median_ms']:.0f} | {summary['p90_ms']:.0f} | {summary['max_ms']:.0f} | "
-                      f"{self.pipeline_cpu_percent[0]:.0f} | {self.pipeline_cpu_percent[1]:.0f} |", "",
-                      "Where a batch's time goes (medians, ms; Spark's ``durationMs``):", "",
-                      "| " + " | ".join(part.removesuffix("_ms") for part in BATCH_PARTS) + " |",
-                      "|" + "---:|" * len(BATCH_PARTS),
-                      "| " + " | ".join(f"{summary[f'{part}_median']:.0f}" for part in BATCH_PARTS) + " |"]
+                      "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {name} | {row['batches']:.0f} | {row['rows_per_batch_median']:.0f} | "
+                      f"{row['median_ms']:.0f} | {row['p90_ms']:.0f} | {row['max_ms']:.0f} | {cpu[0]:.0f} | "
+                      f"{cpu[1]:.0f} |"
+                      for name, row, cpu in rows]
+            lines += ["", "Where a batch's time goes (medians, ms; Spark's ``durationMs``):", "",
+                      "| query | " + " | ".join(part.removesuffix("_ms") for part in BATCH_PARTS) + " |",
+                      "|---|" + "---:|" * len(BATCH_PARTS)]
+            lines += ["| " + name + " | " + " | ".join(f"{row[f'{part}_median']:.0f}" for part in BATCH_PARTS) + " |"
+                      for name, row, _ in rows]
         return "\n".join(lines)
 
     def section(self, command: str, figure: str | None = None) -> str:
@@ -209,6 +220,8 @@ class BenchReport:
                 "ratios": {name: {"against": against, "ratio": value}
                            for name, (against, value) in self.ratios().items()},
                 "pipeline_batches": list(self.pipeline_batches), "pipeline_latency": self.latency_summary(),
+                "baseline_batches": list(self.baseline_batches),
+                "baseline_latency": self.latency_summary(baseline=True),
                 "pipeline_cpu_percent": {"ours": self.pipeline_cpu_percent[0],
                                          "others": self.pipeline_cpu_percent[1]}}
 
@@ -495,6 +508,40 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu
 
 
+def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
+                       say: Callable[[str], None]) -> tuple[list[dict[str, Any]], tuple[float, float]]:
+    """The reference pipeline's logic fed by Spark's rate source (readings of the same shape, at the
+    same rate) into noop: what the query costs Spark itself, with no millstream on either side."""
+    from millstream.spark.pipeline import progress_record, sensor_pipeline
+
+    clock = SystemClock()
+    config = PipelineConfig(controller="tcp://127.0.0.1:1", checkpoint=workdir / "checkpoints" / "baseline")
+    readings = (spark.readStream.format("rate").option("rowsPerSecond", str(PIPELINE_EVENTS_PER_SECOND))
+                .option("numPartitions", "2").load()
+                .selectExpr("concat('{\"kind\":\"reading\",\"sensor_id\":\"sensor-', "
+                            "lpad(CAST(value % 16 AS STRING), 4, '0'), '\",\"ts_ms\":', "
+                            f"CAST({PIPELINE_EVENT_TIME_START_MS} + value * 1000 / {PIPELINE_EVENTS_PER_SECOND} "
+                            "AS BIGINT), "
+                            "',\"temperature_c\":', CAST(20 + value % 70 AS STRING), '.', "
+                            "lpad(CAST(value % 100 AS STRING), 2, '0'), '}') AS value"))
+    say(f"the same logic on Spark's rate source into noop: its first micro-batch, then {seconds:.0f} s")
+    query = (sensor_pipeline(readings, config).writeStream.format("noop").outputMode("append")
+             .option("checkpointLocation", str(config.checkpoint)).trigger(processingTime="1 second").start())
+    began = clock.monotonic()
+    try:
+        while not query.recentProgress and not query.awaitTermination(0.5):
+            if clock.monotonic() - began > QUERY_TIMEOUT_SECONDS:
+                raise TimeoutError(f"the baseline's first batch took over {QUERY_TIMEOUT_SECONDS:.0f} s")
+        meter = CpuMeter()
+        began = clock.monotonic()
+        while clock.monotonic() - began < seconds and not query.awaitTermination(0.5):
+            meter.sample()
+    finally:
+        query.stop()
+    cpu = meter.shares(clock.monotonic() - began)
+    return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu
+
+
 def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
     import millstream
     import pyspark
@@ -508,10 +555,12 @@ def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
             try:
                 throughput = _throughput(spark, node.uri, workdir, config.rows, say)
                 batches, pipeline_cpu = _pipeline_latency(spark, node.uri, workdir, config.pipeline_seconds, say)
+                baseline, baseline_cpu = _pipeline_baseline(spark, workdir, config.pipeline_seconds, say)
             finally:
                 spark.stop()
         return BenchReport(throughput=tuple(throughput), pipeline_batches=tuple(batches),
-                           pipeline_cpu_percent=pipeline_cpu, spark_version=pyspark.__version__)
+                           pipeline_cpu_percent=pipeline_cpu, spark_version=pyspark.__version__,
+                           baseline_batches=tuple(baseline), baseline_cpu_percent=baseline_cpu)
     finally:
         if config.data_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)
