@@ -36,16 +36,31 @@ Options (names are case-insensitive; every value is a string):
                                         registered for the query: each batch Spark commits publishes its end
                                         as the group's subscriber cut, so consumption-based retention may
                                         truncate below it (default: none registered, nothing published)
+``deadLetterStream``        source      ``scope/stream``: an event the serializer cannot decode (not UTF-8,
+                                        not JSON, a field that does not fit the schema) is written there,
+                                        with its position and the reason, and the batch goes on without it
+                                        (``_dead_letters``).  Default: none -- such an event fails the batch
+                                        with its position in the message
 ``routingKeyColumn``        sink        the column whose string routes each event (default ``routing_key``,
                                         used when the DataFrame has it; no routing key otherwise)
 ``transactionLeaseSeconds`` sink        the lease of each task's store transaction (default
                                         ``limits.SPARK_SINK_TRANSACTION_LEASE_SECONDS``)
 ``writer``                  sink        ``arrow`` (default: Arrow record batches, fast) or ``rows``
+``fenceKey``, ``fenceValue``  sink      ``df.write`` only: commit only if the value the output stream records
+                                        for ``fenceKey`` is below ``fenceValue`` (an int), and record it --
+                                        a job run again with the same fence writes nothing.  A streaming
+                                        query fences by its query id and batch id itself
 ==========================  ==========  ======================================================================
+
+A name that is none of these is an error that names the nearest one (``options 'maxRowPerBatch' is
+not an option of the millstream source; did you mean 'maxRowsPerBatch'?``): a misspelt option would
+otherwise be ignored in silence and its default used.  The options Spark itself passes along
+(``path``, ``checkpointLocation``, ``queryName``) are allowed and not read.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -63,12 +78,12 @@ __all__ = [
     "SinkOptions",
     "SourceOptions",
     "StoreOptions",
+    "check_option_names",
     "ddl_column_names",
     "lowered",
     "parse_sink_options",
     "parse_source_options",
     "parse_store_options",
-    "unknown_options",
 ]
 
 #: The columns the source fills from where an event lies rather than from its bytes.
@@ -79,14 +94,37 @@ _SINK_SERIALIZERS: Final = ("raw", "json")
 _SINK_WRITERS: Final = ("arrow", "rows")
 _CUT_KEYWORDS: Final = ("head", "tail", "latest")
 
-#: Every option either side reads (lower case), for the warning about options nothing reads.
-KNOWN_OPTIONS: Final = frozenset({
-    "controller", "stream", "token", "start", "end", "maxrowsperbatch", "maxbytesperbatch", "serializer",
-    "schema", "metadatacolumns", "routingkeyfield", "readergroup", "routingkeycolumn",
-    "transactionleaseseconds", "writer",
-    # Spark passes these to sinks and sources along with the user's options.
-    "path", "checkpointlocation", "queryname",
-})
+#: The options of the source and of the sink, as the documentation spells them.
+SOURCE_OPTIONS: Final = ("controller", "stream", "token", "start", "end", "maxRowsPerBatch", "maxBytesPerBatch",
+                         "serializer", "schema", "metadataColumns", "routingKeyField", "readerGroup",
+                         "deadLetterStream")
+SINK_OPTIONS: Final = ("controller", "stream", "token", "serializer", "routingKeyColumn", "transactionLeaseSeconds",
+                       "writer", "fenceKey", "fenceValue")
+#: Options Spark passes to sources and sinks along with the user's own (allowed, never read).
+SPARK_OPTIONS: Final = ("path", "checkpointLocation", "queryName")
+#: Every option either side reads (lower case).
+KNOWN_OPTIONS: Final = frozenset(name.lower() for name in (*SOURCE_OPTIONS, *SINK_OPTIONS, *SPARK_OPTIONS))
+
+
+def check_option_names(options: Mapping[str, str], side: str) -> None:
+    """Raise ``OptionError`` for the first option (in sorted order) that ``side`` (``source`` or
+    ``sink``) does not read, naming the nearest one it does -- or saying that it belongs to the
+    other side."""
+    own = SOURCE_OPTIONS if side == "source" else SINK_OPTIONS
+    other = SINK_OPTIONS if side == "source" else SOURCE_OPTIONS
+    allowed = {name.lower() for name in (*own, *SPARK_OPTIONS)}
+    for name in sorted(str(key) for key in options):
+        lower = name.lower()
+        if lower in allowed:
+            continue
+        if lower in {o.lower() for o in other}:
+            where = "spark.readStream / spark.read" if side == "sink" else "writeStream / df.write"
+            raise OptionError(name, f"is an option of the {'source' if side == 'sink' else 'sink'} ({where}), "
+                                    f"not of the {side}")
+        spelled = {o.lower(): o for o in own}
+        close = difflib.get_close_matches(lower, list(spelled), n=1, cutoff=0.6)
+        hint = f"; did you mean {spelled[close[0]]!r}?" if close else f" (its options: {', '.join(own)})"
+        raise OptionError(name, f"is not an option of the millstream {side}{hint}")
 
 
 def lowered(options: Mapping[str, str]) -> dict[str, str]:
@@ -276,6 +314,7 @@ class SourceOptions:
     metadata_columns: bool
     routing_key_field: str | None
     reader_group: tuple[str, str] | None   # (scope, group)
+    dead_letter_stream: str | None = None
 
     def ddl(self) -> str:
         """The source's schema as Spark DDL (what ``DataSource.schema()`` returns)."""
@@ -289,6 +328,7 @@ class SourceOptions:
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     """The source's options; raises ``OptionError`` naming the first bad one."""
+    check_option_names(options, "source")
     store = parse_store_options(options)
     options = lowered(options)
     start = _cut_option(options, "start", "head", store.stream)
@@ -336,8 +376,18 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
                             validate_scope_or_stream_name(name, what="reader group"))
         except InvalidArgumentError as error:
             raise OptionError("readerGroup", str(error)) from None
+    dead_letters = options.get("deadletterstream")
+    if dead_letters is not None:
+        dead_letters = str(dead_letters).strip()
+        try:
+            split_stream_name(dead_letters)
+        except InvalidArgumentError as error:
+            raise OptionError("deadLetterStream", str(error)) from None
+        if dead_letters == store.stream:
+            raise OptionError("deadLetterStream", "must not be the stream the query reads")
     return SourceOptions(store, start, end, max_rows, max_bytes, serializer, schema, metadata,
-                         None if routing_key_field is None else str(routing_key_field).strip(), reader_group)
+                         None if routing_key_field is None else str(routing_key_field).strip(), reader_group,
+                         dead_letters)
 
 
 @attrs.frozen
@@ -350,17 +400,15 @@ class SinkOptions:
     routing_key_column_required: bool
     transaction_lease_seconds: float
     writer: str
+    fence: tuple[str, int] | None = None  # (fenceKey, fenceValue): df.write only
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     """The sink's options; raises ``OptionError`` naming the first bad one."""
+    check_option_names(options, "sink")
     store = parse_store_options(options)
     options = lowered(options)
     serializer = _choice(options, "serializer", _SINK_SERIALIZERS, "raw")
-    for source_only in ("start", "end", "maxRowsPerBatch", "maxBytesPerBatch", "schema", "metadataColumns",
-                        "routingKeyField", "readerGroup"):
-        if source_only.lower() in options:
-            raise OptionError(source_only, "is an option of the source (spark.readStream), not of the sink")
     column = options.get("routingkeycolumn")
     lease_raw = options.get("transactionleaseseconds")
     lease = limits.SPARK_SINK_TRANSACTION_LEASE_SECONDS
@@ -374,11 +422,21 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                               f"must lie in [{limits.TRANSACTION_LEASE_MIN_SECONDS}, "
                               f"{limits.TRANSACTION_LEASE_MAX_SECONDS}] (the controller's bounds), not {lease_raw!r}")
     writer = _choice(options, "writer", _SINK_WRITERS, "arrow")
+    fence = None
+    if ("fencekey" in options) != ("fencevalue" in options):
+        missing, given = ("fenceValue", "fenceKey") if "fencekey" in options else ("fenceKey", "fenceValue")
+        raise OptionError(missing, f"is required with option {given!r}")
+    if "fencekey" in options:
+        key = str(options["fencekey"]).strip()
+        if not key or len(key) > limits.FENCE_KEY_LENGTH_MAX:
+            raise OptionError("fenceKey", f"must be a non-empty name of at most {limits.FENCE_KEY_LENGTH_MAX} "
+                                          "characters")
+        try:
+            value = int(str(options["fencevalue"]).strip())
+        except ValueError:
+            raise OptionError("fenceValue", f"must be an integer, not {options['fencevalue']!r}") from None
+        if not 0 <= value <= limits.FENCE_VALUE_MAX:
+            raise OptionError("fenceValue", f"must lie in [0, 2**63), not {value}")
+        fence = (key, value)
     return SinkOptions(store, serializer, "routing_key" if column is None else str(column).strip(), column is not None,
-                       lease, writer)
-
-
-def unknown_options(options: Mapping[str, str]) -> list[str]:
-    """Options nothing here reads (a misspelling, most likely), for a warning."""
-    return sorted(k for k in options if str(k).lower() not in KNOWN_OPTIONS)
-
+                       lease, writer, fence)

@@ -32,12 +32,14 @@ import pyarrow as pa
 from millstream import limits
 from millstream.client import StreamCut
 from millstream.errors import InvalidStreamCutError, RetryableError
-from millstream.spark._decoding import EventDecoder
+from millstream.spark._dead_letters import DeadLetterWriter
+from millstream.spark._dead_letters import fence_key as dead_letter_fence
+from millstream.spark._decoding import DeadLetter, EventDecoder
 from millstream.spark._errors import OptionError
 from millstream.spark._offsets import cut_of, offset_of
 from millstream.spark._options import CutOption, SourceOptions
 from millstream.spark._planning import Budget, SegmentRange, plan_end, ranges_between, views_of
-from millstream.spark._segment_io import measure, read_frames
+from millstream.spark._segment_io import measure, read_blocks
 from millstream.spark._store import StoreSession
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -68,26 +70,49 @@ class SegmentRangePartition(InputPartition):
 
 
 def _read_partition(session: StoreSession, decoder: EventDecoder, partition: InputPartition,
-                    ) -> Iterator[pa.RecordBatch]:
-    """The record batches of one partition (a task's work)."""
+                    dead_letter_stream: str | None = None) -> Iterator[pa.RecordBatch]:
+    """The record batches of one partition (a task's work): a batch per block the store's reads
+    give (``_segment_io.read_blocks``), at most ``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows and
+    ``SPARK_ARROW_BATCH_BYTES_MAX`` bytes each.  With ``dead_letter_stream``, events that do not
+    decode go there (``_dead_letters``) instead of failing the task."""
     if not isinstance(partition, SegmentRangePartition):
         return  # an empty batch read: Spark plans one partition holding None
     span = partition.range
+    letters: list[DeadLetter] | None = None
+    dead = None
+    if dead_letter_stream is not None:
+        letters = []
+        query_id = _query_id()
+        fence = None if query_id is None else (
+            dead_letter_fence(query_id, span.stream, span.segment_id), span.end_offset)
+        dead = DeadLetterWriter(session, dead_letter_stream, fence=fence,
+                                lease_seconds=limits.SPARK_SINK_TRANSACTION_LEASE_SECONDS)
+    finished = False
     try:
-        pending: list[tuple[int, bytes]] = []
-        pending_bytes = 0
-        for events in read_frames(session.client, span):
-            for event in events:
-                pending.append(event)
-                pending_bytes += len(event[1])
-                if (len(pending) >= limits.SPARK_ARROW_BATCH_ROWS_MAX
-                        or pending_bytes >= limits.SPARK_ARROW_BATCH_BYTES_MAX):
-                    yield decoder.decode(span.stream, span.segment_id, pending)
-                    pending, pending_bytes = [], 0
-        if pending:
-            yield decoder.decode(span.stream, span.segment_id, pending)
+        for block in read_blocks(session.client, span):
+            for piece in block.split(limits.SPARK_ARROW_BATCH_ROWS_MAX, limits.SPARK_ARROW_BATCH_BYTES_MAX):
+                batch = decoder.decode_block(span.stream, span.segment_id, piece, letters)
+                if dead is not None and letters:
+                    dead.add(letters)
+                    letters.clear()
+                if batch.num_rows:
+                    yield batch
+        if dead is not None:
+            dead.commit()
+        finished = True
     finally:
+        if dead is not None and not finished:
+            dead.abort()  # read only in part (an error, or Spark stopped early): not this range's letters
         session.close()
+
+
+def _query_id() -> str | None:
+    """The streaming query's id in a micro-batch's task (None: a batch read, or outside Spark)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = None if context is None else context.getLocalProperty("sql.streaming.queryId")
+    return str(value) if value else None
 
 
 def _resolve(session: StoreSession, option: CutOption, name: str) -> StreamCut | None:
@@ -149,6 +174,8 @@ class MillstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """The ``start`` option's cut (resolved once per run); checks the stream and the ``end`` option."""
         if self._initial is None:
             self._session.check_exists()
+            if self._options.dead_letter_stream is not None:
+                self._session.check_exists(self._options.dead_letter_stream, "deadLetterStream")
             start = _resolve(self._session, self._options.start, "start")
             assert start is not None
             end = self._end_bound()
@@ -233,7 +260,8 @@ class MillstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # --- Tasks --------------------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read_partition(StoreSession(self._options.store), self._decoder, partition)
+        return _read_partition(StoreSession(self._options.store), self._decoder, partition,
+                               self._options.dead_letter_stream)
 
 
 class MillstreamBatchReader(DataSourceReader):
@@ -248,6 +276,8 @@ class MillstreamBatchReader(DataSourceReader):
         session = StoreSession(self._options.store)
         try:
             session.check_exists()
+            if self._options.dead_letter_stream is not None:
+                session.check_exists(self._options.dead_letter_stream, "deadLetterStream")
             start = _resolve(session, self._options.start, "start")
             end = _resolve(session, self._options.end, "end") or session.tail()
             assert start is not None
@@ -260,4 +290,5 @@ class MillstreamBatchReader(DataSourceReader):
             session.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read_partition(StoreSession(self._options.store), self._decoder, partition)
+        return _read_partition(StoreSession(self._options.store), self._decoder, partition,
+                               self._options.dead_letter_stream)

@@ -1,18 +1,36 @@
-"""The data source's calls to the store, through one blocking client opened on first use.
+"""The data source's calls to the store, through one blocking client per process.
 
 Every Spark-side object -- the planner's stream reader, a task's reader or writer, the driver's
 commit -- runs in a Python process of its own and is pickled there without connections, so each
-opens its client lazily (``StoreSession.client``) and closes it when it is done.  The calls made on
-the controller are gathered here with their errors translated into what the query should say.
+asks for its client lazily (``StoreSession.client``).  Spark keeps those processes: the planner
+runs for the whole query, and the Python workers that run tasks and the sink's commit are reused,
+task after task and batch after batch.  So the client is not the object's but the process's
+(``shared_client``): one per (controller, token), opened by the first task that needs it and kept
+for the next -- a micro-batch then pays no thread start, no event loop and no TCP handshake, only
+its requests.  A client made before a fork is never used after it (the key holds the pid), and the
+clients close when the process exits.  A client whose server went away reconnects on its next
+request, as any client does.
+
+``check_reachable`` is the one call that does not go through the client: a bounded TCP connect to
+the controller's address, made where a query starts, so that a wrong address fails the query in
+seconds with a message naming it instead of after the client's reconnect budget.
+
+The calls made on the controller are gathered here with their errors translated into what the
+query should say.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+import atexit
+import os
+import socket
+import threading
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import millstream
-from millstream.client import ReaderGroupConfig, SegmentSlice, StreamCut
+from millstream import limits
+from millstream.client import ReaderGroupConfig, SegmentSlice, StreamCut, parse_uri
 from millstream.errors import (
     InvalidStreamCutError,
     ReaderGroupExistsError,
@@ -22,14 +40,73 @@ from millstream.errors import (
 from millstream.spark._errors import OptionError
 from millstream.spark._options import StoreOptions
 
-__all__ = ["StoreSession"]
+__all__ = ["StoreSession", "check_reachable", "check_reachable_once", "close_shared_clients", "shared_client"]
 
 T = TypeVar("T")
 
+_clients: dict[tuple[str, str], tuple[int, millstream.Client]] = {}
+_clients_lock = threading.Lock()
+_exit_hook: list[bool] = []  # holds True once close_shared_clients is registered with atexit
+
+
+def shared_client(controller: str, token: str) -> millstream.Client:
+    """This process's client for ``controller`` and ``token`` (opened on first use, kept until exit)."""
+    key = (controller, token)
+    with _clients_lock:
+        entry = _clients.get(key)
+        if entry is not None and entry[0] == os.getpid():
+            return entry[1]
+        client = millstream.connect(controller, token=token)
+        _clients[key] = (os.getpid(), client)
+        if not _exit_hook:
+            atexit.register(close_shared_clients)
+            _exit_hook.append(True)
+        return client
+
+
+def close_shared_clients() -> None:
+    """Close this process's shared clients (at exit; tests call it too)."""
+    with _clients_lock:
+        entries = list(_clients.values())
+        _clients.clear()
+    for pid, client in entries:
+        if pid == os.getpid():
+            client.close()
+
+
+#: ``check_reachable``'s way of opening a TCP connection (tests pass a fake).
+Connect = Callable[[tuple[str, int], float], socket.socket]
+
+
+def check_reachable(controller: str, *, connect: Connect = socket.create_connection,
+                    timeout_seconds: float = limits.SPARK_CONTROLLER_CONNECT_TIMEOUT_SECONDS) -> None:
+    """Raise ``OptionError`` naming option ``controller`` unless a TCP connection to its address
+    opens within ``timeout_seconds`` (refused, unreachable, unknown host, no answer).  Nothing is
+    sent: it only checks where the query points before anything waits on the store."""
+    endpoint = parse_uri(controller)
+    try:
+        connection = connect((endpoint.host, endpoint.port), timeout_seconds)
+    except OSError as error:
+        reason = f"no answer within {timeout_seconds:g} s" if isinstance(error, TimeoutError) else str(error)
+        raise OptionError("controller", f"cannot reach the store at {controller} ({reason}); is it running there, "
+                                        "and is this the address the executors reach it at?") from None
+    connection.close()
+
+
+_reached: set[str] = set()
+
+
+def check_reachable_once(controller: str) -> None:
+    """``check_reachable``, once per process and address that answered (the sink's commit process
+    builds its writer every batch; one check is enough)."""
+    if controller not in _reached:
+        check_reachable(controller)
+        _reached.add(controller)
+
 
 class StoreSession:
-    """A lazily opened blocking client for ``options`` (controller URI and token) and the stream's
-    controller calls.  Not picklable with an open client: owners drop it when pickled."""
+    """The process's client for ``options`` (controller URI and token), taken on first use, and the
+    stream's controller calls.  Pickled without it."""
 
     def __init__(self, options: StoreOptions) -> None:
         self.options = options
@@ -38,16 +115,15 @@ class StoreSession:
     @property
     def client(self) -> millstream.Client:
         if self._client is None:
-            self._client = millstream.connect(self.options.controller, token=self.options.token)
+            self._client = shared_client(self.options.controller, self.options.token)
         return self._client
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.client.run(coroutine)
 
     def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        """Let go of the client (the process keeps it for the next session)."""
+        self._client = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "_client": None}
@@ -60,12 +136,14 @@ class StoreSession:
     def tail(self) -> StreamCut:
         return self.client.stream_manager().tail_cut(self.options.stream)
 
-    def check_exists(self) -> None:
-        """Raise ``OptionError`` naming ``stream`` if the stream (or its scope) does not exist."""
+    def check_exists(self, stream: str | None = None, option: str = "stream") -> None:
+        """Raise ``OptionError`` naming ``option`` if ``stream`` (default: the query's) or its scope
+        does not exist."""
+        name = self.options.stream if stream is None else stream
         try:
-            self.client.stream_manager().describe_stream(self.options.stream)
+            self.client.stream_manager().describe_stream(name)
         except LookupError as error:  # ScopeNotFoundError, StreamNotFoundError
-            raise OptionError("stream", f"{self.options.stream!r} does not exist ({error})") from None
+            raise OptionError(option, f"{name!r} does not exist ({error})") from None
 
     def between(self, start: StreamCut, end: StreamCut | None) -> list[SegmentSlice]:
         """``get_segments_between(start, end)``; a start the stream's head has passed is

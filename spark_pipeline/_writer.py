@@ -1,5 +1,5 @@
-"""The exactly-once sink: ``MillstreamStreamWriter`` (rows), ``MillstreamStreamArrowWriter`` (Arrow) and
-``MillstreamBatchWriter`` (``df.write``).
+"""The exactly-once sink: ``MillstreamStreamWriter`` (rows), ``MillstreamStreamArrowWriter`` (Arrow),
+``MillstreamBatchWriter`` and ``MillstreamBatchArrowWriter`` (``df.write``).
 
 Theory of operation (spec/ExactlyOnceSink.tla; DESIGN.md section 7).  Spark commits a micro-batch
 in two phases, and the store's stream transactions and its fenced multi-commit are the two halves:
@@ -22,33 +22,51 @@ in two phases, and the store's stream transactions and its fenced multi-commit a
    are skipped).  Transactions nobody lists (a task killed with its executor or with the driver)
    expire when their lease (``transactionLeaseSeconds``) lapses.
 
+Every writer class is the same protocol (``_SinkProtocol``): the stream writers differ only in what
+``write`` is handed -- Spark ``Row``s or Arrow record batches -- and share one ``commit`` and one
+``abort``, defined once on ``MillstreamStreamWriter`` (the Arrow writer is its subclass), so no
+writer can commit without the fence.  ``df.write`` (the batch writers) commits the same way without
+a fence unless the ``fenceKey``/``fenceValue`` options give one.
+
 ``commit`` then waits, within a bound, until the store has merged the batch's transactions, so the
-batch's events are readable when Spark records it committed.  A transaction whose lease lapsed
-before the driver committed makes the store refuse the whole batch (``TransactionNotOpenError``,
-nothing committed); Spark fails the query, and a restart re-runs the batch.
+batch's events are readable when Spark records it committed: it asks for their status every
+``limits.SPARK_SINK_MERGE_POLL_SECONDS`` on the client's event loop (all at once).  A transaction
+whose lease lapsed before the driver committed it makes the store refuse the whole batch
+(``TransactionNotOpenError``, nothing committed); Spark fails the query, and a restart re-runs the
+batch.
+
+Output modes, as Spark's Kafka sink has them: every batch's rows are appended to the stream, once.
+In *append* mode they are the new result rows; in *complete* mode the whole result table, every
+batch (Spark asks the sink to "truncate" first, which a stream cannot: its readers see every
+batch's table one after the other); in *update* mode the rows that changed in the batch (Spark's
+Python data sources cannot take update mode themselves; ``millstream.spark.register`` routes it
+through ``foreachBatch`` and the fenced batch writer -- see ``_modes``).
 
 A row becomes an event by ``serializer``: ``raw`` takes the ``value`` column (binary, or a string as
 UTF-8), ``json`` the whole row as a JSON object; the routing key is the ``routingKeyColumn`` column
-(default ``routing_key``) when the DataFrame has it.  The Arrow writer (the default) takes Spark's
-record batches column by column; the row writer, Spark's ``Row``s.
+(default ``routing_key``) when the DataFrame has it.  Rows reach the store a buffer at a time, not
+an event at a time: the payloads of a record batch (for the row writer, of a few thousand rows) are
+one Arrow binary array, routed by distinct key and framed in C (``_segment_io.route``,
+``frame_events``), then appended to the transaction's segments (``TransactionAppender``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import datetime
 import decimal
 import json
 import logging
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 import pyarrow as pa
 from millstream import limits
-from millstream.client import CommitOutcome, TransactionStatus
+from millstream.client import CommitOutcome, StreamRouter, TransactionStatus
+from millstream.clock import Clock, SystemClock
 from millstream.errors import (
     InternalError,
     InvalidArgumentError,
@@ -57,10 +75,12 @@ from millstream.errors import (
 )
 from millstream.spark._errors import FenceAheadError, OptionError, SchemaMismatchError
 from millstream.spark._options import SinkOptions
+from millstream.spark._segment_io import TransactionAppender, frame_events, route
 from millstream.spark._store import StoreSession
 from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     DataSourceStreamWriter,
     DataSourceWriter,
@@ -69,6 +89,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 __all__ = [
+    "MillstreamBatchArrowWriter",
     "MillstreamBatchWriter",
     "MillstreamCommitMessage",
     "MillstreamStreamArrowWriter",
@@ -82,6 +103,9 @@ _log = logging.getLogger("millstream.spark")
 #: Spark's task-context properties carrying the batch id and the query id (reference, pitfall 4).
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+#: The row writer hands the store this many rows at a time (one Arrow array of payloads).
+ROWS_PER_CHUNK = 4096
 
 
 def fence_key(query_id: str) -> str:
@@ -152,6 +176,10 @@ def _json_payload(row: dict[str, Any]) -> bytes:
     return json.dumps(row, default=_json_value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+#: Payloads (a binary array without nulls) and their routing keys (strings or nulls; None: no keys).
+Events = tuple[pa.Array, "pa.Array | None"]
+
+
 @attrs.frozen
 class _Encoding:
     """Where an event's payload and routing key come from in the DataFrame's schema."""
@@ -182,23 +210,53 @@ class _Encoding:
                                           f"not {schema.fields[value_index].dataType.simpleString()}")
         return cls(options.serializer, value_index, key_index)
 
-    def rows(self, rows: Iterable[Row]) -> Iterator[tuple[bytes, str | None]]:
+    def rows(self, rows: Iterable[Row]) -> Iterator[Events]:
+        """Spark ``Row``s, a chunk of ``ROWS_PER_CHUNK`` at a time."""
+        payloads: list[bytes] = []
+        keys: list[str | None] = []
         for row in rows:
-            key = None if self.routing_key_index is None else row[self.routing_key_index]
             if self.value_index is None:
-                yield _json_payload(row.asDict(recursive=True)), key
+                payloads.append(_json_payload(row.asDict(recursive=True)))
             else:
-                yield _payload(row[self.value_index]), key
+                payloads.append(_payload(row[self.value_index]))
+            if self.routing_key_index is not None:
+                keys.append(row[self.routing_key_index])
+            if len(payloads) >= ROWS_PER_CHUNK:
+                yield self._chunk(payloads, keys)
+                payloads, keys = [], []
+        if payloads:
+            yield self._chunk(payloads, keys)
 
-    def batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[bytes, str | None]]:
+    def _chunk(self, payloads: list[bytes], keys: list[str | None]) -> Events:
+        return (pa.array(payloads, type=pa.binary()),
+                None if self.routing_key_index is None else pa.array(keys, type=pa.string()))
+
+    def batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[Events]:
+        """Arrow record batches, each as it is (the ``value`` column taken as bytes, without a copy)."""
         for batch in batches:
-            keys = [None] * batch.num_rows if self.routing_key_index is None \
-                else batch.column(self.routing_key_index).to_pylist()
+            if batch.num_rows == 0:
+                continue
+            keys = None if self.routing_key_index is None else _as_string(batch.column(self.routing_key_index))
             if self.value_index is None:
-                yield from zip((_json_payload(r) for r in batch.to_pylist()), keys, strict=True)
+                payloads = pa.array([_json_payload(r) for r in batch.to_pylist()], type=pa.binary())
             else:
-                values = batch.column(self.value_index).to_pylist()
-                yield from zip((_payload(v) for v in values), keys, strict=True)
+                payloads = _as_binary(batch.column(self.value_index))
+            yield payloads, keys
+
+
+def _as_binary(values: pa.Array) -> pa.Array:
+    """The ``value`` column as a binary array (a string column's UTF-8 bytes are already that)."""
+    if values.null_count:
+        raise SchemaMismatchError("option 'serializer' is raw: a row's 'value' is null (an event needs bytes)")
+    if pa.types.is_string(values.type):
+        return values.view(pa.binary())
+    if pa.types.is_binary(values.type):
+        return values
+    return values.cast(pa.binary())  # large (64-bit offset) strings and binaries
+
+
+def _as_string(keys: pa.Array) -> pa.Array:
+    return keys if pa.types.is_string(keys.type) else keys.cast(pa.string())
 
 
 def _payload(value: Any) -> bytes:
@@ -214,33 +272,60 @@ def _payload(value: Any) -> bytes:
 # --- The protocol ----------------------------------------------------------------------------------
 
 
-class _SinkProtocol:
-    """The task side and the driver side of the commit, shared by the three writers."""
+def _ahead(stream: str, fence: tuple[str, int], recorded: int) -> str:
+    key, value = fence
+    if key.startswith("spark/"):
+        return (f"{stream} records batch {recorded} of query {key.removeprefix('spark/')} as committed, but Spark "
+                f"asks to commit batch {value}: the query's checkpoint is older than its output (nothing was "
+                "committed; the batch's transactions were aborted)")
+    return (f"{stream} records {recorded} for fence key {key!r}, above this write's fenceValue {value}: a later "
+            "write with this key was committed (nothing was committed; the transactions were aborted)")
 
-    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+
+
+class _SinkProtocol:
+    """The task side and the driver side of the commit, shared by every writer."""
+
+    def __init__(self, options: SinkOptions, schema: StructType, *, clock: Clock | None = None) -> None:
         self._options = options
         self._encoding = _Encoding.of(options, schema)
+        self._clock = clock or SystemClock()
 
     @property
     def options(self) -> SinkOptions:
         return self._options
 
-    def write_events(self, events: Iterable[tuple[bytes, str | None]], task: TaskIdentity) -> MillstreamCommitMessage:
+    @property
+    def encoding(self) -> _Encoding:
+        return self._encoding
+
+    def write_events(self, events: Iterable[Events], task: TaskIdentity) -> MillstreamCommitMessage:
         """Write ``events`` into one new store transaction (none if there are none) and report it."""
         session = StoreSession(self._options.store)
         txn = None
+        writer = None
+        appender = None
         count = 0
         try:
-            writer = session.client.transactional_writer(self._options.store.stream,
-                                                         lease_seconds=self._options.transaction_lease_seconds)
-            for payload, key in events:
+            for payloads, keys in events:
+                if len(payloads) == 0:
+                    continue
                 if txn is None:
+                    writer = session.client.transactional_writer(
+                        self._options.store.stream, lease_seconds=self._options.transaction_lease_seconds)
                     txn = writer.begin()
-                txn.write_event(payload, routing_key=key)
-                count += 1
-            if txn is not None:
-                txn.flush()
+                    router = StreamRouter(txn.info.transaction_segments)
+                    appender = TransactionAppender(session.client, self._options.store.token)
+                assert appender is not None
+                for segment, part in route(payloads, keys, router):
+                    appender.append(segment, frame_events(part))
+                count += len(payloads)
+            if appender is not None:
+                appender.close()  # flushes: every event is durable in the transaction
+                appender = None
         except BaseException:
+            if appender is not None:
+                appender.discard()
             if txn is not None:
                 try:
                     txn.abort()
@@ -248,7 +333,9 @@ class _SinkProtocol:
                     _log.warning("could not abort transaction %s of a failed task", txn.txn_id, exc_info=True)
             raise
         finally:
-            session.close()  # flushes and stops pinging; the transaction stays open for the driver
+            if writer is not None:
+                writer.close()  # stops pinging; the transaction stays open for the driver
+            session.close()
         return MillstreamCommitMessage(None if txn is None else str(txn.txn_id), task.query_id, task.batch_id,
                                        task.partition_id, task.attempt, count)
 
@@ -269,8 +356,10 @@ class _SinkProtocol:
             raise InternalError(f"batch {batch_id}: commit messages of several queries: {listed!r}")
         return listed
 
-    def commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int, *, fenced: bool = True) -> None:
-        """The driver's commit: the fenced multi-commit of every task's transaction."""
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int, *,
+               fence: tuple[str, int] | None) -> None:
+        """The driver's commit: every task's transaction in one atomic multi-commit, fenced by
+        ``fence`` (None: not fenced -- a batch job without ``fenceKey``)."""
         listed = self._listed(messages, batch_id, tolerate_missing=False)
         txns = [m.txn_id for m in listed if m.txn_id is not None]
         if not txns:
@@ -280,43 +369,39 @@ class _SinkProtocol:
             raise InvalidArgumentError(f"batch {batch_id} has {len(txns)} tasks with rows; one commit takes at most "
                                        f"{limits.TRANSACTIONS_PER_COMMIT_MAX} transactions (fewer partitions, please)")
         stream = self._options.store.stream
-        fence = (fence_key(listed[0].query_id), batch_id) if fenced else None
         session = StoreSession(self._options.store)
         try:
             result = session.client.commit_transactions(stream, txns, fence=fence)
             if result.outcome is CommitOutcome.ALREADY_COMMITTED:
-                assert result.recorded is not None
-                if result.recorded > batch_id:
-                    raise FenceAheadError(
-                        f"{stream} records batch {result.recorded} of query {listed[0].query_id} as committed, but "
-                        f"Spark asks to commit batch {batch_id}: the query's checkpoint is older than its output "
-                        "(nothing was committed; the batch's transactions were aborted)")
-                _log.info("batch %s of query %s was committed to %s before (a replay): its %s new transactions were "
-                          "aborted", batch_id, listed[0].query_id, stream, len(txns))
+                assert fence is not None and result.recorded is not None
+                if result.recorded > fence[1]:
+                    raise FenceAheadError(_ahead(stream, fence, result.recorded))
+                _log.info("batch %s (fence %s) was committed to %s before (a replay): its %s new transactions were "
+                          "aborted", batch_id, fence[0], stream, len(txns))
                 return
-            self._wait_merged(session, txns)
+            if not session.run(self._wait_merged(session, txns)):
+                _log.warning("transactions %s of %s are committed but not merged yet after %s s", txns, stream,
+                             limits.TRANSACTION_COMPLETION_WAIT_SECONDS)
         finally:
             session.close()
 
-    def _wait_merged(self, session: StoreSession, txns: Sequence[str]) -> None:
-        """Wait (bounded) until the store has merged the committed transactions, so the batch is readable
-        once Spark logs it committed.  Merging follows from the decision, so a timeout only logs."""
+    async def _wait_merged(self, session: StoreSession, txns: Sequence[str]) -> bool:
+        """Wait (bounded) until the store has merged the committed transactions, so the batch is
+        readable once Spark logs it committed; False if the bound passed first.  Merging follows from
+        the decision, so a timeout only delays readers."""
         controller = session.client.async_client.controller()
         scope, name = self._options.store.scope, self._options.store.stream_name
-        deadline = time.monotonic() + limits.TRANSACTION_COMPLETION_WAIT_SECONDS
-        delay = limits.TRANSACTION_STATUS_POLL_INITIAL_SECONDS
+        deadline = self._clock.monotonic() + limits.TRANSACTION_COMPLETION_WAIT_SECONDS
         waiting = list(txns)
-        while waiting:
-            waiting = [t for t in waiting if session.run(controller.get_transaction(scope, name, t)).status
-                       is not TransactionStatus.COMMITTED]
+        while True:
+            infos = await asyncio.gather(*(controller.get_transaction(scope, name, t) for t in waiting))
+            waiting = [txn for txn, info in zip(waiting, infos, strict=True)
+                       if info.status is not TransactionStatus.COMMITTED]
             if not waiting:
-                return
-            if time.monotonic() >= deadline:
-                _log.warning("transactions %s of %s are committed but not merged yet after %s s", waiting,
-                             self._options.store.stream, limits.TRANSACTION_COMPLETION_WAIT_SECONDS)
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, limits.TRANSACTION_STATUS_POLL_MAX_SECONDS)
+                return True
+            if self._clock.monotonic() >= deadline:
+                return False
+            await self._clock.sleep(limits.SPARK_SINK_MERGE_POLL_SECONDS)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
         """Abort the listed transactions; failed tasks' slots are None (their transactions expire)."""
@@ -339,52 +424,65 @@ class _SinkProtocol:
 
 
 class MillstreamStreamWriter(DataSourceStreamWriter):
-    """The sink for ``writer=rows``: Spark ``Row``s in (see the module docstring)."""
+    """The sink for ``writer=rows``: Spark ``Row``s in (see the module docstring).  Its ``commit`` and
+    ``abort`` are every stream writer's: fenced by (query id, batch id)."""
 
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self._protocol = _SinkProtocol(options, schema)
+
+    @property
+    def protocol(self) -> _SinkProtocol:
+        return self._protocol
 
     def write(self, iterator: Iterator[Row]) -> MillstreamCommitMessage:
         task = current_task(streaming=True)
-        return self._protocol.write_events(self._protocol._encoding.rows(iterator), task)
+        return self._protocol.write_events(self._protocol.encoding.rows(iterator), task)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._protocol.commit(messages, batchId)
+        listed = self._protocol._listed(messages, batchId, tolerate_missing=False)
+        fence = (fence_key(listed[0].query_id), batchId) if listed else None
+        self._protocol.commit(messages, batchId, fence=fence)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._protocol.abort(messages, batchId)
 
 
-class MillstreamStreamArrowWriter(DataSourceStreamArrowWriter):
-    """The sink for ``writer=arrow`` (the default): Arrow record batches in (see the module docstring)."""
+class MillstreamStreamArrowWriter(MillstreamStreamWriter, DataSourceStreamArrowWriter):
+    """The sink for ``writer=arrow`` (the default): Arrow record batches in; commits as
+    ``MillstreamStreamWriter`` does (it is one)."""
 
-    def __init__(self, options: SinkOptions, schema: StructType) -> None:
-        self._protocol = _SinkProtocol(options, schema)
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:  # type: ignore[override]
         task = current_task(streaming=True)
-        return self._protocol.write_events(self._protocol._encoding.batches(iterator), task)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._protocol.commit(messages, batchId)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._protocol.abort(messages, batchId)
+        return self._protocol.write_events(self._protocol.encoding.batches(iterator), task)
 
 
 class MillstreamBatchWriter(DataSourceWriter):
-    """``df.write.format("millstream")``: every task's transaction committed in one atomic step
-    (no fence: a batch job that is run again writes again)."""
+    """``df.write.format("millstream")`` with ``writer=rows``: every task's transaction committed in
+    one atomic step -- fenced by ``fenceKey``/``fenceValue`` when given (a job run again with the same
+    fence writes nothing), else not (a job run again writes again)."""
 
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self._protocol = _SinkProtocol(options, schema)
 
+    @property
+    def protocol(self) -> _SinkProtocol:
+        return self._protocol
+
     def write(self, iterator: Iterator[Row]) -> MillstreamCommitMessage:
         task = current_task(streaming=False)
-        return self._protocol.write_events(self._protocol._encoding.rows(iterator), task)
+        return self._protocol.write_events(self._protocol.encoding.rows(iterator), task)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._protocol.commit(messages, -1, fenced=False)
+        self._protocol.commit(messages, -1, fence=self._protocol.options.fence)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._protocol.abort(messages, -1)
+
+
+class MillstreamBatchArrowWriter(MillstreamBatchWriter, DataSourceArrowWriter):
+    """``df.write.format("millstream")`` (the default ``writer=arrow``): Arrow record batches in;
+    commits as ``MillstreamBatchWriter`` does (it is one)."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:  # type: ignore[override]
+        task = current_task(streaming=False)
+        return self._protocol.write_events(self._protocol.encoding.batches(iterator), task)

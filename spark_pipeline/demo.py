@@ -124,6 +124,7 @@ class DemoConfig:
     keep_data: bool = False
     input_stream: str = "iot/sensors"
     output_stream: str = "iot/alerts"
+    spark_master: str = "local[2]"
 
     def __attrs_post_init__(self) -> None:
         if self.kills < 0 or self.kills > 100:
@@ -204,7 +205,7 @@ def pipeline_arguments(config: PipelineConfig) -> list[str]:
                  "--alert-threshold", str(config.alert_threshold_c), "--alert-readings",
                  str(config.alert_readings_min), "--trigger", config.trigger, "--interval",
                  repr(config.trigger_interval_seconds), "--state-memory-mb", str(config.state_memory_mb),
-                 "--shuffle-partitions", str(config.shuffle_partitions), "--master", config.master]
+                 "--shuffle-partitions", str(config.shuffle_partitions), "--spark-master", config.master]
     if config.max_rows_per_batch is not None:
         arguments += ["--max-rows-per-batch", str(config.max_rows_per_batch)]
     return arguments
@@ -492,7 +493,7 @@ async def run_demo(config: DemoConfig, *, out: Callable[[str], None] = print, cl
                 checkpoint=workdir / "checkpoint", window_seconds=workload.window_seconds,
                 watermark_delay_seconds=workload.watermark_delay_seconds,
                 alert_threshold_c=workload.alert_threshold_c, alert_readings_min=workload.alert_readings_min,
-                trigger_interval_seconds=config.trigger_interval_seconds)
+                trigger_interval_seconds=config.trigger_interval_seconds, master=config.spark_master)
             report = WriteReport()
             say(f"writing {config.sensors} sensors at {config.events_per_second} events/s (seed {config.seed}), "
                 "keyed by sensor id")

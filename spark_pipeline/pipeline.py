@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -82,6 +84,10 @@ ROCKSDB_PROVIDER: Final = "org.apache.spark.sql.execution.streaming.state.RocksD
 #: How often ``run`` looks at the query (new progress to print, a stop request): often enough that a
 #: progress line follows its batch closely, rarely enough to cost nothing beside a micro-batch.
 POLL_INTERVAL_SECONDS: Final = 0.5
+
+#: Each executor of a ``spark://`` cluster gets one core and this much memory: a two-core machine runs
+#: the cluster's executors beside the store and the driver (the workers offer 1 GiB each).
+EXECUTOR_MEMORY: Final = "512m"
 
 #: ``query.stop()`` waits at most this long for running tasks (Spark's own default is to wait forever);
 #: a batch it interrupts is re-run on the next start.
@@ -161,6 +167,8 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
         # A window is emitted by the batch after the one that moved the watermark past its end, even
         # when no new data arrives (Spark's default, stated because the answer depends on it).
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+        **({"spark.executor.cores": "1", "spark.executor.memory": EXECUTOR_MEMORY}
+           if config.master.startswith("spark://") else {}),
     }
 
 
@@ -266,6 +274,9 @@ def progress_record(progress: dict[str, Any]) -> dict[str, Any]:
         "trigger_ms": durations.get("triggerExecution"),
         "add_batch_ms": durations.get("addBatch"),
         "latest_offset_ms": durations.get("latestOffset"),
+        "wal_commit_ms": durations.get("walCommit"),
+        "get_batch_ms": durations.get("getBatch"),
+        "query_planning_ms": durations.get("queryPlanning"),
         "commit_offsets_ms": durations.get("commitOffsets"),
         "watermark": (progress.get("eventTime") or {}).get("watermark"),
         "timestamp": progress.get("timestamp"),
@@ -288,6 +299,36 @@ def _stop_on_signals() -> Iterator[Callable[[], bool]]:
             signal.signal(number, old)
 
 
+def _warm_worker(batches: Iterator[Any]) -> Iterator[Any]:
+    """A prewarm task: import what the pipeline's tasks unpickle, in this (reused) Python worker."""
+    import millstream.spark._reader
+    import millstream.spark._writer  # noqa: F401
+
+    yield from batches
+
+
+def prewarm(spark: SparkSession) -> threading.Thread:
+    """Start the executors' Python workers now, in a background job, so that the query's first
+    tasks find them running with millstream imported (Spark reuses its Python workers).
+
+    The first micro-batch after a start waits for a Python process per kind of work (planning,
+    reading, writing, committing), each importing pyarrow, numpy, pyspark and millstream -- most of
+    it one after the other.  The executors' workers are needed last, when the tasks run; started at
+    once, they come up while the driver plans the query.  Returns the job's thread (a daemon: the
+    query does not wait for it, and an error only means no warm-up)."""
+    parallelism = int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
+
+    def job() -> None:
+        try:
+            spark.range(0, parallelism, 1, parallelism).mapInArrow(_warm_worker, "id long").collect()
+        except Exception:  # a warm-up that fails leaves the workers to start when the tasks need them
+            logging.getLogger("millstream.spark").info("prewarming the Python workers failed", exc_info=True)
+
+    thread = threading.Thread(target=job, name="millstream-prewarm", daemon=True)
+    thread.start()
+    return thread
+
+
 def run(config: PipelineConfig, *, out: Callable[[str], None] | None = None) -> int:
     """``millstream pipeline run``: run the query until it ends (available-now) or a stop signal.
     Prints ``started {...}`` once, then ``progress {...}`` per micro-batch, then ``stopped {...}``.
@@ -295,6 +336,7 @@ def run(config: PipelineConfig, *, out: Callable[[str], None] | None = None) -> 
     emit = out or _print_line
     spark = build_session(config)
     try:
+        prewarm(spark)
         query = start_query(spark, config)
         emit("started " + json.dumps({"query_id": str(query.id), "run_id": str(query.runId),
                                       "checkpoint": str(config.checkpoint), "pid": os.getpid()}))

@@ -294,12 +294,16 @@ def _keep_suite_sections(markdown: str, existing: str) -> str:
     """The peers harness's ``markdown`` with the sections the other suites (transactions, large events,
     streams) own in the ``existing`` file put back as they were: the harness rewrites the file, they
     are not its to drop."""
-    from millstream.bench import large_events, streams, transactions
+    from millstream.bench import _suite, large_events, streams, transactions
 
     for suite_module in (transactions, large_events, streams):
         kept = suite_module.section_of(existing)
         markdown = markdown if kept is None else suite_module.replace_section(markdown, kept)
-    return markdown
+    # `millstream pipeline bench` owns a section too (its markers: millstream.spark.bench, which needs
+    # Spark to import, so they are spelled out here).
+    pipeline = ("<!-- millstream pipeline bench: begin -->", "<!-- millstream pipeline bench: end -->")
+    kept = _suite.section_of(existing, *pipeline)
+    return markdown if kept is None else _suite.replace_section(markdown, kept, *pipeline)
 
 
 def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names: tuple[str, ...],

@@ -83,7 +83,9 @@ def pipeline() -> None:
               help="RocksDB's memory bound per executor JVM (a soft limit).")
 @click.option("--shuffle-partitions", type=click.IntRange(1, 1024), default=2, show_default=True,
               help="Partitions of the window state (fixed by the checkpoint once it exists).")
-@click.option("--master", default="local[2]", show_default=True, help="The Spark master.")
+@click.option("--spark-master", "--master", "master", default="local[2]", show_default=True, metavar="URL",
+              help="The Spark master: local[N], or a standalone cluster's spark://HOST:PORT (its executors must "
+                   "reach --controller over TCP and import millstream; each gets one core and 512 MiB).")
 def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpoint: Path, window_seconds: int,
                  watermark_delay_seconds: int, alert_threshold: Decimal, alert_readings: int, trigger: str,
                  interval: float, max_rows_per_batch: int | None, state_memory_mb: int, shuffle_partitions: int,
@@ -121,25 +123,37 @@ def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpo
               help="Where the store and the checkpoints go (default: a temporary directory, removed after).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the raw figures to this JSON file.")
-def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, json_path: Path | None) -> None:
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Replace the pipeline's section of this Markdown file (e.g. BENCHMARKS.md), keeping the rest.")
+@click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Draw rows/s per query into DIR/pipeline-throughput.png (needs the bench extra: matplotlib).")
+def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, json_path: Path | None,
+                   markdown_path: Path | None, figures_dir: Path | None) -> None:
     """Measure the Spark side, everything in one run on this machine:
 
     \b
       source: rows/s from a millstream stream through the Arrow read path into Spark's noop sink,
-              beside Spark's built-in rate source into the same noop sink;
-      sink:   rows/s from the rate source into a millstream stream (Arrow writer, one store
-              transaction per task, fenced commit), beside the rate source into noop;
-      pipeline: the reference pipeline's per-micro-batch durations (median, p90, max) while a
-              sensor workload is written.
+              as bytes and parsed as JSON, beside Spark's built-in rate source into the same sink;
+      sink:   rows/s from the rate source into a millstream stream (Arrow and row writers, one
+              store transaction per task, fenced commit), beside the rate source into noop;
+      pipeline: the reference pipeline's per-micro-batch durations (median, p90, max, and where
+              they go) while sensor readings are written at 10,000 events/s.
 
-    Prints a Markdown table.
+    Prints a Markdown table with the ratios and targets of issue 21.
+
+    \b
+    Example (what `tox -e bench` runs last):
+      millstream pipeline bench --rows 1000000 --pipeline-seconds 30 \\
+          --markdown BENCHMARKS.md --figures docs/bench
     """
     _need_spark()
     from millstream.spark.bench import BenchConfig
     from millstream.spark.bench import main as bench_main
 
+    command = " ".join(["millstream", *sys.argv[1:]]) if sys.argv[1:2] == ["pipeline"] else "millstream pipeline bench"
     sys.exit(bench_main(BenchConfig(rows=rows, pipeline_seconds=pipeline_seconds, data_dir=data_dir,
-                                    json_path=json_path)))
+                                    json_path=json_path, markdown_path=markdown_path, figures_dir=figures_dir),
+                        command=command))
 
 
 @main.command(short_help="The main job: a store, a workload, the Spark pipeline, a driver kill, a verification.")
@@ -158,8 +172,11 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
 @click.option("--max-write-seconds", type=click.FloatRange(1.0, 3600.0), default=360.0, show_default=True,
               help="...and at most this long, however long the input stream takes to split.")
 @click.option("--keep", "keep_data", is_flag=True, help="Keep the temporary directory (its path is printed).")
+@click.option("--spark-master", default="local[2]", show_default=True, metavar="URL",
+              help="Where the pipeline runs: local[N], or a Spark standalone cluster's spark://HOST:PORT (its "
+                   "executors reach the demo's store on this machine's loopback, so the cluster runs here too).")
 def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int, kills: int,
-         min_write_seconds: float, max_write_seconds: float, keep_data: bool) -> None:
+         min_write_seconds: float, max_write_seconds: float, keep_data: bool, spark_master: str) -> None:
     """Run the main job and check it, in a few minutes on a laptop.
 
     \b
@@ -182,7 +199,7 @@ def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int,
     try:
         config = DemoConfig(data_dir=data_dir, seed=seed, sensors=sensors, events_per_second=events_per_second,
                             kills=kills, min_write_seconds=min_write_seconds, max_write_seconds=max_write_seconds,
-                            keep_data=keep_data)
+                            keep_data=keep_data, spark_master=spark_master)
     except InvalidArgumentError as error:
         raise click.UsageError(str(error)) from None
     try:

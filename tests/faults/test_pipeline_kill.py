@@ -23,6 +23,12 @@ events written: 0 duplicates, 0 missing, 0 unexpected, 0 wrong.  A failure names
 (``MILLSTREAM_SEED`` replays it) and keeps the pipeline's logs in the test's directory.
 
 Default profile: 5 kills (about 6 JVM starts: a few minutes); ``MILLSTREAM_PROFILE=nightly``: 30.
+
+The same campaign runs on a Spark standalone cluster too (``StandaloneCluster``: a master and two
+workers started from the PySpark installation, each a JVM of its own whose executor has Python
+workers of its own, reaching the store over TCP): the driver killed and restarted from its
+checkpoint, 0 missing, 0 duplicates.  It starts the cluster, runs, and stops it (also on failure);
+it takes about ten minutes, so it runs nightly (or with ``MILLSTREAM_SPARK_CLUSTER=1``).
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ async def write_workload(client: AsyncClient, stop: asyncio.Event, written: list
         await writer.close()
 
 
-async def campaign(workdir: Path, seed: int, kills: int) -> dict[str, Any]:
+async def campaign(workdir: Path, seed: int, kills: int, *, master: str = "local[2]") -> dict[str, Any]:
     from millstream.standalone import Node
 
     rng = random.Random(seed)
@@ -118,7 +124,7 @@ async def campaign(workdir: Path, seed: int, kills: int) -> dict[str, Any]:
                                     watermark_delay_seconds=WORKLOAD.watermark_delay_seconds,
                                     alert_threshold_c=WORKLOAD.alert_threshold_c,
                                     alert_readings_min=WORKLOAD.alert_readings_min,
-                                    trigger_interval_seconds=TRIGGER_SECONDS)
+                                    trigger_interval_seconds=TRIGGER_SECONDS, master=master)
             stop_writing = asyncio.Event()
             written = [0]
             async with asyncio.TaskGroup() as group:
@@ -218,3 +224,32 @@ def test_driver_kills_leave_every_output_row_exactly_once(tmp_path: Path) -> Non
     assert verification.expected_rows > 100 and verification.expected_alerts > 0, message
     print(f"\npipeline crash campaign: seed {SEED}, {KILLS} kills, {result['readings']:,} readings\n"
           + "\n".join(result["landed"]) + "\n" + verification.table())
+
+
+CLUSTER_KILLS = 4 if NIGHTLY else 2
+#: The cluster run takes about ten minutes on a busy two-core machine (three more JVMs, each launch's
+#: executors starting on the workers): beyond the default run's budget, so it runs nightly, or when
+#: asked for.
+CLUSTER = NIGHTLY or os.environ.get("MILLSTREAM_SPARK_CLUSTER") == "1"
+
+
+@pytest.mark.skipif(not CLUSTER, reason="the standalone-cluster campaign runs nightly (MILLSTREAM_PROFILE=nightly) "
+                                        "or with MILLSTREAM_SPARK_CLUSTER=1: about ten minutes")
+def test_on_a_standalone_cluster_driver_kills_leave_every_output_row_exactly_once(tmp_path: Path) -> None:
+    from millstream.spark.cluster import StandaloneCluster
+
+    with StandaloneCluster(tmp_path / "cluster", workers=2, cores=1, memory_mb=1024) as cluster:
+        result = asyncio.run(campaign(tmp_path, SEED, CLUSTER_KILLS, master=cluster.url))
+        applications = cluster.state().get("completedapps", []) + cluster.state().get("activeapps", [])
+    verification = result["verification"]
+    report = json.dumps({key: value for key, value in result.items() if key != "verification"}, indent=1)
+    message = (f"seed {SEED}, {CLUSTER_KILLS} kills on {cluster.url}; logs in {tmp_path}\n{report}\n"
+               f"{verification.table()}")
+    assert len(applications) == CLUSTER_KILLS + 1, f"every launch ran on the cluster: {applications}\n{message}"
+    assert all(app.get("cores") == 2 for app in applications), f"two executors each: {applications}"
+    assert result["segments"] == 2, message
+    assert verification.duplicates == 0 and verification.missing == 0, message
+    assert verification.passed and verification.expected_rows > 100, message
+    print(f"\npipeline crash campaign on a standalone cluster ({cluster.url}, 2 workers): seed {SEED}, "
+          f"{CLUSTER_KILLS} kills, {result['readings']:,} readings\n" + "\n".join(result["landed"]) + "\n"
+          + verification.table())

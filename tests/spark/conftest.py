@@ -46,13 +46,14 @@ SPARK_CONF = {
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """The session's ``local[2]`` SparkSession, with the ``millstream`` format registered."""
+    """The session's ``local[2]`` SparkSession, with the ``millstream`` format registered
+    (``millstream.spark.register``: the one call a user makes, update output mode included)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     path = os.environ.get("PYTHONPATH", "")
     if str(REPOSITORY) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPOSITORY), path) if p)
-    from millstream.spark import MillstreamDataSource
+    import millstream.spark
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master("local[2]").appName("millstream-tests")
@@ -60,7 +61,7 @@ def spark() -> Iterator[Any]:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(MillstreamDataSource)
+    millstream.spark.register(session)
     try:
         yield session
     finally:

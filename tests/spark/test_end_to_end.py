@@ -184,6 +184,15 @@ def test_bad_options_fail_the_query_at_its_start_naming_the_option(spark: Any, n
     assert "option 'schema': is required with serializer=json" in failure(
         lambda: base().option("stream", stream).option("serializer", "json").load())
 
+    # A controller address nothing answers at fails the query at its start, naming it (not after the
+    # client's reconnect budget: minutes).
+    from tests.spark.test_options import closed_port
+
+    wrong = f"tcp://127.0.0.1:{closed_port()}"
+    unreachable = spark.readStream.format("millstream").option("controller", wrong).option("stream", stream).load()
+    assert f"option 'controller': cannot reach the store at {wrong}" in failure(
+        lambda: run_available_now(unreachable, tmp_path / "unreachable", lambda frame, batch: None))
+
     missing = source(spark, node, "spark/never-created")
     assert "option 'stream': 'spark/never-created' does not exist" in failure(
         lambda: run_available_now(missing, tmp_path / "missing", lambda frame, batch: None))

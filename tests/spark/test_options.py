@@ -4,6 +4,7 @@ one refused with an ``OptionError`` that names it, and the schema each serialize
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 from millstream import limits
@@ -141,3 +142,79 @@ def test_an_option_error_survives_pickling_as_spark_ships_it() -> None:
     error = OptionError("maxRowsPerBatch", "must be a positive integer, not 'x'")
     copy = pickle.loads(pickle.dumps(error))
     assert (type(copy), copy.option, str(copy)) == (OptionError, error.option, str(error))
+
+
+@pytest.mark.parametrize(("parse", "name", "nearest"), [
+    (parse_source_options, "maxRowPerBatch", "maxRowsPerBatch"),
+    (parse_source_options, "serialiser", "serializer"),
+    (parse_source_options, "controler", "controller"),
+    (parse_source_options, "MAXBYTESPERBATCHES", "maxBytesPerBatch"),
+    (parse_source_options, "deadLetter", "deadLetterStream"),
+    (parse_sink_options, "routingKeyCol", "routingKeyColumn"),
+    (parse_sink_options, "transactionLease", "transactionLeaseSeconds"),
+])
+def test_a_misspelt_option_is_an_error_naming_the_nearest_one(parse, name: str, nearest: str) -> None:  # type: ignore[no-untyped-def]
+    """Ignored, a typo would silently leave the option at its default (a warning in a log nobody reads)."""
+    refused(parse, source(**{name: "1"}), name, f"is not an option of the millstream "
+                                                f"{'source' if parse is parse_source_options else 'sink'}; "
+                                                f"did you mean {nearest!r}?")
+
+
+def test_an_option_nothing_resembles_lists_the_options() -> None:
+    refused(parse_source_options, source(zzz="1"), "zzz", "its options: controller, stream")
+    refused(parse_source_options, source(writer="rows"), "writer", "is an option of the sink")
+    with pytest.raises(OptionError, match="did you mean 'maxRowsPerBatch'"):
+        MillstreamDataSource(source(maxRowPerBatch="5")).schema()
+    # What Spark passes along is allowed.
+    parse_source_options(source(path="x", checkpointLocation="/tmp/c", queryName="q"))
+    parse_sink_options(source(path="x", checkpointLocation="/tmp/c", queryName="q"))
+
+
+def test_dead_letter_and_fence_options() -> None:
+    assert parse_source_options(source(deadLetterStream=" sc/bad ")).dead_letter_stream == "sc/bad"
+    assert parse_source_options(source()).dead_letter_stream is None
+    refused(parse_source_options, source(deadLetterStream="bad"), "deadLetterStream", "scope/stream")
+    refused(parse_source_options, source(deadLetterStream="sc/st"), "deadLetterStream", "must not be the stream")
+    assert parse_sink_options(source(fenceKey="job", fenceValue="7")).fence == ("job", 7)
+    assert parse_sink_options(source()).fence is None
+    refused(parse_sink_options, source(fenceKey="job"), "fenceValue", "is required with option 'fenceKey'")
+    refused(parse_sink_options, source(fenceValue="1"), "fenceKey", "is required with option 'fenceValue'")
+    refused(parse_sink_options, source(fenceKey="job", fenceValue="x"), "fenceValue", "must be an integer")
+    refused(parse_sink_options, source(fenceKey="job", fenceValue="-1"), "fenceValue", "must lie in")
+    refused(parse_sink_options, source(fenceKey="k" * 300, fenceValue="1"), "fenceKey", "at most")
+    with pytest.raises(OptionError, match=r"option 'fenceKey': applies to df\.write"):
+        MillstreamDataSource(source(fenceKey="job", fenceValue="1")).streamWriter(None, False)  # type: ignore[arg-type]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_wrong_controller_address_fails_fast_naming_it() -> None:
+    """Before anything waits on the store (the client would retry for its whole reconnect budget,
+    minutes), a query checks the address with one bounded TCP connect."""
+    from millstream.spark._store import check_reachable
+
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    with pytest.raises(OptionError, match=rf"option 'controller': cannot reach the store at {address} "):
+        check_reachable(address)
+    for side in ("streamReader", "reader"):
+        with pytest.raises(OptionError, match=f"cannot reach the store at {address}"):
+            getattr(MillstreamDataSource({"controller": address, "stream": "sc/st"}), side)(None)
+    with pytest.raises(OptionError, match=f"cannot reach the store at {address}"):
+        MillstreamDataSource({"controller": address, "stream": "sc/st"}).streamWriter(None, False)  # type: ignore[arg-type]
+    # An address that does not answer at all is cut at the configured timeout, whatever the network does.
+    asked: list[tuple[tuple[str, int], float]] = []
+
+    def silent(address_: tuple[str, int], timeout: float) -> Any:
+        asked.append((address_, timeout))
+        raise TimeoutError("timed out")
+
+    with pytest.raises(OptionError, match=r"tcp://10\.255\.255\.1:9090 \(no answer within 5 s\)"):
+        check_reachable("tcp://10.255.255.1:9090", connect=silent)
+    assert asked == [(("10.255.255.1", 9090), limits.SPARK_CONTROLLER_CONNECT_TIMEOUT_SECONDS)]

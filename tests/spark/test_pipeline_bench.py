@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from millstream.spark.bench import BenchReport, CpuMeter, Measurement
 
@@ -34,6 +35,36 @@ def test_rates_leave_the_first_batch_out_and_latency_is_summarised() -> None:
     assert summary["batches"] == 4, "the first (warm-up) batch is left out"
     assert (summary["median_ms"], summary["max_ms"]) == (250.0, 400.0)
     table = report.markdown()
-    assert "| q | 600 | 3 | 200 | 9.0 | 80 | 10 |" in table
-    assert "| 4 | 200 | 250 | 400 | 400 | 125 | 50 | 25 |" in table
+    assert "| q | 600 | 3 | 200 |  |  | 9.0 | 80 | 10 |" in table
+    assert "| 4 | 200 | 250 | 400 | 400 | 50 | 25 |" in table
+    assert "| 0 | 0 | 0 | 0 | 125 | 0 |" in table, "the parts of a batch (medians): addBatch 125"
     assert report.to_json()["pipeline_cpu_percent"] == {"ours": 50.0, "others": 25.0}
+
+
+def measured(name: str, rows_per_second: float) -> Measurement:
+    return Measurement(name=name, rows=1000, batches=2, batch_seconds=1.0, measured_rows=int(rows_per_second),
+                       wall_seconds=3.0, own_cpu_percent=50.0, others_cpu_percent=5.0)
+
+
+def test_ratios_and_targets_come_from_the_same_run(tmp_path: Path) -> None:
+    from millstream.spark import bench
+
+    report = BenchReport(throughput=(measured(bench.SOURCE, 1_200_000), measured(bench.SOURCE_JSON, 500_000),
+                                     measured(bench.SOURCE_BASELINE, 1_000_000), measured(bench.SINK, 300_000),
+                                     measured(bench.SINK_BASELINE, 500_000)),
+                         pipeline_batches=(), pipeline_cpu_percent=(0.0, 0.0), spark_version="4.x")
+    ratios = report.ratios()
+    assert ratios[bench.SOURCE] == (bench.SOURCE_BASELINE, 1.2)
+    assert ratios[bench.SOURCE_JSON][1] == 500_000 / 1_200_000
+    assert ratios[bench.SINK] == (bench.SINK_BASELINE, 0.6)
+    table = report.markdown()
+    assert "| 1.20 x rate->noop | met: >= 1,000,000 rows/s, >= 0.8 x |" in table
+    assert "| 0.42 x raw source | NOT met: >= 0.5 x |" in table
+    assert "| 0.60 x rate->noop | NOT met: >= 400,000 rows/s, >= 0.5 x |" in table
+    # The section replaces its old self in BENCHMARKS.md and keeps the rest of the file.
+    document = "# benchmarks\n\nother suites\n"
+    first = bench.replace_section(document, report.section("millstream pipeline bench", "docs/bench/x.png"))
+    assert first.startswith(document) and "![rows/s per query](docs/bench/x.png)" in first
+    again = bench.replace_section(first + "\ntrailing\n", report.section("again"))
+    assert again.count(bench.SECTION_BEGIN) == 1 and "`again`" in again and again.endswith("trailing\n")
+    assert bench.plot(report, tmp_path / "plot.png").stat().st_size > 1000

@@ -266,3 +266,22 @@ def test_kill_session_kills_processes_that_left_the_drivers_process_group(tmp_pa
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
+
+
+def test_the_demo_and_the_run_take_a_spark_master(tmp_path: Path) -> None:
+    """`millstream demo --spark-master spark://...` runs its pipeline on that master, and `pipeline run`
+    takes the same option (the old --master still spelled so)."""
+    from millstream.cli.pipeline import demo, pipeline_run
+    from millstream.spark.demo import DemoConfig
+    from millstream.spark.pipeline import spark_conf
+
+    context = demo.make_context("demo", ["--spark-master", "spark://127.0.0.1:7077", "--kills", "0"])
+    assert context.params["spark_master"] == "spark://127.0.0.1:7077"
+    assert DemoConfig(spark_master="spark://127.0.0.1:7077").spark_master == "spark://127.0.0.1:7077"
+    for option in ("--spark-master", "--master"):
+        run = pipeline_run.make_context("run", ["--controller", "tcp://127.0.0.1:9", "--checkpoint", str(tmp_path),
+                                                option, "spark://h:7077"])
+        assert run.params["master"] == "spark://h:7077"
+    cluster = spark_conf(PipelineConfig(controller="tcp://127.0.0.1:9", checkpoint=tmp_path, master="spark://h:7077"))
+    assert (cluster["spark.master"], cluster["spark.executor.cores"]) == ("spark://h:7077", "1")
+    assert "spark.executor.cores" not in spark_conf(PipelineConfig(controller="tcp://127.0.0.1:9", checkpoint=tmp_path))

@@ -61,8 +61,9 @@ def task(node: Any, stream: str, batch: int, partition: int, count: int, *, atte
          lease: str = "60") -> MillstreamCommitMessage:
     """One task of a batch: ``count`` rows ``b<batch>-p<partition>-r<row>`` routed by partition."""
     protocol = _SinkProtocol(sink_options(node, stream, transactionLeaseSeconds=lease), RAW)
-    events = [(f"b{batch}-p{partition}-r{row}".encode(), f"key-{partition}") for row in range(count)]
-    return protocol.write_events(events, TaskIdentity(query, batch, partition, attempt))
+    payloads = pa.array([f"b{batch}-p{partition}-r{row}".encode() for row in range(count)], type=pa.binary())
+    keys = pa.array([f"key-{partition}"] * count, type=pa.string())
+    return protocol.write_events([(payloads, keys)], TaskIdentity(query, batch, partition, attempt))
 
 
 def driver(node: Any, stream: str) -> MillstreamStreamArrowWriter:
@@ -186,6 +187,15 @@ def test_messages_that_do_not_belong_to_the_batch_are_refused(node: Any, unique_
     driver(node, stream).abort([mine, other_query, other_batch][:1], 2)
 
 
+def events_of(chunks: Any) -> list[tuple[bytes, str | None]]:
+    """What the encoding's chunks (payloads, keys) hold, one pair per row."""
+    pairs: list[tuple[bytes, str | None]] = []
+    for payloads, keys in chunks:
+        pairs.extend(zip(payloads.to_pylist(), [None] * len(payloads) if keys is None else keys.to_pylist(),
+                         strict=True))
+    return pairs
+
+
 def test_rows_and_arrow_batches_become_the_same_events() -> None:
     options = parse_sink_options({"controller": "tcp://h:1", "stream": "sc/st"})
     raw = StructType([StructField("routing_key", StringType()), StructField("value", StringType())])
@@ -193,13 +203,17 @@ def test_rows_and_arrow_batches_become_the_same_events() -> None:
     rows = [Row(routing_key="k1", value="é1"), Row(routing_key=None, value="two")]
     batch = pa.RecordBatch.from_pylist([r.asDict() for r in rows], schema=pa.schema([("routing_key", pa.string()),
                                                                                       ("value", pa.string())]))
-    assert list(encoding.rows(rows)) == list(encoding.batches([batch])) == [("é1".encode(), "k1"), (b"two", None)]
+    assert events_of(encoding.rows(rows)) == events_of(encoding.batches([batch])) == [("é1".encode(), "k1"),
+                                                                                      (b"two", None)]
     as_json = _Encoding.of(parse_sink_options({"controller": "tcp://h:1", "stream": "sc/st", "serializer": "json",
                                                "routingKeyColumn": "value"}), raw)
-    assert list(as_json.rows(rows[:1])) == list(as_json.batches([batch.slice(0, 1)])) == \
+    assert events_of(as_json.rows(rows[:1])) == events_of(as_json.batches([batch.slice(0, 1)])) == \
         [(b'{"routing_key":"k1","value":"\xc3\xa91"}', "\u00e91")]
     with pytest.raises(SchemaMismatchError, match="a row's 'value' is null"):
         list(encoding.rows([Row(routing_key="k", value=None)]))
+    with pytest.raises(SchemaMismatchError, match="a row's 'value' is null"):
+        list(encoding.batches([pa.RecordBatch.from_pylist([{"routing_key": "k", "value": None}],
+                                                          schema=batch.schema)]))
 
 
 def test_bad_dataframes_are_refused_when_the_query_starts() -> None:

@@ -14,7 +14,7 @@ import millstream
 import pytest
 from millstream.client import RetentionPolicy, StreamCut
 from millstream.errors import InvalidStreamCutError, TruncatedDataError
-from millstream.spark import OptionError, offset_of
+from millstream.spark import OptionError, SchemaMismatchError, offset_of
 from millstream.spark._offsets import offset_json
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -223,3 +223,60 @@ def test_bad_input_is_refused_before_anything_is_read(node: Any, unique_stream: 
     inverted.stop()
     with pytest.raises(OptionError, match="option 'serializer'"):
         reader_for(node.uri, stream, StructType([StructField("key", StringType())]))
+
+
+def dead_letters(uri: str, stream: str) -> list[dict[str, Any]]:
+    with millstream.connect(uri) as client:
+        tail = client.stream_manager().tail_cut(stream)
+        letters = []
+        for segment, length in tail.segment_names().items():
+            reader = client.segment_reader(segment)
+            while reader.offset < length:
+                letters.extend(json.loads(e.value) for e in reader.read_events())
+            reader.close()
+    return sorted(letters, key=lambda letter: (letter["segment"], letter["offset"]))
+
+
+def test_an_event_that_does_not_decode_goes_to_the_dead_letter_stream_once(node: Any, unique_stream: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``deadLetterStream`` a bad event leaves the batch for that stream, with its position and
+    the reason; re-reading its range (a retried task, a re-run batch) does not write it again."""
+    import base64
+
+    from millstream.spark import _reader
+
+    stream, letters_stream = unique_stream(1), unique_stream(1)
+    writer = KeyedWriter(node.uri, stream)
+    writer.write(10)
+    with millstream.connect(node.uri) as client, client.event_writer(stream) as raw:
+        raw.write_event(b'{"key": 5, "seq": 1}')
+        raw.write_event(b"\xff garbage")
+    writer.write(10)
+    monkeypatch.setattr(_reader, "_query_id", lambda: "q-letters")
+    reader = reader_for(node.uri, stream, JSON_SCHEMA, deadLetterStream=letters_stream, **JSON_OPTIONS)
+    try:
+        batches = run_batches(reader, ReadAllAvailable())
+        (partition,) = reader.partitions(batches[0].start, batches[0].end)
+        assert len(read_partition(reader, partition)) == 20, "a retried task reads the same range"
+    finally:
+        reader.stop()
+    assert len(batches) == 1 and len(batches[0].rows) == 20
+    check_per_key_order_and_exactly_once(batches, writer.sequence)
+    letters = dead_letters(node.uri, letters_stream)
+    assert [(letter["stream"], letter["segment"]) for letter in letters] == [(stream, 0)] * 2, letters
+    assert [base64.b64decode(letter["payload_base64"]) for letter in letters] == [b'{"key": 5, "seq": 1}',
+                                                                                   b"\xff garbage"]
+    offsets = [letter["offset"] for letter in letters]
+    assert "field 'key' expects a string" in letters[0]["reason"] and "is not JSON" in letters[1]["reason"]
+    assert all(f"at offset {offset}" in letter["reason"] for offset, letter in zip(offsets, letters, strict=True))
+    # Without the option the same batch fails, naming the first bad event's position.
+    plain = reader_for(node.uri, stream, JSON_SCHEMA, **JSON_OPTIONS)
+    try:
+        with pytest.raises(SchemaMismatchError, match=f"segment 0 at offset {offsets[0]} does not fit"):
+            run_batches(plain, ReadAllAvailable())
+    finally:
+        plain.stop()
+    missing = reader_for(node.uri, stream, JSON_SCHEMA, deadLetterStream="spark/never-created", **JSON_OPTIONS)
+    with pytest.raises(OptionError, match="option 'deadLetterStream': 'spark/never-created' does not exist"):
+        missing.initialOffset()
+    missing.stop()
