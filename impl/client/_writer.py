@@ -89,6 +89,7 @@ from millstream.errors import (
     ProtocolError,
     RetryableError,
     StreamSegmentSealedError,
+    WriterIdInUseError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire import codec
@@ -270,6 +271,7 @@ class SegmentWriter(AppendSession):
         # Loop side.
         self._inflight: deque[_Block] = deque()  # closed, not acknowledged, in number order (_sent: a prefix)
         self._acked = 0  # the last event number acknowledged
+        self._sent_max = 0  # the largest event number ever sent under this writer id (any session)
         self._flush_waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._task: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
@@ -428,6 +430,7 @@ class SegmentWriter(AppendSession):
         connection = self._connection
         assert connection is not None and self._ready
         block.sent_at = self._clock.monotonic()
+        self._sent_max = max(self._sent_max, block.last_event_number)
         try:
             connection.send(AppendBlock(self._writer_id, block.last_event_number, block.event_count,
                                         self._request_id, block.data))
@@ -465,6 +468,9 @@ class SegmentWriter(AppendSession):
             raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
         self._drain_outbox()
         stored = 0 if reply.last_event_number == NULL_ATTRIBUTE_VALUE else reply.last_event_number
+        if stored > self._sent_max:
+            self._end_session(self._id_in_use(stored))
+            return
         if stored < self._acked:
             self._end_session(ProtocolError(
                 f"the server stores event number {stored} for writer {self._writer_id} on {self.segment!r}, but "
@@ -490,6 +496,16 @@ class SegmentWriter(AppendSession):
         self._acknowledge_through(number, sent_on_this_session=self._ready)
 
     _REPLY_HANDLERS = {DataAppended: _on_acknowledged, AppendSetup: _on_setup}
+
+    def _id_in_use(self, stored: int) -> WriterIdInUseError:
+        """The segment stores event number ``stored`` for this writer id, beyond anything this writer
+        ever sent: another writer has the id (two clients made with the same seeded ``rng``).  Taking
+        ``stored`` as an acknowledgement would report this writer's events durable, and the segment
+        never stored them."""
+        return WriterIdInUseError(
+            f"writer id {self._writer_id} already holds events on segment {self.segment!r} (event number {stored}; "
+            f"this writer sent {self._sent_max} so far): another writer uses the same id -- are two clients made "
+            "with the same seeded rng?  None of this writer's unacknowledged events were stored by it")
 
     def _acknowledge_through(self, number: int, *, sent_on_this_session: bool) -> None:
         """Every block up to event ``number`` is durable: settle it and free its bytes."""
@@ -614,6 +630,8 @@ class SegmentWriter(AppendSession):
         segment does not hold are handed over.  Raises ``ProtocolError`` if ``stored`` is below what
         was acknowledged or ends no block."""
         self._drain_outbox()
+        if stored > self._sent_max:
+            raise self._id_in_use(stored)
         if stored < self._acked:
             raise ProtocolError(f"segment {self.segment!r} stores event number {stored} for writer "
                                 f"{self._writer_id}, but {self._acked} was acknowledged")
