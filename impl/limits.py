@@ -695,3 +695,19 @@ TRANSIENT_SEGMENT_MERGES_REMEMBERED_MAX: Final = 4096
 #: behaves exactly as before; a reader may raise it (``ReaderConfig.event_in_memory_bytes_max``) up to
 #: ``LARGE_EVENT_LENGTH_MAX_BYTES`` if it can afford the memory.
 READER_EVENT_IN_MEMORY_BYTES_MAX: Final = EVENT_LENGTH_MAX_BYTES
+
+# --- Writers with a stable writer id (issue 20, item 4) ------------------------------------------------
+
+#: Longest stable writer id (``event_writer(stream, serializer, writer_id=...)``), in characters.  It
+#: names the writer in errors and logs and is hashed into one wire writer id per segment; a name is
+#: something an operator types (a pipeline, a source partition), not a payload.
+STABLE_WRITER_ID_LENGTH_MAX: Final = 256
+
+#: The largest sequence a writer with a stable id accepts (exclusive): the wire's event numbers and
+#: the writer-id attribute are signed 64-bit, and a source offset fits.
+STABLE_WRITER_SEQUENCE_LIMIT: Final = 2**63
+
+#: How many segments' writer-id attributes a writer with a stable id reads at once when it starts
+#: (every segment of the stream from its head, to learn its deduplication floors): one request each,
+#: so a stream with a long history starts in a few round trips without flooding its segment stores.
+STABLE_WRITER_ATTRIBUTE_READS_CONCURRENT_MAX: Final = 16

@@ -83,6 +83,7 @@ from millstream.errors import (
     InternalError,
     InvalidArgumentError,
     InvalidEventNumberError,
+    InvalidSequenceError,
     MillstreamError,
     ObjectClosedError,
     PayloadTooLargeError,
@@ -152,12 +153,15 @@ class _Block:
     re-routes them if the segment is sealed under them), what they are charged against the writer's
     budget (``charge``: the framed bytes plus the keys' characters), and the future its tracked
     events share (a block is stored all together or not at all, so one future answers for all
-    of them)."""
+    of them).  A writer with a stable id (``_sequenced_writer``) numbers events by the application's
+    sequences: ``sequences`` holds each event's, and whether the block ever went out (``ever_sent``:
+    a block never sent may be re-framed)."""
 
-    __slots__ = ("charge", "data", "event_count", "future", "keys", "last_event_number", "sent_at")
+    __slots__ = ("charge", "data", "event_count", "ever_sent", "future", "keys", "last_event_number", "sent_at",
+                 "sequences")
 
     def __init__(self, data: bytes, keys: list[str | None], charge: int, event_count: int, last_event_number: int,
-                 future: Completion | None) -> None:
+                 future: Completion | None, sequences: list[int] | None = None) -> None:
         self.data = data
         self.keys = keys
         self.charge = charge
@@ -165,6 +169,8 @@ class _Block:
         self.last_event_number = last_event_number
         self.future = future
         self.sent_at = 0.0
+        self.sequences = sequences
+        self.ever_sent = False
 
 
 class Tracking:
@@ -754,6 +760,13 @@ class StreamBinding(Protocol):
         ...
 
 
+def _no_sequences() -> InvalidSequenceError:
+    """A sequence given to a writer with a random id, which cannot resume after a restart."""
+    return InvalidSequenceError(
+        "this writer has a random writer id: it cannot resume after a restart, so it takes no sequences; "
+        "make it with a stable writer id (event_writer(stream, serializer, writer_id=...)) to write with sequences")
+
+
 def _bad_key(routing_key: object) -> InvalidArgumentError:
     """An unhashable routing key (the memo lookup raised ``TypeError``)."""
     return InvalidArgumentError(f"a routing key is a str or None, not {type(routing_key).__name__}")
@@ -1033,12 +1046,15 @@ class AsyncEventStreamWriter(Generic[T]):
 
     # --- API ---------------------------------------------------------------------------------------
 
-    async def write_event(self, event: T, *, routing_key: str | None = None) -> None:
+    async def write_event(self, event: T, *, routing_key: str | None = None, sequence: None = None) -> None:
         """Buffer ``event`` for its segment (by ``routing_key``; None spreads keyless events evenly).
         Waits only while too much is unacknowledged.  Raises the writer's error if it has failed,
         ``InvalidArgumentError`` for an event the serializer refuses, ``PayloadTooLargeError`` for one
         over ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing is written then); a stream writer's first call
-        raises what ``ready`` raises."""
+        raises what ``ready`` raises.  ``sequence`` is for writers with a stable writer id
+        (``event_writer(stream, serializer, writer_id=...)``): given here, ``InvalidSequenceError``."""
+        if sequence is not None:
+            raise _no_sequences()
         # ``_add``, inlined: this is the per-event path of the asyncio flavour.
         if self._identity and type(event) is bytes:
             payload: bytes = event  # type: ignore[assignment]  # (checked: no cast() call per event)
