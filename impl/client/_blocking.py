@@ -45,7 +45,7 @@ from millstream.client._transactions import (
 )
 from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking, _no_sequences
 from millstream.clock import Clock
-from millstream.errors import InternalError, ObjectClosedError, RequestTimeoutError
+from millstream.errors import InternalError, InvalidArgumentError, ObjectClosedError, RequestTimeoutError
 from millstream.segmentstore.read_index import ReadResult
 
 __all__ = ["ByteStreamReader", "Client", "EventStreamWriter", "SegmentReader", "Segments", "connect"]
@@ -379,9 +379,14 @@ class Client:
         stream's segments here (``StreamNotFoundError``, ``StreamSealedError``); one with a stable
         ``writer_id`` also what the stream already holds from it."""
         if writer_id is not None:
+            if not isinstance(target, str):
+                raise InvalidArgumentError(f"a stable writer id needs a stream (\"scope/stream\") to write to, "
+                                           f"not {target!r}")
+            stream, stable_id = target, writer_id
+
             async def build_sequenced() -> AsyncSequencedEventStreamWriter[Any]:
-                sequenced = self._core.event_writer(target, serializer or BytesSerializer(),  # type: ignore[arg-type]
-                                                    writer_id=writer_id)
+                sequenced: AsyncSequencedEventStreamWriter[Any] = self._core.event_writer(
+                    stream, serializer or BytesSerializer(), writer_id=stable_id)
                 await sequenced.ready()
                 return sequenced
             return SequencedEventStreamWriter(self._runner.run(build_sequenced()).core, self._runner)
