@@ -31,9 +31,10 @@ Bounds: eight cells starting in two segments, 16 source offsets, five scales, fo
 profile: 20 examples x 30 steps; nightly: 300 x 60.  (Requests of a dead process that land after its
 successor started are left to the spec: here they land before the restart.)
 
-Seeded by hand once: with the hold removed from ``SequencedSegmentWriter._pump``, a merge under a
-writer with events in flight on both predecessors stored the later sequence first, and the model
-refused the earlier one's acknowledgement as a lost event.
+Seeded by hand once: with the floors read from the current segments only (not the key's chain), the
+first restart after a scale had floors below the model's.  Removing the hold is not seen here (the
+race needs two predecessors' hand-overs in the wrong order, which this node rarely produces):
+``tests/writers/test_stable_writer.py`` builds that race on purpose and fails without it.
 """
 
 from __future__ import annotations
