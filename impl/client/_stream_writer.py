@@ -10,6 +10,8 @@ writer itself does the routing and the hand-over; the binding answers its three 
 * ``stored_event_number`` -- the writer-id attribute of a sealed segment, read from the segment store
   that serves it once the seal is visible there (the store keeps it with the data, so it then says
   exactly which of the writer's events the segment holds; ``AsyncSegments.stored_event_number_once_sealed``);
+* ``history`` and ``stored_sequence`` (a writer with a stable id, ``_sequenced_writer``): every segment
+  from the stream's head (``get_segments_between``), and a segment's writer-id attribute as it is now;
 * ``successors`` -- ``get_successors``.  The controller records a scale's new epoch before it seals
   the predecessors, so a segment sealed by a scale always has successors by the time a writer meets
   its seal.  None means the stream was sealed as a whole (``get_stream`` confirms it:

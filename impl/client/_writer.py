@@ -21,7 +21,11 @@ segment's server, take a connection, send ``SetupAppend`` and wait for ``AppendS
 ``last_event_number`` is the last number the server stored for this writer id -- stored atomically
 with the data, by compare-and-set.  Blocks up to that number are acknowledged by it (their
 acknowledgement may have been lost with the old connection); the rest are re-sent in order, with the
-same numbers and the same bytes, so a block is stored once however often it is sent.  A
+same numbers and the same bytes, so a block is stored once however often it is sent.  A number beyond
+anything this writer id ever sent means another writer has the id (two clients made with the same
+seeded ``rng``): the writer fails with ``WriterIdInUseError`` rather than take it as an
+acknowledgement of events the segment never stored.  (A writer with a *stable* id, which resumes what
+an earlier process of the id stored, is ``_sequenced_writer``'s.)  A
 ``DataAppended`` acknowledges every block up to its event number (acknowledgements are cumulative, so
 a lost one is covered by the next and a stale or reordered one is ignored).  When the connection
 breaks, or no acknowledgement comes within the ack timeout (the last one was lost), the session ends
