@@ -445,7 +445,8 @@ class ReconnectBudgetExceededError(ConnectionLostError):
     closed for good) ``in_doubt`` holds every event it was given and has not seen acknowledged -- each
     may or may not be stored -- as ``InDoubtEvent`` values (``sequence``: the event's place among all
     the events written through that writer, from 1; ``segment``, ``routing_key``, ``payload``: its
-    serialized bytes), in the order they were written.  Empty for any other call."""
+    serialized bytes; ``application_sequence``: from a writer with a stable id, the sequence it was
+    written with), in the order they were written.  Empty for any other call."""
 
     def __init__(self, message: str = "", in_doubt: tuple[object, ...] = ()) -> None:
         super().__init__(message)

@@ -44,6 +44,14 @@ Theory of operation (``spec/StableWriter.tla``; its actions in parentheses).
 * A crash of the writer's process (``WriterCrash``) and its requests that still land
   (``ZombieAppend``) need nothing here: the compare-and-set refuses whatever they overtook, and the
   next ``AppendSetup`` tells the truth.
+* Giving up.  Reconnecting is ``_writer``'s, within the per-outage reconnect budget
+  (``ClientConfig.reconnect_budget_seconds``): an outage that outlasts it fails the whole writer with
+  one ``ReconnectBudgetExceededError`` (``WriterShared.give_up``, which this writer's own shared state
+  is given too) whose ``in_doubt`` lists every unacknowledged event, across segments, in the order
+  written -- each with its place in the writer's sequence, as every writer's, and its
+  ``application_sequence``.  That is all a restart needs: a new writer with the same id, given those
+  events again with those sequences, drops whichever the stream holds.  Each event therefore carries
+  both numbers, side by side, through every re-framing, trim and merge here.
 
 What it does not do.  Two processes must not run with the same stable id at once (like Kafka's
 ``transactional.id`` or Pulsar's producer name): their events interleave under one identity and the
@@ -66,6 +74,7 @@ from uuid import UUID
 
 from millstream import limits
 from millstream.client._config import ClientConfig, RandomSource
+from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import StreamRouter, routing_key_fraction
 from millstream.client._serializers import Serializer
@@ -371,6 +380,20 @@ class SequencedSegmentWriter(SegmentWriter):
         """(Loop thread.)  Send what may be sent (after a hand-over, or when a hold was released)."""
         self._drain_outbox()
 
+    def in_doubt_events(self) -> list[InDoubtEvent]:
+        """(Loop thread.)  ``SegmentWriter.in_doubt_events``, each event with its application sequence."""
+        self._drain_outbox()
+        segment = self.segment
+        with self._shared.lock:
+            events = [InDoubtEvent(place, segment, key, payload, sequence) for block in self._inflight
+                      for place, key, payload, sequence in zip(block.sequences, block.keys,
+                                                               codec.iter_events(block.data),
+                                                               block.application_sequences or (), strict=True)]
+            events.extend(InDoubtEvent(place, segment, key, payload, sequence) for place, key, payload, sequence
+                          in zip(self._sequences, self._keys, self._parts[1::2], self._application_sequences,
+                                 strict=True))
+        return events
+
     def _on_setup(self, reply: AppendSetup) -> None:
         if reply.writer_id != self._writer_id or self._ready:
             raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
@@ -577,6 +600,9 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
                          rng=rng, stream=stream)
         self._sequenced: SequencedShared = SequencedShared(asyncio.get_running_loop(), config.writer_unacked_bytes_max)
         self._shared = self._sequenced
+        # (It replaces the base class's shared state, so it takes over the giving up that the base class
+        # gave that: one segment writer giving up fails them all, with the in-doubt set of them all.)
+        self._sequenced.give_up = self._give_up
         self._binding = stream
         self.writer_id = check_stable_writer_id(writer_id)
         self._floors_ready = False
@@ -788,6 +814,18 @@ class AsyncSequencedEventStreamWriter(Generic[T]):
         """The last sequence written (or dropped) through this writer; the next must exceed it (0: none)."""
         return self._shared.last_sequence
 
+    @property
+    def events_written(self) -> int:
+        """How many events ``write_event`` took -- dropped duplicates included -- the last one's place
+        in the writer's sequence (``InDoubtEvent.sequence``)."""
+        return self._core.events_written
+
+    def in_doubt_events(self) -> tuple[InDoubtEvent, ...]:
+        """Every event written and not acknowledged, over all segments, in the order written, each with
+        its ``application_sequence``: what is in doubt if the writer fails now -- and, once it gave up,
+        what its ``ReconnectBudgetExceededError`` carries as ``in_doubt`` (see the module docstring)."""
+        return self._core.in_doubt_events()
+
     async def ready(self) -> None:
         """Learn the stream and the floors now (the first ``write_event`` does it otherwise)."""
         await self._core.ready()
@@ -825,9 +863,10 @@ class AsyncSequencedEventStreamWriter(Generic[T]):
         """Wait until every event written so far is durable.  Raises the writer's error, if any."""
         await self._core.flush()
 
-    async def close(self) -> None:
-        """Flush, then stop."""
-        await self._core.close()
+    async def close(self, *, flush: bool = True) -> None:
+        """Flush, then stop (``flush=False``: stop at once, what is unacknowledged stays in doubt; see
+        ``AsyncEventStreamWriter.close``)."""
+        await self._core.close(flush=flush)
 
     @property
     def closed(self) -> bool:
@@ -880,6 +919,17 @@ class SequencedEventStreamWriter(Generic[T]):
         """The last sequence written (or dropped) through this writer (0: none)."""
         return self._shared.last_sequence
 
+    @property
+    def events_written(self) -> int:
+        """See ``AsyncSequencedEventStreamWriter.events_written``."""
+        return self._core.events_written
+
+    def in_doubt_events(self) -> tuple[InDoubtEvent, ...]:
+        """See ``AsyncSequencedEventStreamWriter.in_doubt_events``."""
+        async def collect() -> tuple[InDoubtEvent, ...]:
+            return self._core.in_doubt_events()
+        return self._runner.run(collect())
+
     def deduplication_floor(self, routing_key: str) -> int:
         """See ``AsyncSequencedEventStreamWriter.deduplication_floor``."""
         if type(routing_key) is not str:
@@ -900,9 +950,9 @@ class SequencedEventStreamWriter(Generic[T]):
         """Wait until every event written so far is durable.  Raises the writer's error, if any."""
         self._runner.run(self._core.flush())
 
-    def close(self) -> None:
-        """Flush, then stop."""
-        self._runner.run(self._core.close())
+    def close(self, *, flush: bool = True) -> None:
+        """Flush, then stop (``flush=False``: stop at once; see ``AsyncEventStreamWriter.close``)."""
+        self._runner.run(self._core.close(flush=flush))
 
     def __enter__(self) -> SequencedEventStreamWriter[T]:
         return self

@@ -44,7 +44,8 @@ The events stay in the segment writer, in order (``unacknowledged_events``).  Gi
 stops every segment writer of the writer where it is and fails them all with one
 ``ReconnectBudgetExceededError`` whose ``in_doubt`` lists every unacknowledged event, across segments,
 by its place in the writer's sequence (``InDoubtEvent``; ``in_doubt_events()`` gives the same set at
-any time): each event carries that place from ``append`` on, through blocks and hand-overs.
+any time): each event carries that place from ``append`` on, through blocks and hand-overs.  (A
+writer with a stable id, ``_sequenced_writer``, gives each also its application sequence.)
 
 Streams and scaling.  A writer made for a stream (``event_writer("scope/stream")``) routes by the
 stream's key ranges (``StreamRouter``) and does not fail when a segment is sealed: the server

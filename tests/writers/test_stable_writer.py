@@ -19,7 +19,7 @@ import millstream as ms
 import pytest
 from millstream.client import AsyncClient, ScalingPolicy, SegmentWithRange, StreamConfig, routing_key_fraction
 from millstream.client._sequenced_writer import SequencedSegmentWriter
-from millstream.errors import InvalidArgumentError, InvalidSequenceError
+from millstream.errors import InvalidArgumentError, InvalidSequenceError, ObjectClosedError
 
 #: How long a test waits for a condition the implementation must reach (generous: CI is loaded).
 WAIT_SECONDS = 30.0
@@ -89,6 +89,27 @@ def test_misuse_is_a_typed_error_and_writes_nothing() -> None:
             assert not again.write_event("b", routing_key="k", sequence=6)
             assert again.duplicates == 1
         assert read_all(node.uri, "iot/s") == ["a", "b"]
+
+
+def test_the_blocking_flavour_counts_what_it_took_and_has_nothing_in_doubt_once_flushed() -> None:
+    """``events_written`` counts every event ``write_event`` took, dropped duplicates included (places in
+    the writer's sequence, as ``InDoubtEvent.sequence`` numbers them); after a flush nothing is in doubt."""
+    with node_with_stream() as node, ms.connect(node.uri) as client:
+        with client.event_writer("iot/s", ms.StringSerializer(), writer_id="ingest-7") as writer:
+            assert writer.events_written == 0 and writer.in_doubt_events() == ()
+            for sequence in (1, 2, 3):
+                assert writer.write_event(f"e{sequence}", routing_key=f"k{sequence}", sequence=sequence)
+            writer.flush()
+            assert writer.in_doubt_events() == () and writer.events_written == 3
+        with client.event_writer("iot/s", ms.StringSerializer(), writer_id="ingest-7") as again:
+            assert [again.write_event(f"e{n}", routing_key=f"k{n}", sequence=n) for n in (2, 3, 4)] == [
+                False, False, True]
+            again.flush()
+            assert again.in_doubt_events() == () and again.events_written == 3 and again.duplicates == 2
+            with pytest.raises(ObjectClosedError, match="without flushing"):
+                again.close(flush=False)  # (as every writer's: it says the writer was abandoned)
+            assert again.in_doubt_events() == ()  # (everything was acknowledged: nothing is lost)
+        assert sorted(read_all(node.uri, "iot/s")) == ["e1", "e2", "e3", "e4"]
 
 
 async def _async_misuse(uri: str) -> None:
