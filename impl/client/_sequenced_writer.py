@@ -30,8 +30,10 @@ Theory of operation (``spec/StableWriter.tla``; its actions in parentheses).
 * The hold (``AppendEvent``'s guard).  A segment writer sends a block only when no event with a lower
   sequence is unacknowledged on an older segment (an earlier epoch's) that overlaps its own: after a
   merge, the successor would otherwise store 7 (moved from one predecessor) before 6 arrives from the
-  other -- and then refuse 6 as stored.  ``_held_by_older`` asks; every acknowledgement and hand-over
-  wakes the held writers (``_release_holds``).
+  other -- and then refuse 6 as stored.  A block is stored all at once, as its events would be one
+  after another, so the guard must hold for each of them, that is for its last (the highest): a
+  block of 5 and 7 waits for 6 as 7 alone would.  ``_held_by_older`` asks; every acknowledgement and
+  hand-over wakes the held writers (``_release_holds``).
 * Acknowledgements (``AckEvent``).  ``DataAppended`` acknowledges whole blocks; an ``AppendSetup`` (or
   a sealed segment's attribute) beyond what was acknowledged means a request of an earlier process
   of this writer id landed after this one started: every event at or below it is stored, and a
@@ -357,7 +359,8 @@ class SequencedSegmentWriter(SegmentWriter):
         self._pump()
 
     def _pump(self) -> None:
-        """Send the blocks not yet sent on this session, in order, until one must wait (``hold``)."""
+        """Send the blocks not yet sent on this session, in order, until one must wait (``hold``, asked
+        about the block's last sequence: sent, it makes the segment refuse every lower one)."""
         if not self._ready:
             return
         inflight = self._inflight
@@ -366,7 +369,7 @@ class SequencedSegmentWriter(SegmentWriter):
         while self._sent < len(inflight):
             block = inflight[self._sent]
             assert block.application_sequences is not None
-            if self._hold(self, block.application_sequences[0]):
+            if self._hold(self, block.last_event_number):
                 self.held = True
                 return
             block.ever_sent = True

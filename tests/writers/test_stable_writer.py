@@ -240,6 +240,49 @@ async def _merge_race(uri: str) -> list[bytes]:
         return [bytes(event) for event in _events(bytes(result.data))]
 
 
+async def _merge_race_in_one_block(uri: str) -> list[bytes]:
+    """The hold must judge a block by its *last* sequence: the predecessor holding events 1 and 3 hands
+    them over first -- into one block of the merged successor, numbered 3 -- while event 2 waits in the
+    other predecessor.  Sent, the block stores 3, and the store then refuses 2 as stored."""
+    low, high = keys_in_halves()
+    async with AsyncClient(uri) as client:
+        writer = client.event_writer("iot/s", writer_id="merge-race-block")
+        await writer.ready()
+        core = writer.core
+        router = core.router
+        assert router is not None
+        lower, upper = router.segment_for(low), router.segment_for(high)
+        segments = await client.stream_manager().current_segments("iot/s")
+        await client.stream_manager().merge_segments("iot/s", [s.segment_id for s in segments.segments])
+        merged = (await client.stream_manager().current_segments("iot/s")).segments[0].name
+        all_written = asyncio.Event()
+
+        async def written() -> bool:
+            """The lower predecessor hands over once events 1 and 3 are both in it (in two blocks:
+            the first leaves at once, the second waits behind it -- one block in the successor)."""
+            return all_written.is_set()
+
+        async def opened() -> bool:
+            """The merged segment's writer holds the block back -- or (holding by its first
+            sequence) stored it."""
+            successor = core._writers.get(merged)
+            if isinstance(successor, SequencedSegmentWriter) and successor.held:
+                return True
+            return (await client.segments().info(merged)).length > 0
+        gate = GatedBinding(GatedBinding(core._binding, lower, written), upper, opened)
+        core._binding = gate
+        core._stream = gate  # type: ignore[assignment]
+        assert await writer.write_event(b"one", routing_key=low, sequence=1)
+        assert await writer.write_event(b"two", routing_key=high, sequence=2)
+        assert await writer.write_event(b"three", routing_key=low, sequence=3)
+        all_written.set()
+        await writer.flush()
+        assert gate.waited
+        result = await client.segments().read(merged, 0)
+        await writer.close()
+        return [bytes(event) for event in _events(bytes(result.data))]
+
+
 def _events(data: bytes) -> Iterator[bytes]:
     position = 0
     while position < len(data):
@@ -254,6 +297,14 @@ def test_a_merged_successor_holds_a_later_sequence_until_the_other_predecessor_h
     arrives (else the store, having stored 2, refuses 1 as stored: acknowledged and lost)."""
     with node_with_stream() as node:
         assert asyncio.run(_merge_race(node.uri)) == [b"one", b"two"]
+
+
+def test_a_merged_successor_holds_a_block_whose_last_sequence_is_above_what_a_predecessor_still_has() -> None:
+    """As above, but the predecessor that hands over first brings events 1 and 3 (one block in the
+    successor) while event 2 is still in the other: the block's first sequence is below 2 and its last
+    above it, and it must be held (else 3 is stored, the store refuses 2 as stored: lost)."""
+    with node_with_stream() as node:
+        assert asyncio.run(_merge_race_in_one_block(node.uri)) == [b"one", b"two", b"three"]
 
 
 def test_stable_wire_writer_ids_are_per_segment_and_never_random_ones() -> None:
