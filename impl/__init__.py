@@ -128,3 +128,7 @@ __all__ = [
     "issue_token",
     "standalone",
 ]
+
+from millstream.client import SequencedEventStreamWriter
+
+__all__ += ["SequencedEventStreamWriter"]

@@ -849,3 +849,19 @@ EVENT_BOUNDARY_INDEX_ENTRIES_MAX: Final = 1024
 #: events; beyond, an offset far from any known boundary among small events is refused as
 #: unconfirmable (``EventBoundaryError`` says so) rather than read without bound.
 EVENT_BOUNDARY_SCAN_BYTES_MAX: Final = 16 * MIB
+
+# --- Writers with a stable writer id (issue 20, item 4) ------------------------------------------------
+
+#: Longest stable writer id (``event_writer(stream, serializer, writer_id=...)``), in characters.  It
+#: names the writer in errors and logs and is hashed into one wire writer id per segment; a name is
+#: something an operator types (a pipeline, a source partition), not a payload.
+STABLE_WRITER_ID_LENGTH_MAX: Final = 256
+
+#: The largest sequence a writer with a stable id accepts (exclusive): the wire's event numbers and
+#: the writer-id attribute are signed 64-bit, and a source offset fits.
+STABLE_WRITER_SEQUENCE_LIMIT: Final = 2**63
+
+#: How many segments' writer-id attributes a writer with a stable id reads at once when it starts
+#: (every segment of the stream from its head, to learn its deduplication floors): one request each,
+#: so a stream with a long history starts in a few round trips without flooding its segment stores.
+STABLE_WRITER_ATTRIBUTE_READS_CONCURRENT_MAX: Final = 16

@@ -351,6 +351,8 @@ def _invariants(state: ContainerState) -> Iterator[tuple[str, bool]]:
             if result.kind is ResultKind.ACKED)
         and all(state.results[op.id - 1].kind in (ResultKind.ACKED, ResultKind.FAILED) for op in committed_ops))
     yield "AckedAppendsReadable", _acked_appends_readable(state, committed_ops)
+    yield "StartWithinLength", all(segment.start_offset <= segment.length
+                                   for metadata in (state.metadata, state.view) for segment in metadata.values())
 
 
 def _replays_cleanly(state: ContainerState) -> bool:
@@ -379,6 +381,11 @@ def _acked_appends_readable(state: ContainerState, committed_ops: list[Operation
             continue
         segment = state.metadata.get(request.segment)
         if segment is None or _run_at(segment, operation.offset) != (operation.id, request.data):
+            return False
+        # Readable relative to the start, unless the client truncated beyond it later.
+        if segment.start_offset > operation.offset and not any(
+                op.request.kind is OperationKind.TRUNCATE and op.request.segment == request.segment
+                and op.request.offset > operation.offset for op in later):
             return False
     return True
 

@@ -456,7 +456,8 @@ class ReconnectBudgetExceededError(ConnectionLostError):
     closed for good) ``in_doubt`` holds every event it was given and has not seen acknowledged -- each
     may or may not be stored -- as ``InDoubtEvent`` values (``sequence``: the event's place among all
     the events written through that writer, from 1; ``segment``, ``routing_key``, ``payload``: its
-    serialized bytes), in the order they were written.  Empty for any other call."""
+    serialized bytes; ``application_sequence``: from a writer with a stable id, the sequence it was
+    written with), in the order they were written.  Empty for any other call."""
 
     def __init__(self, message: str = "", in_doubt: tuple[object, ...] = ()) -> None:
         super().__init__(message)
@@ -487,3 +488,23 @@ class UndecodableEventError(InvalidArgumentError):
     def next_offset(self) -> int:
         """Where the event after this one starts (its frame is an 8-byte header and the payload)."""
         return self.offset + 8 + self.length
+
+
+# --- Writer identity (issue 20, item 4) ---------------------------------------------------------------
+
+__all__ += ["InvalidSequenceError", "WriterIdInUseError"]
+
+
+class WriterIdInUseError(CallerError):
+    """A writer learned from the server (``AppendSetup``, or a sealed segment's writer-id attribute)
+    that its writer id already holds events it never sent: another writer uses the same id -- two
+    clients made with the same seeded ``rng``, or two processes given the same stable writer id at
+    once.  Raised by the writer's next call (``write_event``, ``flush``, ``close``); the writer is
+    failed, and none of its unacknowledged events was stored under its id."""
+
+
+class InvalidSequenceError(InvalidArgumentError):
+    """``write_event``'s ``sequence`` is wrong for the writer: missing (a writer with a stable writer
+    id needs one per event), not an int in [1, 2**63), not above the last sequence this writer was
+    given, or given to a writer with a random id (which cannot resume, so a sequence would promise
+    what it cannot keep).  Raised before anything is buffered; the writer is unchanged."""

@@ -457,3 +457,7 @@ def check_invariants(state: LargeEventsState) -> None:
         data = state.transient(w).data
         assert data == framed(w, state.parts[w - 1])[:len(data)], "TransientHoldsPrefix"
     assert is_subsequence(visible, state.issued), "OrderFollowsCalls"
+    for w in state.writer_ids:
+        if state.writer(w).phase is WriterPhase.COMMITTED:
+            assert Call(ItemKind.LARGE, w) in visible or framed(w, state.parts[w - 1]) in state.pending, \
+                "CommittedEventsAppear"

@@ -28,8 +28,8 @@ Theory of operation (the spec's header says it at length):
   on the next call (``checkpoint_reader``), once its application has persisted its state
   (``saved``).  A crash returns the reader's segments at their recorded offsets.
 * **Ghost state**: ``reads`` is the group's ledger of delivered positions since the last reset (a
-  crash voids what the reader delivered beyond what its application persisted); ``origin`` is the
-  cut the group last started from.
+  crash voids what the reader delivered that its application had not persisted: ``unsaved``, in the
+  segments it holds and in any it released); ``origin`` is the cut the group last started from.
 
 Segment ids are 1-based and dense (a segment's id is its index in ``segments`` plus one), epochs are
 numbered from 1, and checkpoints are numbered from 1 (``0`` in ``at_checkpoint`` means none), as in
@@ -184,6 +184,7 @@ class StreamState:
     resets: int
     reads: tuple[Position, ...]
     origin: Offsets
+    unsaved: FrozenMap[str, frozenset[Position]]
 
     # --- The key space, segments and epochs --------------------------------------------------------
 
@@ -320,6 +321,7 @@ def initial_state(writers: Iterable[str], readers: Iterable[str], initial_reader
         future=FrozenMap(), positions=FrozenMap((r, EMPTY) for r in readers),
         at_checkpoint=FrozenMap((r, 0) for r in readers), saved=FrozenMap((r, EMPTY) for r in readers),
         checkpoints=(), crashes=0, resets=0, reads=(), origin=start,
+        unsaved=FrozenMap((r, frozenset()) for r in readers),
     )
 
 
@@ -501,7 +503,8 @@ def read_next_event(state: StreamState, reader: str, segment_id: int) -> StreamS
     _require(offset < len(state.data[segment_id - 1]), "ReadNextEvent")
     return attrs.evolve(
         state, positions=state.positions.set(reader, state.positions[reader].set(segment_id, offset + 1)),
-        reads=(*state.reads, (segment_id, offset + 1)))
+        reads=(*state.reads, (segment_id, offset + 1)),
+        unsaved=state.unsaved.set(reader, state.unsaved[reader] | {(segment_id, offset + 1)}))
 
 
 def segment_completed(state: StreamState, reader: str, segment_id: int) -> StreamState:
@@ -518,7 +521,9 @@ def segment_completed(state: StreamState, reader: str, segment_id: int) -> Strea
     ready = {t for t, waits in waiting.items() if not waits}
     future = FrozenMap((t, waits) for t, waits in waiting.items() if t not in ready)
     unassigned = _override(state.unassigned, FrozenMap((t, 0) for t in ready))
-    return attrs.evolve(_give_up(state, reader, segment_id), future=future, unassigned=unassigned)
+    unsaved = frozenset(p for p in state.unsaved[reader] if p[0] != segment_id)
+    return attrs.evolve(_give_up(state, reader, segment_id), future=future, unassigned=unassigned,
+                        unsaved=state.unsaved.set(reader, unsaved))
 
 
 def create_checkpoint(state: StreamState) -> StreamState:
@@ -550,25 +555,28 @@ def checkpoint_reader(state: StreamState, reader: str) -> StreamState:
     checkpoints = (*state.checkpoints[:number - 1], recorded, *state.checkpoints[number:])
     return attrs.evolve(state, saved=state.saved.set(reader, mine), checkpoints=checkpoints,
                         assigned=state.assigned.set(reader, mine),
-                        at_checkpoint=state.at_checkpoint.set(reader, 0))
+                        at_checkpoint=state.at_checkpoint.set(reader, 0),
+                        unsaved=state.unsaved.set(reader, frozenset()))
 
 
 def reader_offline(state: StreamState, reader: str) -> StreamState:
     """``ReaderOffline(r)``: a reader crashed.  Its segments return to the pool at their recorded
-    offsets, a checkpoint it owed takes those offsets, and what it delivered beyond what its
-    application persisted is void (the group delivers it again)."""
+    offsets, a checkpoint it owed takes those offsets, and what it delivered that its application had
+    not persisted (``unsaved``: in the segments it holds or released) is void (the group must deliver
+    it again)."""
     _require(reader in state.online, "ReaderOffline")
     recorded = state.assigned[reader]
-    persisted = state.saved[reader]
+    lost = state.unsaved[reader]
     checkpoints = tuple(
         Checkpoint(c.pending - {reader}, _override(c.cut, recorded)) if reader in c.pending else c
         for c in state.checkpoints)
-    reads = tuple(p for p in state.reads if not (p[0] in persisted and p[1] > persisted[p[0]]))
+    reads = tuple(p for p in state.reads if p not in lost)
     return attrs.evolve(
         state, online=state.online - {reader}, unassigned=_override(state.unassigned, recorded),
         checkpoints=checkpoints, reads=reads, assigned=state.assigned.set(reader, EMPTY),
         positions=state.positions.set(reader, EMPTY), saved=state.saved.set(reader, EMPTY),
-        at_checkpoint=state.at_checkpoint.set(reader, 0), crashes=state.crashes + 1)
+        at_checkpoint=state.at_checkpoint.set(reader, 0), crashes=state.crashes + 1,
+        unsaved=state.unsaved.set(reader, frozenset()))
 
 
 def reset(state: StreamState, checkpoint: int) -> StreamState:
@@ -580,7 +588,7 @@ def reset(state: StreamState, checkpoint: int) -> StreamState:
     return attrs.evolve(
         state, unassigned=cut, future=FrozenMap(), assigned=nothing, positions=nothing, saved=nothing,
         at_checkpoint=FrozenMap((r, 0) for r in state.at_checkpoint), reads=(), origin=cut,
-        resets=state.resets + 1)
+        resets=state.resets + 1, unsaved=FrozenMap((r, frozenset()) for r in state.unsaved))
 
 
 # --- Invariants (the spec's, in Python) ---------------------------------------------------------

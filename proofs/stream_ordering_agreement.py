@@ -143,4 +143,5 @@ def project(config: Configuration, state: so.StreamState) -> dict[str, Any]:
         "resets": state.resets,
         "reads": state.reads,
         "origin": _int_map(state.origin),
+        "unsaved": _per_name(state.unsaved, frozenset),
     }

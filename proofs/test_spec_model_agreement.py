@@ -25,6 +25,7 @@ from proofs import (
     durable_log_agreement,
     exactly_once_sink_agreement,
     large_events_agreement,
+    stable_writer_agreement,
     stream_ordering_agreement,
     transactions_agreement,
 )
@@ -36,7 +37,8 @@ PROFILE = os.environ.get("MILLSTREAM_PROFILE", "ci")
 #: Each spec's agreement module: Configuration, CONSTANTS, initial_states, successors, project, check.
 AGREEMENTS = {"DurableLog": durable_log_agreement, "ContainerFailover": container_failover_agreement,
               "ExactlyOnceSink": exactly_once_sink_agreement, "LargeEvents": large_events_agreement,
-              "StreamOrdering": stream_ordering_agreement, "Transactions": transactions_agreement}
+              "StreamOrdering": stream_ordering_agreement, "Transactions": transactions_agreement,
+              "StableWriter": stable_writer_agreement}
 MANIFEST = load_manifest()["specs"]
 CASES = [(name, config) for name, spec in MANIFEST.items() for config in spec["configs"]
          if config["profile"] == "ci" or PROFILE == "nightly"]

@@ -426,8 +426,18 @@ RunAt(d, o) == IF d = <<>> THEN [id |-> 0, len |-> 0]
                ELSE IF o < Head(d).len THEN [id |-> 0, len |-> 0]
                ELSE RunAt(Tail(d), o - Head(d).len)
 
+(* A segment's start (what truncation removed below) never passes its     *)
+(* length, in what readers see and in what validation sees.                *)
+StartWithinLength ==
+    \A s \in Segments :
+        /\ meta[s].start <= Length(meta[s])
+        /\ view[s].start <= Length(view[s])
+
 (* Every acknowledged append's bytes are readable at the acknowledged     *)
-(* offset, for as long as its segment is neither deleted nor merged away.  *)
+(* offset, for as long as its segment is neither deleted nor merged away,  *)
+(* and readable relative to the start: at or after the segment's start,   *)
+(* unless a truncation the client asked for, at an offset beyond the       *)
+(* append's, came later.                                                   *)
 AckedAppendsReadable ==
     LET ops == OpsOf(Frames(1, committed)) IN
     \A j \in 1..Len(ops) :
@@ -437,7 +447,9 @@ AckedAppendsReadable ==
          /\ ~\E l \in (j + 1)..Len(ops) :
                \/ ops[l].kind \in {"delete", "create"} /\ ops[l].seg = o.seg
                \/ ops[l].kind = "merge" /\ ops[l].src = o.seg)
-        => RunAt(meta[o.seg].data, o.at) = [id |-> o.id, len |-> o.len]
+        => /\ RunAt(meta[o.seg].data, o.at) = [id |-> o.id, len |-> o.len]
+           /\ \/ meta[o.seg].start <= o.at
+              \/ \E l \in (j + 1)..Len(ops) : ops[l].kind = "truncate" /\ ops[l].seg = o.seg /\ ops[l].off > o.at
 
 -----------------------------------------------------------------------------
 (* Liveness: every operation submitted is eventually answered. *)

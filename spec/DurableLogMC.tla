@@ -21,6 +21,12 @@ SpanningRequests ==
     { Req("append", "a", NoSegment, 2, NoOffset, 3),
       Req("append", "a", NoSegment, 1, NoOffset, 1) }
 
+(* Truncation of a segment that appends grow: at an offset it has, and beyond its length. *)
+TruncateRequests ==
+    { Req("append", "a", NoSegment, 1, NoOffset, 1),
+      Req("truncate", "a", NoSegment, 0, 1, 1),
+      Req("truncate", "a", NoSegment, 0, 2, 1) }
+
 (* Two segments: create, seal, merge, truncate, delete. *)
 LifecycleRequests ==
     { Req("create", "b", NoSegment, 0, NoOffset, 1),

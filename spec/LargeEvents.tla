@@ -338,6 +338,13 @@ IsSubsequence(a, b) ==
 
 OrderFollowsCalls == IsSubsequence(EventsOf(parent), issued)
 
+(* A large event reported committed to the application appears in its stream: its header is in *)
+(* the parent -- or, inline, it is in the ordinary writer's ordered pipeline, which delivers it *)
+(* (DeliverOrdinary; StreamOrdering checks that pipeline's retransmission).                    *)
+CommittedEventsAppear ==
+    \A w \in Writers : ew[w].phase = "committed" =>
+        HasHeader(w) \/ \E i \in DOMAIN pending : pending[i] = Framed(w)
+
 -----------------------------------------------------------------------------
 (* Liveness. *)
 

@@ -77,9 +77,14 @@
 (* completes.  A crashed reader may rejoin, holding nothing.               *)
 (*                                                                         *)
 (* Ghost state.  `reads` is the group's ledger since the last reset: the   *)
-(* positions <<segment, offset>> delivered, in order.  A crash voids what  *)
-(* the reader delivered beyond the positions its application persisted     *)
-(* (that work is lost, and the group hands those events out again).        *)
+(* positions <<segment, offset>> delivered, in order.  `unsaved[r]` holds  *)
+(* what reader r delivered that its application has not persisted (until  *)
+(* its next CheckpointReader) -- in the segments it holds and in any it    *)
+(* released: a crash voids exactly those (that work is lost, and the group *)
+(* must hand those events out again).  A segment r completed leaves its    *)
+(* set: completion hands no offset back, so what r delivered of it beyond  *)
+(* its last checkpoint is not handed out again after a crash (Pravega's    *)
+(* rule too; an application that needs it resets to a checkpoint).        *)
 (* `origin` is the cut the group last started from.                        *)
 (*                                                                         *)
 (* Abstractions.  Events carry no payload and offsets count events.        *)
@@ -137,10 +142,11 @@ VARIABLES
     crashes,     \* reader crashes so far
     resets,      \* resets so far
     reads,       \* ghost: <<segment, offset>> delivered since the last reset
-    origin       \* ghost: the cut the group last started from
+    origin,      \* ghost: the cut the group last started from
+    unsaved      \* ghost: reader -> positions it delivered that its application has not persisted
 
 vars == <<segs, epochs, scaling, scales, sealed, data, written, table, inflight, online, assigned,
-          unassigned, future, pos, atCkpt, saved, ckpts, crashes, resets, reads, origin>>
+          unassigned, future, pos, atCkpt, saved, ckpts, crashes, resets, reads, origin, unsaved>>
 
 -----------------------------------------------------------------------------
 (* Maps from segment ids to offsets. *)
@@ -252,12 +258,14 @@ Init ==
     /\ resets = 0
     /\ reads = <<>>
     /\ origin = [s \in 1..InitialCount |-> 0]
+    /\ unsaved = [r \in Readers |-> {}]
 
 -----------------------------------------------------------------------------
 (* The controller scales the stream. *)
 
 WriterVars == <<written, table, inflight>>
-GroupVars == <<online, assigned, unassigned, future, pos, atCkpt, saved, ckpts, crashes, resets, reads, origin>>
+GroupVars == <<online, assigned, unassigned, future, pos, atCkpt, saved, ckpts, crashes, resets, reads, origin,
+               unsaved>>
 
 (* New segments with the given ranges (in key order) for the epoch about to be recorded. *)
 StartScale(preds, ranges) ==
@@ -348,7 +356,7 @@ AddReader(r) ==
     /\ r \notin online
     /\ online' = online \cup {r}
     /\ UNCHANGED <<StreamVars, data, WriterVars, assigned, unassigned, future, pos, atCkpt, saved, ckpts,
-                   crashes, resets, reads, origin>>
+                   crashes, resets, reads, origin, unsaved>>
 
 AcquireSegment(r, s) ==
     /\ Free(r)
@@ -358,7 +366,8 @@ AcquireSegment(r, s) ==
     /\ pos' = [pos EXCEPT ![r] = Put(@, s, unassigned[s])]
     /\ saved' = [saved EXCEPT ![r] = Put(@, s, unassigned[s])]
     /\ unassigned' = Drop(unassigned, s)
-    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin>>
+    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin,
+                   unsaved>>
 
 ReleaseSegment(r, s) ==
     /\ Free(r)
@@ -369,7 +378,8 @@ ReleaseSegment(r, s) ==
     /\ assigned' = [assigned EXCEPT ![r] = Drop(@, s)]
     /\ pos' = [pos EXCEPT ![r] = Drop(@, s)]
     /\ saved' = [saved EXCEPT ![r] = Drop(@, s)]
-    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin>>
+    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin,
+                   unsaved>>
 
 ReadNextEvent(r, s) ==
     /\ Free(r)
@@ -377,6 +387,7 @@ ReadNextEvent(r, s) ==
     /\ pos[r][s] < Len(data[s])
     /\ pos' = [pos EXCEPT ![r][s] = @ + 1]
     /\ reads' = Append(reads, <<s, pos[r][s] + 1>>)
+    /\ unsaved' = [unsaved EXCEPT ![r] = @ \cup {<<s, pos[r][s] + 1>>}]
     /\ UNCHANGED <<StreamVars, data, WriterVars, online, assigned, unassigned, future, atCkpt, saved,
                    ckpts, crashes, resets, origin>>
 
@@ -395,6 +406,7 @@ SegmentCompleted(r, s) ==
     /\ assigned' = [assigned EXCEPT ![r] = Drop(@, s)]
     /\ pos' = [pos EXCEPT ![r] = Drop(@, s)]
     /\ saved' = [saved EXCEPT ![r] = Drop(@, s)]
+    /\ unsaved' = [unsaved EXCEPT ![r] = {p \in @ : p[1] # s}]
     /\ UNCHANGED <<StreamVars, data, WriterVars, online, atCkpt, ckpts, crashes, resets, reads, origin>>
 
 CreateCheckpoint ==
@@ -403,7 +415,7 @@ CreateCheckpoint ==
     /\ ckpts' = Append(ckpts, [pending |-> online,
                                cut |-> Override(unassigned, [p \in CompletedWaiting |-> Len(data[p])])])
     /\ UNCHANGED <<StreamVars, data, WriterVars, online, assigned, unassigned, future, pos, atCkpt, saved,
-                   crashes, resets, reads, origin>>
+                   crashes, resets, reads, origin, unsaved>>
 
 (* read_next_event returns the checkpoint instead of an event. *)
 SurfaceCheckpoint(r) ==
@@ -412,7 +424,7 @@ SurfaceCheckpoint(r) ==
     /\ Pending(r)
     /\ atCkpt' = [atCkpt EXCEPT ![r] = CHOOSE i \in DOMAIN ckpts : r \in ckpts[i].pending]
     /\ UNCHANGED <<StreamVars, data, WriterVars, online, assigned, unassigned, future, pos, saved, ckpts,
-                   crashes, resets, reads, origin>>
+                   crashes, resets, reads, origin, unsaved>>
 
 (* The next read_next_event call: the application has persisted its state, and the reader records *)
 (* its positions in the checkpoint (and as its recorded offsets).                                  *)
@@ -423,6 +435,7 @@ CheckpointReader(r) ==
     /\ ckpts' = [ckpts EXCEPT ![atCkpt[r]] = [pending |-> @.pending \ {r}, cut |-> Override(@.cut, pos[r])]]
     /\ assigned' = [assigned EXCEPT ![r] = pos[r]]
     /\ atCkpt' = [atCkpt EXCEPT ![r] = 0]
+    /\ unsaved' = [unsaved EXCEPT ![r] = {}]
     /\ UNCHANGED <<StreamVars, data, WriterVars, online, unassigned, future, pos, crashes, resets, reads, origin>>
 
 (* A reader crashes; the group learns it is offline. *)
@@ -435,7 +448,8 @@ ReaderOffline(r) ==
                    IF r \in ckpts[i].pending
                    THEN [pending |-> ckpts[i].pending \ {r}, cut |-> Override(ckpts[i].cut, assigned[r])]
                    ELSE ckpts[i]]
-    /\ reads' = SelectSeq(reads, LAMBDA p : ~(p[1] \in DOMAIN saved[r] /\ p[2] > saved[r][p[1]]))
+    /\ reads' = SelectSeq(reads, LAMBDA p : p \notin unsaved[r])
+    /\ unsaved' = [unsaved EXCEPT ![r] = {}]
     /\ assigned' = [assigned EXCEPT ![r] = EmptyMap]
     /\ pos' = [pos EXCEPT ![r] = EmptyMap]
     /\ saved' = [saved EXCEPT ![r] = EmptyMap]
@@ -456,6 +470,7 @@ Reset(i) ==
     /\ atCkpt' = [r \in Readers |-> 0]
     /\ reads' = <<>>
     /\ origin' = ckpts[i].cut
+    /\ unsaved' = [r \in Readers |-> {}]
     /\ resets' = resets + 1
     /\ UNCHANGED <<StreamVars, data, WriterVars, online, ckpts, crashes>>
 

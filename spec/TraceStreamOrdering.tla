@@ -46,7 +46,8 @@ AcquireAnyLoad(r, s) ==
     /\ pos' = [pos EXCEPT ![r] = Put(@, s, unassigned[s])]
     /\ saved' = [saved EXCEPT ![r] = Put(@, s, unassigned[s])]
     /\ unassigned' = Drop(unassigned, s)
-    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin>>
+    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin,
+                   unsaved>>
 
 ReleaseAnyLoad(r, s) ==
     /\ Free(r)
@@ -56,7 +57,8 @@ ReleaseAnyLoad(r, s) ==
     /\ assigned' = [assigned EXCEPT ![r] = Drop(@, s)]
     /\ pos' = [pos EXCEPT ![r] = Drop(@, s)]
     /\ saved' = [saved EXCEPT ![r] = Drop(@, s)]
-    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin>>
+    /\ UNCHANGED <<StreamVars, data, WriterVars, online, future, atCkpt, ckpts, crashes, resets, reads, origin,
+                   unsaved>>
 
 (* The segments a scale created, as <<lo, hi>> in creation order. *)
 Created == [j \in 1..(Len(segs') - Len(segs)) |-> <<segs'[Len(segs) + j].lo, segs'[Len(segs) + j].hi>>]

@@ -183,3 +183,11 @@ __all__ = [
     "routing_key_fraction",
     "split_stream_name",
 ]
+
+# Writers with a stable writer id (exactly once across restarts of the writer's process).
+from millstream.client._sequenced_writer import (
+    AsyncSequencedEventStreamWriter,
+    SequencedEventStreamWriter,
+)
+
+__all__ += ["AsyncSequencedEventStreamWriter", "SequencedEventStreamWriter"]

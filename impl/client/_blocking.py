@@ -35,6 +35,7 @@ from millstream.client._reader_group import ReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader, SegmentEvent
 from millstream.client._routing import Router
 from millstream.client._segments import AsyncSegments, SegmentProperties
+from millstream.client._sequenced_writer import AsyncSequencedEventStreamWriter, SequencedEventStreamWriter
 from millstream.client._serializers import BytesSerializer, Serializer
 from millstream.client._streams import ReaderGroupConfig, StreamManager
 from millstream.client._transactions import (
@@ -43,9 +44,9 @@ from millstream.client._transactions import (
     Transaction,
     TransactionalEventStreamWriter,
 )
-from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking
+from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking, _no_sequences
 from millstream.clock import Clock
-from millstream.errors import InternalError, ObjectClosedError, RequestTimeoutError
+from millstream.errors import InternalError, InvalidArgumentError, ObjectClosedError, RequestTimeoutError
 from millstream.segmentstore.read_index import ReadResult
 
 __all__ = ["ByteStreamReader", "Client", "EventStreamWriter", "SegmentReader", "Segments", "connect"]
@@ -159,8 +160,11 @@ class EventStreamWriter(Generic[T]):
         self._shared = core._shared
         self._runner = runner
 
-    def write_event(self, event: T, *, routing_key: str | None = None) -> None:
-        """Buffer ``event``; returns at once unless too much is unacknowledged (then waits)."""
+    def write_event(self, event: T, *, routing_key: str | None = None, sequence: None = None) -> None:
+        """Buffer ``event``; returns at once unless too much is unacknowledged (then waits).  A
+        ``sequence`` needs a stable writer id (``InvalidSequenceError`` here)."""
+        if sequence is not None:
+            raise _no_sequences()
         if self._add(event, routing_key, None) & OVER_BUDGET:
             self._runner.run(self._shared.wait_for_capacity())
 
@@ -375,10 +379,31 @@ class Client:
     @overload
     def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[T], /) -> EventStreamWriter[T]: ...
 
-    def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[Any] | None = None, /,
-                     ) -> EventStreamWriter[Any]:
+    @overload
+    def event_writer(self, target: str, /, *, writer_id: str) -> SequencedEventStreamWriter[bytes]: ...
+
+    @overload
+    def event_writer(self, target: str, serializer: Serializer[T], /, *, writer_id: str,
+                     ) -> SequencedEventStreamWriter[T]: ...
+
+    def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[Any] | None = None, /, *,
+                     writer_id: str | None = None) -> EventStreamWriter[Any] | SequencedEventStreamWriter[Any]:
         """A blocking idempotent writer (see ``AsyncClient.event_writer``).  A stream writer learns the
-        stream's segments here (``StreamNotFoundError``, ``StreamSealedError``)."""
+        stream's segments here (``StreamNotFoundError``, ``StreamSealedError``); one with a stable
+        ``writer_id`` also what the stream already holds from it."""
+        if writer_id is not None:
+            if not isinstance(target, str):
+                raise InvalidArgumentError(f"a stable writer id needs a stream (\"scope/stream\") to write to, "
+                                           f"not {target!r}")
+            stream, stable_id = target, writer_id
+
+            async def build_sequenced() -> AsyncSequencedEventStreamWriter[Any]:
+                sequenced: AsyncSequencedEventStreamWriter[Any] = self._core.event_writer(
+                    stream, serializer or BytesSerializer(), writer_id=stable_id)
+                await sequenced.ready()
+                return sequenced
+            return SequencedEventStreamWriter(self._runner.run(build_sequenced()).core, self._runner)
+
         async def build() -> AsyncEventStreamWriter[Any]:
             writer = self._core.event_writer(target, serializer or BytesSerializer())
             await writer.ready()  # the blocking per-event path cannot wait for it

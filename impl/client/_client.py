@@ -24,8 +24,9 @@ from millstream.client._reader_group import AsyncReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import KeySpaceRouter, Router
 from millstream.client._segments import AsyncSegments
+from millstream.client._sequenced_writer import AsyncSequencedEventStreamWriter
 from millstream.client._serializers import BytesSerializer, Serializer
-from millstream.client._stream_writer import ControllerStreamBinding, stream_event_writer
+from millstream.client._stream_writer import ControllerStreamBinding, sequenced_stream_writer, stream_event_writer
 from millstream.client._streams import AsyncStreamManager, ReaderGroupConfig, split_stream_name
 from millstream.client._transactions import (
     AsyncTransaction,
@@ -121,15 +122,36 @@ class AsyncClient:
     def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[T], /) -> AsyncEventStreamWriter[T]:
         ...
 
-    def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[Any] | None = None, /,
-                     ) -> AsyncEventStreamWriter[Any]:
+    @overload
+    def event_writer(self, target: str, /, *, writer_id: str) -> AsyncSequencedEventStreamWriter[bytes]: ...
+
+    @overload
+    def event_writer(self, target: str, serializer: Serializer[T], /, *, writer_id: str,
+                     ) -> AsyncSequencedEventStreamWriter[T]: ...
+
+    def event_writer(self, target: Sequence[str] | Router, serializer: Serializer[Any] | None = None, /, *,
+                     writer_id: str | None = None,
+                     ) -> AsyncEventStreamWriter[Any] | AsyncSequencedEventStreamWriter[Any]:
         """An idempotent writer.  ``target``: a stream, ``"scope/stream"`` (routing keys pick segments of
         its current epoch by their position in [0, 1), and the writer follows the stream as it scales;
         it asks the controller for the segments on its first call, see ``_stream_writer``), a list of
         segment names (routing keys split the key space evenly among them) or a ``Router`` that picks
         each event's segment.  ``serializer`` turns events into bytes (default: events are bytes).
-        Call it on the client's event loop."""
+        Call it on the client's event loop.
+
+        With ``writer_id`` (a stable name, e.g. ``"ingest-7"``; streams only): a writer that resumes
+        exactly once after its process restarts -- each event carries the application's increasing
+        sequence, and events the stream already holds are dropped (``_sequenced_writer``)."""
         self._check_open()
+        if writer_id is not None:
+            if not isinstance(target, str):
+                raise InvalidArgumentError("a stable writer id needs a stream (\"scope/stream\") to write to, "
+                                           f"not {target!r}")
+            core = sequenced_stream_writer(target, serializer or BytesSerializer(), writer_id=writer_id,
+                                           pool=self._pool, controller=self._controller, token=self._token,
+                                           config=self._config, rng=self._rng)
+            self._writers.add(core)
+            return AsyncSequencedEventStreamWriter(core)
         if isinstance(target, str):
             stream_writer: AsyncEventStreamWriter[Any] = stream_event_writer(
                 target, serializer or BytesSerializer(), pool=self._pool, controller=self._controller,

@@ -21,7 +21,11 @@ segment's server, take a connection, send ``SetupAppend`` and wait for ``AppendS
 ``last_event_number`` is the last number the server stored for this writer id -- stored atomically
 with the data, by compare-and-set.  Blocks up to that number are acknowledged by it (their
 acknowledgement may have been lost with the old connection); the rest are re-sent in order, with the
-same numbers and the same bytes, so a block is stored once however often it is sent.  A
+same numbers and the same bytes, so a block is stored once however often it is sent.  A number beyond
+anything this writer id ever sent means another writer has the id (two clients made with the same
+seeded ``rng``): the writer fails with ``WriterIdInUseError`` rather than take it as an
+acknowledgement of events the segment never stored.  (A writer with a *stable* id, which resumes what
+an earlier process of the id stored, is ``_sequenced_writer``'s.)  A
 ``DataAppended`` acknowledges every block up to its event number (acknowledgements are cumulative, so
 a lost one is covered by the next and a stale or reordered one is ignored).  When the connection
 breaks, or no acknowledgement comes within the ack timeout (the last one was lost), the session ends
@@ -40,7 +44,8 @@ The events stay in the segment writer, in order (``unacknowledged_events``).  Gi
 stops every segment writer of the writer where it is and fails them all with one
 ``ReconnectBudgetExceededError`` whose ``in_doubt`` lists every unacknowledged event, across segments,
 by its place in the writer's sequence (``InDoubtEvent``; ``in_doubt_events()`` gives the same set at
-any time): each event carries that place from ``append`` on, through blocks and hand-overs.
+any time): each event carries that place from ``append`` on, through blocks and hand-overs.  (A
+writer with a stable id, ``_sequenced_writer``, gives each also its application sequence.)
 
 Streams and scaling.  A writer made for a stream (``event_writer("scope/stream")``) routes by the
 stream's key ranges (``StreamRouter``) and does not fail when a segment is sealed: the server
@@ -89,6 +94,7 @@ from millstream.errors import (
     InternalError,
     InvalidArgumentError,
     InvalidEventNumberError,
+    InvalidSequenceError,
     MillstreamError,
     ObjectClosedError,
     PayloadTooLargeError,
@@ -96,6 +102,7 @@ from millstream.errors import (
     ReconnectBudgetExceededError,
     RetryableError,
     StreamSegmentSealedError,
+    WriterIdInUseError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire import codec
@@ -159,12 +166,17 @@ class _Block:
     (``sequences``: what names them in the in-doubt set), what they are charged against the writer's
     budget (``charge``: the framed bytes plus the keys' characters), and the future its tracked
     events share (a block is stored all together or not at all, so one future answers for all
-    of them)."""
+    of them).  A writer with a stable id (``_sequenced_writer``) numbers events by the application's
+    sequences: ``application_sequences`` holds each event's (None for a writer with a random id; not
+    to be confused with ``sequences``, the places, which every writer keeps), and ``ever_sent`` says
+    whether the block ever went out (a block never sent may be re-framed)."""
 
-    __slots__ = ("charge", "data", "event_count", "future", "keys", "last_event_number", "sent_at", "sequences")
+    __slots__ = ("application_sequences", "charge", "data", "event_count", "ever_sent", "future", "keys",
+                 "last_event_number", "sent_at", "sequences")
 
     def __init__(self, data: bytes, keys: list[str | None], charge: int, event_count: int, last_event_number: int,
-                 future: Completion | None, sequences: list[int]) -> None:
+                 future: Completion | None, sequences: list[int], application_sequences: list[int] | None = None,
+                 ) -> None:
         self.data = data
         self.keys = keys
         self.sequences = sequences
@@ -173,6 +185,8 @@ class _Block:
         self.last_event_number = last_event_number
         self.future = future
         self.sent_at = 0.0
+        self.application_sequences = application_sequences
+        self.ever_sent = False
 
 
 class Tracking:
@@ -286,6 +300,7 @@ class SegmentWriter(AppendSession):
         # Loop side.
         self._inflight: deque[_Block] = deque()  # closed, not acknowledged, in number order (_sent: a prefix)
         self._acked = 0  # the last event number acknowledged
+        self._sent_max = 0  # the largest event number ever sent under this writer id (any session)
         self._flush_waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._task: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
@@ -447,6 +462,7 @@ class SegmentWriter(AppendSession):
         connection = self._connection
         assert connection is not None and self._ready
         block.sent_at = self._clock.monotonic()
+        self._sent_max = max(self._sent_max, block.last_event_number)
         try:
             connection.send(AppendBlock(self._writer_id, block.last_event_number, block.event_count,
                                         self._request_id, block.data))
@@ -510,6 +526,9 @@ class SegmentWriter(AppendSession):
             raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
         self._drain_outbox()
         stored = 0 if reply.last_event_number == NULL_ATTRIBUTE_VALUE else reply.last_event_number
+        if stored > self._sent_max:
+            self._end_session(self._id_in_use(stored))
+            return
         if stored < self._acked:
             self._end_session(ProtocolError(
                 f"the server stores event number {stored} for writer {self._writer_id} on {self.segment!r}, but "
@@ -535,6 +554,16 @@ class SegmentWriter(AppendSession):
         self._acknowledge_through(number, sent_on_this_session=self._ready)
 
     _REPLY_HANDLERS = {DataAppended: _on_acknowledged, AppendSetup: _on_setup}
+
+    def _id_in_use(self, stored: int) -> WriterIdInUseError:
+        """The segment stores event number ``stored`` for this writer id, beyond anything this writer
+        ever sent: another writer has the id (two clients made with the same seeded ``rng``).  Taking
+        ``stored`` as an acknowledgement would report this writer's events durable, and the segment
+        never stored them."""
+        return WriterIdInUseError(
+            f"writer id {self._writer_id} already holds events on segment {self.segment!r} (event number {stored}; "
+            f"this writer sent {self._sent_max} so far): another writer uses the same id -- are two clients made "
+            "with the same seeded rng?  None of this writer's unacknowledged events were stored by it")
 
     def _acknowledge_through(self, number: int, *, sent_on_this_session: bool) -> None:
         """Every block up to event ``number`` is durable: settle it and free its bytes."""
@@ -659,6 +688,8 @@ class SegmentWriter(AppendSession):
         segment does not hold are handed over.  Raises ``ProtocolError`` if ``stored`` is below what
         was acknowledged or ends no block."""
         self._drain_outbox()
+        if stored > self._sent_max:
+            raise self._id_in_use(stored)
         if stored < self._acked:
             raise ProtocolError(f"segment {self.segment!r} stores event number {stored} for writer "
                                 f"{self._writer_id}, but {self._acked} was acknowledged")
@@ -783,6 +814,13 @@ class StreamBinding(Protocol):
         ``StreamSealedError`` when the whole stream is sealed, ``StreamSegmentSealedError`` when the
         segment was sealed by anything but a scale."""
         ...
+
+
+def _no_sequences() -> InvalidSequenceError:
+    """A sequence given to a writer with a random id, which cannot resume after a restart."""
+    return InvalidSequenceError(
+        "this writer has a random writer id: it cannot resume after a restart, so it takes no sequences; "
+        "make it with a stable writer id (event_writer(stream, serializer, writer_id=...)) to write with sequences")
 
 
 def _bad_key(routing_key: object) -> InvalidArgumentError:
@@ -1089,12 +1127,15 @@ class AsyncEventStreamWriter(Generic[T]):
 
     # --- API ---------------------------------------------------------------------------------------
 
-    async def write_event(self, event: T, *, routing_key: str | None = None) -> None:
+    async def write_event(self, event: T, *, routing_key: str | None = None, sequence: None = None) -> None:
         """Buffer ``event`` for its segment (by ``routing_key``; None spreads keyless events evenly).
         Waits only while too much is unacknowledged.  Raises the writer's error if it has failed,
         ``InvalidArgumentError`` for an event the serializer refuses, ``PayloadTooLargeError`` for one
         over ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing is written then); a stream writer's first call
-        raises what ``ready`` raises."""
+        raises what ``ready`` raises.  ``sequence`` is for writers with a stable writer id
+        (``event_writer(stream, serializer, writer_id=...)``): given here, ``InvalidSequenceError``."""
+        if sequence is not None:
+            raise _no_sequences()
         # ``_add``, inlined: this is the per-event path of the asyncio flavour.
         if self._identity and type(event) is bytes:
             payload: bytes = event  # type: ignore[assignment]  # (checked: no cast() call per event)

@@ -10,10 +10,21 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from uuid import UUID
 
 import pytest
-from millstream.client import AsyncClient, ClientConfig, InDoubtEvent
+from millstream.client import (
+    AsyncClient,
+    BytesSerializer,
+    ClientConfig,
+    FixedLocator,
+    InDoubtEvent,
+    SegmentWithRange,
+    routing_key_fraction,
+)
+from millstream.client._sequenced_writer import AsyncSequencedEventStreamWriter, SequencedWriterCore
 from millstream.errors import ConnectionLostError, ReconnectBudgetExceededError
+from millstream.naming import segment_id, stream_segment_name
 from millstream.server import SegmentStoreServer, ServerConfig
 from millstream.testing.clock import ManualClock
 from millstream.testing.network import SimulatedNetwork, VirtualTimeEventLoop
@@ -153,6 +164,102 @@ def test_an_outage_longer_than_the_budget_ends_with_the_events_in_doubt(world: W
                 await writer.close()
             read = [e.value for name in segments for e in await client.segment_reader(name).read_events()]
             assert sorted(read) == [b"acked-%d" % index for index in range(4)]
+    world.run(scenario())
+
+
+class FixedStream:
+    """A stream of two fixed segments on the world's store, as a writer with a stable id asks about it
+    (``SequencedStreamBinding``): the world has no controller, and nothing is sealed here."""
+
+    stream = "s/a"
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self.segments = [SegmentWithRange(segment_id(0, n), n / 2, (n + 1) / 2,
+                                          stream_segment_name("s", "a", segment_id(0, n))) for n in range(2)]
+
+    async def history(self) -> list[SegmentWithRange]:
+        return self.segments
+
+    async def current_segments(self) -> list[SegmentWithRange]:
+        return self.segments
+
+    async def stored_sequence(self, segment: str, writer_id: UUID) -> int:
+        return await self._client.segments().get_attribute(segment, writer_id.int) or 0
+
+    async def stored_event_number(self, segment: str, writer_id: UUID) -> int:
+        return await self._client.segments().stored_event_number_once_sealed(segment, writer_id)
+
+    async def successors(self, sealed: SegmentWithRange) -> list[SegmentWithRange]:
+        raise AssertionError(f"nothing is sealed in this test, yet {sealed.name} was")
+
+
+def stable_writer(client: AsyncClient, stream: FixedStream) -> AsyncSequencedEventStreamWriter[bytes]:
+    """A writer with the stable id ``ingest-7`` of ``stream`` (as ``event_writer(stream, writer_id=...)``
+    makes one, with the fixed stream in place of the controller's)."""
+    return AsyncSequencedEventStreamWriter(SequencedWriterCore(
+        pool=client.pool, locator=FixedLocator(client.endpoint), serializer=BytesSerializer(), token="",
+        config=client.config, rng=random.Random(11), stream=stream, writer_id="ingest-7"))
+
+
+def test_a_writer_with_a_stable_id_gives_up_as_a_whole_with_its_sequences_in_doubt(world: World) -> None:
+    """The sequenced writer is a stream writer too: one outage longer than the budget fails all its
+    segment writers with one error whose ``in_doubt`` spans both segments, in the order written, each
+    event with its place (dropped duplicates take places as well) and its application sequence -- what
+    a restarted writer replays from."""
+    keys = {half: next(f"key-{n}" for n in range(1000) if (routing_key_fraction(f"key-{n}") >= 0.5) == half)
+            for half in (False, True)}
+
+    def key(sequence: int) -> str:
+        return keys[sequence % 2 == 1]
+
+    async def scenario() -> None:
+        async with world.client() as client:
+            stream = FixedStream(client)
+            for piece in stream.segments:
+                await client.segments().create(piece.name)
+            first = stable_writer(client, stream)
+            for sequence in range(1, 5):
+                assert await first.write_event(b"e%d" % sequence, routing_key=key(sequence), sequence=sequence)
+            await first.close()
+            writer = stable_writer(client, stream)  # a restart, replaying from sequence 3
+            for sequence in range(3, 7):
+                assert await writer.write_event(b"e%d" % sequence, routing_key=key(sequence),
+                                                sequence=sequence) == (sequence > 4)
+            await writer.flush()
+            assert writer.in_doubt_events() == () and writer.events_written == 4 and writer.duplicates == 2
+            world.outage_begins()
+            for sequence in range(7, 13):
+                assert await writer.write_event(b"e%d" % sequence, routing_key=key(sequence), sequence=sequence)
+            with pytest.raises(ReconnectBudgetExceededError) as raised:
+                await writer.flush()
+            error = raised.value
+            segment_of = {key(n): stream.segments[n % 2].name for n in range(2)}
+            expected = tuple(InDoubtEvent(place, segment_of[key(sequence)], key(sequence), b"e%d" % sequence,
+                                          application_sequence=sequence)
+                             for place, sequence in zip(range(5, 11), range(7, 13), strict=True))
+            assert error.in_doubt == expected
+            assert {event.segment for event in expected} == {piece.name for piece in stream.segments}
+            assert writer.in_doubt_events() == expected and writer.events_written == 10
+            segment_writers = writer.core.segment_writers().values()
+            assert len(segment_writers) == 2 and all(w.failed is error for w in segment_writers), (
+                "one error fails every segment writer")
+            with pytest.raises(ReconnectBudgetExceededError) as again:
+                await writer.write_event(b"later", routing_key=key(13), sequence=13)
+            assert again.value.in_doubt == expected
+            writer.check_invariants()
+            world.outage_ends()
+            with pytest.raises(ReconnectBudgetExceededError):
+                await writer.close(flush=False)
+            # Nothing in doubt was stored (it never got through); a restart replays from the first.
+            restarted = stable_writer(client, stream)
+            for event in expected:
+                assert event.application_sequence is not None
+                assert await restarted.write_event(event.payload, routing_key=event.routing_key,
+                                                   sequence=event.application_sequence)
+            await restarted.close()
+            read = [e.value for piece in stream.segments for e in await client.segment_reader(piece.name).read_events()]
+            assert sorted(read, key=lambda value: int(value[1:])) == [b"e%d" % n for n in range(1, 13)]
     world.run(scenario())
 
 

@@ -14,9 +14,10 @@ re-send the rest.  After the last kill the server runs once more, the writers fl
 reader reads every segment back from its start, and the history checker must report nothing lost,
 duplicated, reordered, resurrected or phantom.
 
-A writer that runs out of reconnect attempts (a restart slower than its patience, on a loaded
-machine) is legitimate: its unacknowledged events are recorded as outcome unknown -- they may appear
-at most once, in order -- and a new writer (a new name, a new writer id) takes over.  The campaign
+A writer that gives up (``ReconnectBudgetExceededError``: one outage -- a restart, or a run of them
+with nothing acknowledged in between -- outlasted its reconnect budget, on a loaded machine) is
+legitimate: its unacknowledged events are recorded as outcome unknown -- they may appear at most
+once, in order -- and a new writer (a new name, a new writer id) takes over.  The campaign
 reports how often that happened.
 
 Bounded everywhere: the number of kills, every wait (start-up, final flush, read-back), the events a
@@ -77,10 +78,10 @@ REAP_TIMEOUT_SECONDS = 10.0
 FINAL_FLUSH_TIMEOUT_SECONDS = 120.0
 READ_BACK_TIMEOUT_SECONDS = 120.0
 STOP_TIMEOUT_SECONDS = 30.0
-#: The writers reconnect as a production client does (``ClientConfig``'s defaults: 12 attempts without
-#: progress, 10 ms growing to 5 s apart, jittered: 10-20 s of patience, longer than a restart even on
-#: a busy machine); only the request and acknowledgement timeouts are shorter, so that a reply lost
-#: with a killed server is noticed soon (a kill resets the connection anyway).
+#: The writers reconnect as a production client does (``ClientConfig``'s defaults: attempts 10 ms
+#: growing to 5 s apart, jittered, within a reconnect budget of 40 s per outage -- longer than a restart
+#: even on a busy machine); only the request and acknowledgement timeouts are shorter, so that a reply
+#: lost with a killed server is noticed soon (a kill resets the connection anyway).
 CLIENT_CONFIG = ClientConfig(connect_timeout_seconds=5.0, request_timeout_seconds=10.0,
                              append_ack_timeout_seconds=10.0)
 
@@ -310,8 +311,9 @@ class Campaign:
     async def wait_for_progress(self) -> None:
         """Until every writer has had something acknowledged by this incarnation on every segment it
         writes to (or has failed): the kill then lands among live sessions with appends in flight, and
-        no writer's session for a segment spends its reconnect attempts on incarnations it never
-        reached (a session counts progress on its own segment only)."""
+        no writer's session for a segment carries one outage -- one reconnect budget -- across
+        incarnations it never reached (an outage ends only when a session of that segment does useful
+        work: gets something acknowledged, or is set up with nothing to re-send)."""
         before = {id(tagged): tagged.acknowledged() for tagged in self.writers}
 
         def progressed(tagged: TaggedWriter) -> bool:

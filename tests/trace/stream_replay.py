@@ -79,11 +79,13 @@ def _release_ignoring_load(model: so.StreamState, reader: str, segment: int) -> 
                                 assigned=model.assigned.set(_PHANTOM, empty),
                                 positions=model.positions.set(_PHANTOM, empty),
                                 saved=model.saved.set(_PHANTOM, empty),
-                                at_checkpoint=model.at_checkpoint.set(_PHANTOM, 0))
+                                at_checkpoint=model.at_checkpoint.set(_PHANTOM, 0),
+                                unsaved=model.unsaved.set(_PHANTOM, frozenset()))
     released = so.release_segment(with_phantom, reader, segment)
     return attrs.evolve(released, online=model.online, assigned=released.assigned.without(_PHANTOM),
                         positions=released.positions.without(_PHANTOM), saved=released.saved.without(_PHANTOM),
-                        at_checkpoint=released.at_checkpoint.without(_PHANTOM))
+                        at_checkpoint=released.at_checkpoint.without(_PHANTOM),
+                        unsaved=released.unsaved.without(_PHANTOM))
 
 
 def _with_load_relaxed(state: Replay, step: dict[str, Any], strict: Callable[..., so.StreamState],

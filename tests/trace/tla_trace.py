@@ -127,4 +127,5 @@ INVARIANTS
     LogReplaysCleanly
     AckedAreDurable
     AckedAppendsReadable
+    StartWithinLength
 """
