@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import select
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -172,12 +171,6 @@ def test_token_issue_prints_a_token_that_grants_what_it_says(tmp_path: Path, mon
 START_TIMEOUT_SECONDS = 60.0
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class Process:
     """`millstream ARGS` running, its "listening on" line read; SIGTERM on the way out."""
 
@@ -227,7 +220,7 @@ def test_standalone_with_auth_and_tls_from_the_command_line(tmp_path: Path,
                                                            certificate: tuple[Path, Path, Path]) -> None:
     cert, key, ca = certificate
     (tmp_path / "secret").write_bytes(SECRET + b"\n")
-    node = Process(["standalone", "--data-dir", "data", "--port", str(free_port()), "--auth-secret-file", "secret",
+    node = Process(["standalone", "--data-dir", "data", "--port", "0", "--auth-secret-file", "secret",
                     "--tls-cert", str(cert), "--tls-key", str(key)], tmp_path)
     try:
         assert node.uri.startswith("tls://127.0.0.1:")
@@ -240,7 +233,7 @@ def test_standalone_with_auth_and_tls_from_the_command_line(tmp_path: Path,
 def test_serve_takes_the_flags_and_its_file_the_same_way(tmp_path: Path, certificate: tuple[Path, Path, Path]) -> None:
     cert, key, ca = certificate
     (tmp_path / "secret").write_bytes(SECRET + b"\n")
-    (tmp_path / "node.toml").write_text(f'data_dir = "data"\nport = {free_port()}\ncontainer_count = 1\n'
+    (tmp_path / "node.toml").write_text(f'data_dir = "data"\nport = 0\ncontainer_count = 1\n'
                                         f'auth_secret_file = "secret"\ntls_cert_file = "{cert}"\n'
                                         f'tls_key_file = "{key}"\n')
     node = Process(["serve", "--config", "node.toml"], tmp_path)
@@ -280,12 +273,12 @@ def test_bad_security_files_are_refused_before_anything_starts(tmp_path: Path,
 
 
 def test_a_node_beyond_loopback_without_auth_or_tls_warns_at_start(tmp_path: Path) -> None:
-    node = Process(["standalone", "--data-dir", "data", "--host", "0.0.0.0", "--port", str(free_port())], tmp_path)
+    node = Process(["standalone", "--data-dir", "data", "--host", "0.0.0.0", "--port", "0"], tmp_path)
     log = node.stop()
     assert "WARNING" in log and "with authentication OFF" in log and "without TLS" in log, log
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
-    node = Process(["standalone", "--data-dir", "data", "--host", "0.0.0.0", "--port", str(free_port()),
+    node = Process(["standalone", "--data-dir", "data", "--host", "0.0.0.0", "--port", "0",
                     "--auth-secret-file", "secret"], tmp_path)
     log = node.stop()
     assert "authentication OFF" not in log and "without TLS" in log, log

@@ -8,7 +8,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -28,18 +27,10 @@ def security_blocks() -> list[str]:
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_the_security_section_runs_as_written(tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("the README makes its certificate with openssl, which is not installed here")
     setup, commands = security_blocks()
-    port = str(free_port())
-    setup, commands = setup.replace("9090", port), commands.replace("9090", port)
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for variable in ("MILLSTREAM_URI", "MILLSTREAM_TOKEN", "MILLSTREAM_TLS_CA", "MILLSTREAM_AUTH_SECRET_FILE"):
         environment.pop(variable, None)
@@ -48,14 +39,17 @@ def test_the_security_section_runs_as_written(tmp_path: Path) -> None:
     prepare = "\n".join(line for line in lines if line != start)
     subprocess.run(["bash", "-e", "-c", prepare], cwd=tmp_path, env=environment, check=True,
                    timeout=COMMANDS_TIMEOUT_SECONDS, capture_output=True)
-    # (It listens on the default port, 9090, which the commands name: here a free one instead.)
-    node = subprocess.Popen(["bash", "-c", f"exec {start} --port {port}"], cwd=tmp_path, env=environment,
+    # (It listens on the default port, 9090, which the commands name: here one the kernel picks, which the
+    # node prints and the commands then name instead; a port probed free beforehand can be taken meanwhile.)
+    node = subprocess.Popen(["bash", "-c", f"exec {start} --port 0"], cwd=tmp_path, env=environment,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert node.stdout is not None
         ready, _, _ = select.select([node.stdout], [], [], START_TIMEOUT_SECONDS)  # (it prints once it listens)
         first = node.stdout.readline() if ready else ""
-        assert first.startswith(f"millstream standalone listening on tls://127.0.0.1:{port} "), first
+        assert first.startswith("millstream standalone listening on tls://127.0.0.1:"), first
+        port = first.split("tls://127.0.0.1:", 1)[1].split()[0]
+        commands = commands.replace("9090", port)
         done = subprocess.run(["bash", "-e", "-c", commands], check=False, cwd=tmp_path, env=environment, text=True,
                               capture_output=True, timeout=COMMANDS_TIMEOUT_SECONDS)
         assert done.returncode == 0, done.stderr

@@ -22,6 +22,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from tests.spark.helpers import (
     KeyedWriter,
     check_per_key_order_and_exactly_once,
+    cut,
     read_partition,
     reader_for,
     run_batches,
@@ -179,14 +180,16 @@ def test_commit_publishes_the_cut_and_consumption_retention_truncates_below_it(n
 def test_reading_a_range_retention_deleted_is_an_error(node: Any, unique_stream: Any) -> None:
     stream = unique_stream(1)
     writer = KeyedWriter(node.uri, stream)
-    writer.write(20)
+    writer.write(10)
     reader = reader_for(node.uri, stream, JSON_SCHEMA, **JSON_OPTIONS)
     try:
         start = reader.initialOffset()
-        end = reader.latestOffset(start, ReadAllAvailable())
+        middle = reader.latestOffset(start, ReadAllAvailable())  # an event boundary, where a cut may land
+        writer.write(10)
+        end = reader.latestOffset(middle, ReadAllAvailable())
         (partition,) = reader.partitions(start, end)  # planned; then the stream is truncated under the task
         with millstream.connect(node.uri) as client:
-            client.stream_manager().truncate_stream(stream, StreamCut(stream, {0: partition.range.end_offset // 2}))
+            client.stream_manager().truncate_stream(stream, cut(middle, stream))
         with pytest.raises(TruncatedDataError, match="does not skip them"):
             read_partition(reader, partition)
     finally:
