@@ -35,10 +35,10 @@ from typing import Any, Final
 
 import attrs
 from millstream import limits
-from millstream.client._streams import canonical_json
 from millstream.controller._segment_store import SegmentStore
 from millstream.errors import BadOffsetError, DataCorruptionError, InternalError
 from millstream.naming import SYSTEM_SCOPE
+from millstream.values import canonical_json
 
 __all__ = ["METADATA_SEGMENT", "LoggedRecord", "MetadataConflictError", "MetadataLog", "encode_record"]
 

@@ -49,7 +49,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from millstream import limits
-from millstream.client._config import random_uuid
 from millstream.controller._epochs import EpochRecord
 from millstream.controller._state import ControllerState, StreamRecord, StreamState
 from millstream.controller._transactions import (
@@ -77,11 +76,12 @@ from millstream.errors import (
     TransactionNotOpenError,
 )
 from millstream.naming import transaction_segment_name
+from millstream.randomness import random_uuid
 
 if TYPE_CHECKING:
-    from millstream.client._config import RandomSource
     from millstream.controller._controller import ControllerConfig
     from millstream.controller._segment_store import SegmentStore
+    from millstream.randomness import RandomSource
     from millstream.segmentstore.tracing import Tracer
 
 __all__ = ["TransactionWorkflows"]
