@@ -36,9 +36,9 @@ from millstream.errors import (
     BadOffsetError,
     InternalError,
     InvalidArgumentError,
-    RetryableError,
     StreamSegmentNotExistsError,
     StreamSegmentTruncatedError,
+    TooManyTailReadersError,
 )
 from millstream.limits import READ_LENGTH_MAX_BYTES, TAIL_READ_WAIT_MAX_SECONDS, TAIL_READERS_PER_SEGMENT_MAX
 from millstream.values import ReadResult
@@ -50,10 +50,6 @@ BLOCK_LENGTH_BYTES = 256 * 1024
 #: An append of ``bytes`` at least this long is kept as its own block, not copied (10 KB events over
 #: 16 segments: copying into blocks took 16 % of the server's main thread, py-spy).
 SHARED_APPEND_BYTES_MIN = 32 * 1024
-
-
-class TooManyTailReadersError(RetryableError):
-    """More tail reads wait on one segment than ``TAIL_READERS_PER_SEGMENT_MAX``; retry later."""
 
 
 class TierTwo(abc.ABC):

@@ -84,7 +84,6 @@ from millstream.errors import (
     StreamSegmentExistsError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
-    StreamSegmentTruncatedError,
     TransientSegmentError,
     WrongHostError,
 )
@@ -121,18 +120,14 @@ from millstream.wire import (
     InvalidEventNumber,
     KeepAlive,
     MergeSegments,
-    NoSuchSegment,
     OperationUnsupported,
     ReadSegment,
     SealSegment,
-    SegmentAlreadyExists,
     SegmentAttribute,
     SegmentAttributeUpdated,
     SegmentCreated,
     SegmentDeleted,
     SegmentInfo,
-    SegmentIsSealed,
-    SegmentIsTruncated,
     SegmentRead,
     SegmentSealed,
     SegmentsMerged,
@@ -141,11 +136,10 @@ from millstream.wire import (
     TruncateSegment,
     UpdateSegmentAttribute,
     WireProtocolError,
-    WrongHost,
     encode_into,
     negotiate,
 )
-from millstream.wire.error_codes import error_code_of
+from millstream.wire.error_codes import error_code_of, reply_of_error
 
 if TYPE_CHECKING:
     from millstream.segmentstore.container import SegmentContainer
@@ -848,8 +842,8 @@ class Connection(asyncio.BufferedProtocol):
         """The container serving ``segment``, or None after replying why there is none."""
         try:
             return self._server.container_for(segment)
-        except WrongHostError:
-            self._send(WrongHost(request_id, segment, ""))
+        except WrongHostError as error:
+            self._send(self._error_reply(request_id, segment, error))
         except MillstreamError as error:  # the container is restarting or stopped; a bad name
             self._send(ErrorMessage(request_id, segment, error_code_of(error), _text(error)))
         return None
@@ -1321,24 +1315,15 @@ class Connection(asyncio.BufferedProtocol):
                      container: SegmentContainer | None = None) -> Command:
         """The reply a failed request gets: its own command where the protocol has one, else an
         ``ErrorMessage`` with the error's code.  Unexpected errors are logged (once)."""
-        if isinstance(error, StreamSegmentNotExistsError):
-            return NoSuchSegment(request_id, segment)
-        if isinstance(error, StreamSegmentExistsError):
-            return SegmentAlreadyExists(request_id, segment)
-        if isinstance(error, StreamSegmentSealedError):
-            return SegmentIsSealed(request_id, segment, _length_or_zero(self._safe_container(segment, container),
-                                                                        segment))
-        if isinstance(error, StreamSegmentTruncatedError):
-            start = 0
-            found = self._safe_container(segment, container)
-            if found is not None:
-                with contextlib.suppress(MillstreamError):
-                    start = found.get_info(segment).start_offset
-            return SegmentIsTruncated(request_id, segment, start)
-        if isinstance(error, WrongHostError):
-            return WrongHost(request_id, segment, "")
-        if isinstance(error, AuthenticationError):
-            return AuthTokenCheckFailed(request_id, _text(error))
+        entry = reply_of_error(error)
+        if entry is not None and entry.to_reply is not None:
+            position = 0
+            if entry.position is not None:
+                found = self._safe_container(segment, container)
+                if found is not None:
+                    with contextlib.suppress(MillstreamError):
+                        position = getattr(found.get_info(segment), entry.position)
+            return entry.to_reply(request_id, segment, _text(error), position)
         if not isinstance(error, MillstreamError):
             self._server.log.error("connection %s: request %d on %s failed unexpectedly", self.peer,
                                    request_id, quote(segment), exc_info=error)
