@@ -29,8 +29,6 @@ _NOT_YET_IN_THE_TREE = {
     # the segment store's and the DurableLog's rework (items 1 and 3).
     "millstream.segmentstore.file_log._BadRecord",
     "millstream.model.durable_log.NotEnabled",
-    # The connection's "stop dispatching" signal: gone with the connection's split (item 6).
-    "millstream.server._connection._Closed",
 }
 
 
