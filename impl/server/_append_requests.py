@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from millstream import limits
@@ -40,13 +39,13 @@ from millstream.errors import (
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
 from millstream.naming import is_transient_segment
 from millstream.server._appends import Failure, PendingBlock, WriterSession, scan_events
+from millstream.server._connection_state import ConnectionState
 from millstream.server._error_replies import _PAYLOAD_TOO_LARGE, _length_or_zero, _text
 from millstream.wire import (
     AppendBlock,
     AppendBlockEnd,
     AppendBlockPart,
     AppendSetup,
-    Command,
     ConditionalAppend,
     ConditionalBlockEnd,
     ErrorMessage,
@@ -57,10 +56,7 @@ from millstream.wire import (
 from millstream.wire.error_codes import error_code_of
 
 if TYPE_CHECKING:
-    from millstream.clock import Clock
     from millstream.segmentstore.container import SegmentContainer
-    from millstream.server._config import ServerConfig
-    from millstream.server._server import SegmentStoreServer
 
 __all__ = ["AppendRequests"]
 
@@ -68,34 +64,8 @@ _REPLACE_IF_EQUALS = AttributeUpdateType.REPLACE_IF_EQUALS
 _APPEND = SegmentOperation.APPEND
 
 
-class AppendRequests:
+class AppendRequests(ConnectionState):
     """Appends: the ``Connection``'s methods for them (a mixin over its state)."""
-
-    if TYPE_CHECKING:  # provided by Connection and its other mixins
-        _clock: Clock
-        _closing: bool
-        _config: ServerConfig
-        _parts: dict[UUID, list[bytes]]
-        _parts_bytes: dict[UUID, int]
-        _server: SegmentStoreServer
-        _task_group: asyncio.TaskGroup | None
-        _version: int | None
-        _waiting_appends: int
-        _writers: dict[UUID, WriterSession]
-        peer: str
-
-        def _abort(self, reason: str) -> None: ...
-        def _authorize(self, request_id: int, token: str, segment: str, operation: SegmentOperation) -> bool: ...
-        def _charge(self, amount: int) -> None: ...
-        def _check_quiet(self) -> None: ...
-        def _container(self, request_id: int, segment: str) -> SegmentContainer | None: ...
-        def _error_reply(self, request_id: int, segment: str, error: BaseException,
-                         container: SegmentContainer | None = None) -> Command: ...
-        def _fail_protocol(self, reason: str, reply: Command | None = None) -> None: ...
-        def _release(self, amount: int) -> None: ...
-        def _send(self, command: Command) -> None: ...
-        def _spawn(self, coroutine: Coroutine[Any, Any, None], *, read: bool = False) -> None: ...
-        def _update_reading(self) -> None: ...
 
     def _on_setup_append(self, command: SetupAppend) -> None:
         request_id, segment = command.request_id, command.segment

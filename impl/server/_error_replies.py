@@ -19,6 +19,7 @@ from millstream.errors import (
     PayloadTooLargeError,
 )
 from millstream.naming import quote
+from millstream.server._connection_state import ConnectionState
 from millstream.wire import (
     Command,
     ErrorMessage,
@@ -27,16 +28,11 @@ from millstream.wire.error_codes import error_code_of, reply_of_error
 
 if TYPE_CHECKING:
     from millstream.segmentstore.container import SegmentContainer
-    from millstream.server._server import SegmentStoreServer
 
 __all__ = ["ErrorReplies"]
 
-class ErrorReplies:
+class ErrorReplies(ConnectionState):
     """The reply a failed request gets: the ``Connection``'s methods for it (a mixin over its state)."""
-
-    if TYPE_CHECKING:  # provided by Connection
-        _server: SegmentStoreServer
-        peer: str
 
     def _error_reply(self, request_id: int, segment: str, error: BaseException,
                      container: SegmentContainer | None = None) -> Command:

@@ -38,27 +38,21 @@ sends little and slowly is closed by a deadline.
 
 from __future__ import annotations
 
-import asyncio
 import struct
-from collections import deque
 from typing import TYPE_CHECKING
-from uuid import UUID
 
 from millstream import limits
-from millstream.server._appends import WriterSession
+from millstream.server._connection_state import ConnectionState
 from millstream.wire import (
     COMMAND_TYPES,
     FRAME_HEADER_LENGTH,
     FRAME_LENGTH_MAX,
-    Command,
     Decoder,
     WireProtocolError,
 )
 
 if TYPE_CHECKING:
-    from millstream.clock import Clock
-    from millstream.server._config import ServerConfig
-    from millstream.server._server import SegmentStoreServer
+    pass
 
 __all__ = ["Ingress"]
 
@@ -74,52 +68,8 @@ _LARGE_FRAME_BYTES = 64 * 1024
 _PRIVATE_READ_BYTES = 64 * 1024
 
 
-class Ingress:
+class Ingress(ConnectionState):
     """Receiving and backpressure: the ``Connection``'s methods for them (a mixin over its state)."""
-
-    if TYPE_CHECKING:  # provided by Connection and its other mixins
-        _authenticated: bool
-        _backlog: deque[Command]
-        _buffered: int
-        _clock: Clock
-        _closing: bool
-        _completed_frame: bool
-        _config: ServerConfig
-        _connected_at: float
-        _decoder: Decoder
-        _dispatching: bool
-        _draining: bool
-        _frame_started_at: float | None
-        _handed: memoryview | None
-        _in_flight_bytes: int
-        _large: bytearray | None
-        _large_capacity: int
-        _large_filled: int
-        _large_growth: int
-        _large_size: int
-        _large_view: memoryview | None
-        _last_frame_at: float
-        _last_received: float
-        _parts: dict[UUID, list[bytes]]
-        _parts_bytes: dict[UUID, int]
-        _paused_at: float | None
-        _paused_by_peer: bool
-        _read_bytes: int
-        _reading_paused: bool
-        _receive_waiting: bool
-        _requests: int
-        _server: SegmentStoreServer
-        _small_buffered: int
-        _task_group: asyncio.TaskGroup | None
-        _transport: asyncio.Transport | None
-        _unauthenticated: bytearray | None
-        _unauthenticated_blocked: bool
-        _version: int | None
-        _writers: dict[UUID, WriterSession]
-        _writing_paused: bool
-
-        def _abort(self, reason: str) -> None: ...
-        def _dispatch(self, command: Command) -> None: ...
 
     # --- receiving ------------------------------------------------------------------------------------
 

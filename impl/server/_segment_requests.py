@@ -28,6 +28,7 @@ from millstream.errors import (
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
 from millstream.naming import is_transient_segment
 from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
+from millstream.server._connection_state import ConnectionState
 from millstream.server._error_replies import _PAYLOAD_TOO_LARGE
 from millstream.server._transient import check_merge
 from millstream.wire import (
@@ -59,9 +60,8 @@ from millstream.wire import (
 from millstream.wire.error_codes import error_code_of
 
 if TYPE_CHECKING:
-    from millstream.clock import Clock
     from millstream.segmentstore.container import SegmentContainer
-    from millstream.server._server import ControllerEndpoint, SegmentStoreServer
+    from millstream.server._server import ControllerEndpoint
 
 __all__ = ["SegmentRequests"]
 
@@ -69,28 +69,9 @@ _READ = SegmentOperation.READ
 _REPLACE_IF_EQUALS = AttributeUpdateType.REPLACE_IF_EQUALS
 
 
-class SegmentRequests:
+class SegmentRequests(ConnectionState):
     """Reads, administration and the controller: the ``Connection``'s methods for them (a mixin over
     its state)."""
-
-    if TYPE_CHECKING:  # provided by Connection and its other mixins
-        _authenticated: bool
-        _clock: Clock
-        _closing: bool
-        _read_bytes: int
-        _requests: int
-        _server: SegmentStoreServer
-        peer: str
-
-        def _authenticate(self) -> None: ...
-        def _authorize(self, request_id: int, token: str, segment: str, operation: SegmentOperation) -> bool: ...
-        def _check_quiet(self) -> None: ...
-        def _container(self, request_id: int, segment: str) -> SegmentContainer | None: ...
-        def _error_reply(self, request_id: int, segment: str, error: BaseException,
-                         container: SegmentContainer | None = None) -> Command: ...
-        def _send(self, command: Command) -> None: ...
-        def _spawn(self, coroutine: Coroutine[Any, Any, None], *, read: bool = False) -> None: ...
-        def _update_reading(self) -> None: ...
 
     def _request(self, coroutine: Coroutine[Any, Any, None], *, read_bytes: int = 0) -> None:
         self._requests += 1
