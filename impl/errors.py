@@ -1,6 +1,97 @@
-"""millstream's errors: one tree, shared with the model (see ``millstream.model.errors``)."""
+"""millstream's errors: one tree, shared with the model (see ``millstream.model.errors``).
+
+The model's module defines the vocabulary both packages share; the classes below are the
+implementation's own -- the wire codec's and the controller's -- in the same tree (every exception
+class millstream raises lives in one of the two modules)."""
 
 import millstream.model.errors as _errors
 from millstream.model.errors import *  # noqa: F403  (the tree is defined once, in the model package)
+from millstream.model.errors import (
+    LocalProtocolError,
+    PayloadTooLargeError,
+    RemoteProtocolError,
+    RetryableError,
+)
 
-__all__ = _errors.__all__
+__all__ = list(_errors.__all__)
+__all__ += [
+    "CommandTooLargeError",
+    "FrameTooLargeError",
+    "IncompatibleVersionError",
+    "InvalidCommandError",
+    "MalformedEventError",
+    "MalformedFrameError",
+    "MetadataConflictError",
+    "TooManyTailReadersError",
+    "UnknownCommandError",
+    "WireProtocolError",
+]
+
+
+# --- The wire codec (``millstream.wire``, which re-exports them) -----------------------------------
+# Bytes received that break the protocol are the peer's fault (``RemoteProtocolError``); a command
+# the caller asks to encode that the protocol cannot carry is the caller's (``LocalProtocolError``).
+
+
+class WireProtocolError(RemoteProtocolError):
+    """Root of the errors about bytes received: bytes that are not a valid frame, append data that is
+    not whole events, a peer that speaks no version we do.
+
+    Raised by ``Decoder.feed`` (the decoder is then poisoned and the connection must be closed), by
+    ``count_events``/``iter_events`` and by ``negotiate``.  The *peer* is at fault (``PeerError``):
+    whoever sent the bytes; retrying the same bytes fails the same way.  (What the caller hands to
+    ``encode`` is the caller's fault instead: ``InvalidCommandError``.)"""
+
+
+class MalformedFrameError(WireProtocolError):
+    """A frame's header or fields break the layout: a negative length, a field past the frame's end,
+    bytes after its last field, a bool other than 0/1, a string that is not UTF-8.  The decoder is
+    poisoned; the server closes the connection."""
+
+
+class FrameTooLargeError(MalformedFrameError):
+    """A frame header announces more than the decoder accepts: ``FRAME_LENGTH_MAX``, or the lower
+    ``Decoder.frame_length_max`` a server sets for a connection that has not authenticated yet.
+    Raised as soon as the header is complete, before a byte of the body is buffered (poisoned, as for
+    any malformed frame)."""
+
+
+class UnknownCommandError(WireProtocolError):
+    """A frame's type code names no command this codec knows.  Raised as soon as the header is
+    complete; the decoder is poisoned, the server closes the connection."""
+
+
+class MalformedEventError(WireProtocolError):
+    """Append data is not a sequence of whole framed events (a type other than 0, a negative length,
+    an event cut short).  The block must not be appended; the server closes the connection (a
+    reader that meets such bytes in a segment raises it too: the bytes came from elsewhere)."""
+
+
+class IncompatibleVersionError(WireProtocolError):
+    """``negotiate`` found no protocol version both sides speak (or the peer's range is empty).  The
+    connection must be closed."""
+
+
+class InvalidCommandError(LocalProtocolError):
+    """``encode`` was given something it cannot put on the wire: not a command, or a field that does
+    not fit its wire type (an int out of range, a string over 65,535 UTF-8 bytes or with a lone
+    surrogate, a bool field holding something else).  The caller is at fault; nothing was encoded."""
+
+
+class CommandTooLargeError(InvalidCommandError, PayloadTooLargeError):
+    """``encode`` was given a command whose frame would exceed ``FRAME_LENGTH_MAX``, or
+    ``encode_event`` a payload that could not fit in a frame.  Nothing was encoded."""
+
+
+# --- The segment store and the controller ----------------------------------------------------------
+
+
+class TooManyTailReadersError(RetryableError):
+    """More tail reads wait on one segment than ``TAIL_READERS_PER_SEGMENT_MAX``; retry later."""
+
+
+class MetadataConflictError(RetryableError):
+    """A conditional append to the controller's metadata log found the log longer than this
+    controller knew: another controller instance wrote meanwhile.  Nothing was appended (a partly
+    written snapshot is skipped on replay).  Raised by ``MetadataLog.append`` and
+    ``write_snapshot``; the controller catches up and plans again, so it never reaches a client."""

@@ -390,9 +390,16 @@ class PeerError(MillstreamError):
     broken connection."""
 
 
-class ProtocolError(PeerError):
+class RemoteProtocolError(PeerError):
     """The peer broke the protocol (a malformed frame, a reply that answers nothing, a block that ends
-    inside an event).  The connection was closed; nothing on it is trusted."""
+    inside an event).  The connection was closed; nothing on it is trusted.
+
+    One of the protocol-error pair (h11's ``LocalProtocolError`` / ``RemoteProtocolError``): this
+    one is the *other* end's fault, whichever side notices it; ``LocalProtocolError`` is ours."""
+
+
+#: The name most of millstream raises ``RemoteProtocolError`` by (the same class).
+ProtocolError = RemoteProtocolError
 
 
 class InternalError(MillstreamError, AssertionError):
@@ -508,3 +515,15 @@ class InvalidSequenceError(InvalidArgumentError):
     id needs one per event), not an int in [1, 2**63), not above the last sequence this writer was
     given, or given to a writer with a random id (which cannot resume, so a sequence would promise
     what it cannot keep).  Raised before anything is buffered; the writer is unchanged."""
+
+
+# --- The protocol-error pair (issue 22, item 4) ---------------------------------------------------
+
+__all__ += ["LocalProtocolError", "RemoteProtocolError"]
+
+
+class LocalProtocolError(InvalidArgumentError):
+    """This side was about to break the protocol: it was asked to send something the protocol cannot
+    carry (not a command, a field outside its wire type -- an int out of range, a string too long --
+    or a frame over the frame limit).  The caller's fault, not the peer's (that is
+    ``RemoteProtocolError``); nothing was sent and the connection is untouched."""

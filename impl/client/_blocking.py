@@ -47,7 +47,7 @@ from millstream.client._transactions import (
 from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking, _no_sequences
 from millstream.clock import Clock
 from millstream.errors import InternalError, InvalidArgumentError, ObjectClosedError, RequestTimeoutError
-from millstream.segmentstore.read_index import ReadResult
+from millstream.values import ReadResult
 
 __all__ = ["ByteStreamReader", "Client", "EventStreamWriter", "SegmentReader", "Segments", "connect"]
 

@@ -59,7 +59,7 @@ from millstream.errors import (
     TransientSegmentError,
 )
 from millstream.naming import is_transient_segment
-from millstream.segmentstore.event_boundaries import EVENT_SEGMENT, EVENT_SEGMENT_ATTRIBUTE_ID
+from millstream.values import EVENT_SEGMENT, EVENT_SEGMENT_ATTRIBUTE_ID
 from millstream.wire.commands import (
     AppendSetup,
     ConditionalBlockEnd,

@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import attrs
 from millstream import limits
 from millstream.clock import Clock
 from millstream.errors import InvalidArgumentError
+from millstream.randomness import RandomSource, SystemRandomSource, random_uuid
 
 __all__ = ["Backoff", "ClientConfig", "Connector", "Endpoint", "Outage", "RandomSource", "SystemRandomSource",
            "parse_uri", "random_uuid"]
@@ -46,35 +45,6 @@ __all__ = ["Backoff", "ClientConfig", "Connector", "Endpoint", "Outage", "Random
 #: does: ``ClientConfig.connector`` (a simulated network's ``create_connection`` in tests).
 Connector = Callable[[Callable[[], asyncio.BaseProtocol], str, int],
                      Awaitable[tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]]
-
-
-class RandomSource(Protocol):
-    """Where the client's randomness comes from; ``random.Random`` is one."""
-
-    def random(self) -> float:
-        """A float in [0, 1)."""
-        ...
-
-    def getrandbits(self, k: int, /) -> int:
-        """An int of ``k`` random bits."""
-        ...
-
-
-class SystemRandomSource:
-    """Randomness from the operating system: the default when no seeded source is given."""
-
-    def random(self) -> float:
-        return (int.from_bytes(os.urandom(7), "big") >> 3) / (1 << 53)
-
-    def getrandbits(self, k: int, /) -> int:
-        if k < 0:
-            raise InvalidArgumentError(f"bits must be non-negative, not {k}")
-        return int.from_bytes(os.urandom((k + 7) // 8), "big") >> (-k % 8)
-
-
-def random_uuid(rng: RandomSource) -> uuid.UUID:
-    """A version-4 UUID drawn from ``rng`` (a writer id)."""
-    return uuid.UUID(int=rng.getrandbits(128), version=4)
 
 
 def _positive_at_most(limit: float) -> Callable[[Any, attrs.Attribute[Any], Any], None]:

@@ -22,8 +22,9 @@ where a segment is served (``get_segment_uri``), remembers the answer, and forge
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 from uuid import UUID
 
@@ -93,6 +94,18 @@ def _segment(value: Any) -> SegmentWithRange:
     return SegmentWithRange.from_json_object(value)
 
 
+@contextlib.contextmanager
+def _decoding(method: str) -> Iterator[None]:
+    """Turn a reply that does not describe what ``method`` answers into ``ProtocolError``: the
+    controller's bytes are the peer's fault (DESIGN.md §9), never the caller's ``InvalidArgumentError``
+    (nor a bare ``KeyError``)."""
+    try:
+        yield
+    except (LookupError, TypeError, ValueError) as error:
+        raise ProtocolError(f"the controller's reply to {method} is malformed: {type(error).__name__}: {error}") \
+            from error
+
+
 class ControllerClient:
     """The controller's methods over the client's connections (asyncio).  Made by
     ``AsyncClient.controller()``; ``endpoint`` is the server hosting the controller."""
@@ -150,7 +163,9 @@ class ControllerClient:
         await self.call("delete_scope", {"scope": _scope(scope)})
 
     async def list_scopes(self) -> list[str]:
-        return list((await self.call("list_scopes"))["scopes"])
+        reply = await self.call("list_scopes")
+        with _decoding("list_scopes"):
+            return list(reply["scopes"])
 
     # --- Streams -----------------------------------------------------------------------------------
 
@@ -170,12 +185,16 @@ class ControllerClient:
 
     async def get_stream(self, scope: str, stream: str) -> StreamDescription:
         reply = await self.call("get_stream", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        return StreamDescription(scope, stream, StreamConfig.from_json_object(reply["config"]), bool(reply["sealed"]),
-                                 int(reply["epoch"]), tuple(_segment(s) for s in reply["segments"]),
-                                 str(reply.get("state", "sealed" if reply["sealed"] else "active")))
+        with _decoding("get_stream"):
+            return StreamDescription(scope, stream, StreamConfig.from_json_object(reply["config"]),
+                                     bool(reply["sealed"]), int(reply["epoch"]),
+                                     tuple(_segment(s) for s in reply["segments"]),
+                                     str(reply.get("state", "sealed" if reply["sealed"] else "active")))
 
     async def list_streams(self, scope: str) -> list[str]:
-        return list((await self.call("list_streams", {"scope": _scope(scope)}))["streams"])
+        reply = await self.call("list_streams", {"scope": _scope(scope)})
+        with _decoding("list_streams"):
+            return list(reply["streams"])
 
     async def seal_stream(self, scope: str, stream: str) -> None:
         """Idempotent.  Raises ``StreamNotFoundError``."""
@@ -187,15 +206,17 @@ class ControllerClient:
 
     async def get_current_segments(self, scope: str, stream: str) -> StreamSegments:
         reply = await self.call("get_current_segments", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        return StreamSegments(int(reply["epoch"]), tuple(_segment(s) for s in reply["segments"]))
+        with _decoding("get_current_segments"):
+            return StreamSegments(int(reply["epoch"]), tuple(_segment(s) for s in reply["segments"]))
 
     async def get_successors(self, scope: str, stream: str, segment_id: int) -> list[SuccessorSegment]:
         """The segments that took over the sealed segment's keys, each with all its predecessors;
         empty while the segment is in the current epoch (active, or sealed with the stream)."""
         reply = await self.call("get_successors", {"scope": _scope(scope), "stream": _name(stream, "stream"),
                                                    "segment_id": _segment_id(segment_id)})
-        return [SuccessorSegment(_segment(s), frozenset(int(p) for p in s["predecessors"]))
-                for s in reply["successors"]]
+        with _decoding("get_successors"):
+            return [SuccessorSegment(_segment(s), frozenset(int(p) for p in s["predecessors"]))
+                    for s in reply["successors"]]
 
     async def scale_stream(self, scope: str, stream: str, seal: Sequence[int],
                            new_ranges: Sequence[tuple[float, float]]) -> int:
@@ -204,24 +225,29 @@ class ControllerClient:
             raise InvalidArgumentError("seal is a list of segment ids and new_ranges a list of (low, high) pairs")
         body = {"scope": _scope(scope), "stream": _name(stream, "stream"),
                 "seal": [_segment_id(s) for s in seal], "new_ranges": [_range(r) for r in new_ranges]}
-        return int((await self.call("scale_stream", body))["epoch"])
+        reply = await self.call("scale_stream", body)
+        with _decoding("scale_stream"):
+            return int(reply["epoch"])
 
     # --- Stream cuts -------------------------------------------------------------------------------
 
     async def get_head_cut(self, scope: str, stream: str) -> StreamCut:
         reply = await self.call("get_head_cut", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
+        with _decoding("get_head_cut"):
+            return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
 
     async def get_tail_cut(self, scope: str, stream: str) -> StreamCut:
         reply = await self.call("get_tail_cut", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
+        with _decoding("get_tail_cut"):
+            return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
 
     async def get_cut_at(self, scope: str, stream: str, time: float) -> StreamCut:
         if isinstance(time, bool) or not isinstance(time, (int, float)):
             raise InvalidArgumentError(f"time is seconds on the controller's clock, not {time!r}")
         reply = await self.call("get_cut_at", {"scope": _scope(scope), "stream": _name(stream, "stream"),
                                                "time": float(time)})
-        return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
+        with _decoding("get_cut_at"):
+            return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
 
     async def truncate_stream(self, scope: str, stream: str, cut: StreamCut) -> None:
         """Raises ``InvalidStreamCutError`` (another stream's cut, not a cut, or before the head)."""
@@ -242,8 +268,10 @@ class ControllerClient:
                 "from_cut": None if from_cut is None else _cut_of(scope, stream, from_cut),
                 "to_cut": None if to_cut is None else _cut_of(scope, stream, to_cut)}
         reply = await self.call("get_segments_between", body)
-        return [SegmentSlice(_segment(s), int(s["start_offset"]), None if s["end_offset"] < 0 else int(s["end_offset"]),
-                             frozenset(int(p) for p in s["predecessors"])) for s in reply["segments"]]
+        with _decoding("get_segments_between"):
+            return [SegmentSlice(_segment(s), int(s["start_offset"]),
+                                 None if s["end_offset"] < 0 else int(s["end_offset"]),
+                                 frozenset(int(p) for p in s["predecessors"])) for s in reply["segments"]]
 
     # --- Reader groups -----------------------------------------------------------------------------
 
@@ -255,13 +283,15 @@ class ControllerClient:
             raise InvalidArgumentError(f"config must be a ReaderGroupConfig, not {config!r}")
         reply = await self.call("create_reader_group", {"scope": _scope(scope), "group": _name(group, "group"),
                                                         "config": config.to_json_object()})
-        return str(reply["state_segment"])
+        with _decoding("create_reader_group"):
+            return str(reply["state_segment"])
 
     async def get_reader_group(self, scope: str, group: str) -> ReaderGroupInfo:
         """Raises ``ReaderGroupNotFoundError``."""
         reply = await self.call("get_reader_group", {"scope": _scope(scope), "group": _name(group, "group")})
-        return ReaderGroupInfo(scope, group, ReaderGroupConfig.from_json_object(reply["config"]),
-                               str(reply["state_segment"]), int(reply["generation"]))
+        with _decoding("get_reader_group"):
+            return ReaderGroupInfo(scope, group, ReaderGroupConfig.from_json_object(reply["config"]),
+                                   str(reply["state_segment"]), int(reply["generation"]))
 
     async def update_reader_group(self, scope: str, group: str, config: ReaderGroupConfig,
                                   expected_generation: int | None = None) -> int:
@@ -274,14 +304,18 @@ class ControllerClient:
                                 "config": config.to_json_object()}
         if expected_generation is not None:
             body["expected_generation"] = expected_generation
-        return int((await self.call("update_reader_group", body))["generation"])
+        reply = await self.call("update_reader_group", body)
+        with _decoding("update_reader_group"):
+            return int(reply["generation"])
 
     async def delete_reader_group(self, scope: str, group: str) -> None:
         """Deletes the group and its state segment.  Raises ``ReaderGroupNotFoundError``."""
         await self.call("delete_reader_group", {"scope": _scope(scope), "group": _name(group, "group")})
 
     async def list_reader_groups(self, scope: str) -> list[str]:
-        return list((await self.call("list_reader_groups", {"scope": _scope(scope)}))["groups"])
+        reply = await self.call("list_reader_groups", {"scope": _scope(scope)})
+        with _decoding("list_reader_groups"):
+            return list(reply["groups"])
 
     async def update_subscriber_cut(self, scope: str, group: str, stream: str, cut: StreamCut) -> None:
         """Record how far ``group`` has consumed ``stream`` (``"scope/stream"``), for consumption-based
@@ -296,7 +330,9 @@ class ControllerClient:
     async def get_segment_uri(self, segment: str) -> str:
         if not isinstance(segment, str) or not segment:
             raise InvalidArgumentError(f"a segment name is a non-empty str, not {segment!r}")
-        return str((await self.call("get_segment_uri", {"segment": segment}))["uri"])
+        reply = await self.call("get_segment_uri", {"segment": segment})
+        with _decoding("get_segment_uri"):
+            return str(reply["uri"])
 
     # --- Stream transactions -----------------------------------------------------------------------
 
@@ -312,33 +348,41 @@ class ControllerClient:
             if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)):
                 raise LeaseTooLargeError(f"a lease is a number of seconds, not {lease_seconds!r}")
             body["lease"] = float(lease_seconds)
-        return TransactionInfo.from_json_object(f"{scope}/{stream}", await self.call("create_transaction", body))
+        reply = await self.call("create_transaction", body)
+        with _decoding("create_transaction"):
+            return TransactionInfo.from_json_object(f"{scope}/{stream}", reply)
 
     async def get_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionInfo:
         """Raises ``TransactionNotFoundError``."""
         reply = await self.call("get_transaction", self._txn_body(scope, stream, txn_id))
-        return TransactionInfo.from_json_object(f"{scope}/{stream}", reply)
+        with _decoding("get_transaction"):
+            return TransactionInfo.from_json_object(f"{scope}/{stream}", reply)
 
     async def ping_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> float:
         """Renew the lease; returns the deadline.  Raises ``TransactionNotOpenError``,
         ``LeaseExpiredError``, ``TransactionNotFoundError``."""
-        return float((await self.call("ping_transaction", self._txn_body(scope, stream, txn_id)))["deadline"])
+        reply = await self.call("ping_transaction", self._txn_body(scope, stream, txn_id))
+        with _decoding("ping_transaction"):
+            return float(reply["deadline"])
 
     async def commit_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionStatus:
         """Decide the commit (COMMITTING).  Raises ``TransactionNotOpenError``, ``TransactionNotFoundError``,
         ``StreamSealedError``; ``ConnectionLostError`` leaves the outcome unknown."""
         reply = await self.call("commit_transaction", self._txn_body(scope, stream, txn_id))
-        return TransactionStatus(reply["status"])
+        with _decoding("commit_transaction"):
+            return TransactionStatus(reply["status"])
 
     async def abort_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionStatus:
         """Raises ``TransactionNotOpenError`` (committing or committed), ``TransactionNotFoundError``."""
         reply = await self.call("abort_transaction", self._txn_body(scope, stream, txn_id))
-        return TransactionStatus(reply["status"])
+        with _decoding("abort_transaction"):
+            return TransactionStatus(reply["status"])
 
     async def list_transactions(self, scope: str, stream: str) -> dict[UUID, TransactionStatus]:
         """Every transaction the stream knows (live ones and the latest finished) and its status."""
         reply = await self.call("list_transactions", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        return {UUID(hex=t["txn"]): TransactionStatus(t["status"]) for t in reply["transactions"]}
+        with _decoding("list_transactions"):
+            return {UUID(hex=t["txn"]): TransactionStatus(t["status"]) for t in reply["transactions"]}
 
     async def commit_transactions(self, scope: str, stream: str, txn_ids: Sequence[UUID | str], *,
                                   fence: tuple[str, int] | None = None) -> MultiCommitResult:
@@ -357,16 +401,18 @@ class ControllerClient:
                 raise FenceValueError(f"a fence value is an int, not {value!r}")
             body["fence"] = [key, value]
         reply = await self.call("commit_transactions", body)
-        recorded = reply.get("recorded")
-        return MultiCommitResult(CommitOutcome(reply["outcome"]), None if recorded is None else int(recorded))
+        with _decoding("commit_transactions"):
+            recorded = reply.get("recorded")
+            return MultiCommitResult(CommitOutcome(reply["outcome"]), None if recorded is None else int(recorded))
 
     async def get_fence(self, scope: str, stream: str, key: str) -> int | None:
         """The value recorded for fence ``key`` on the stream (None: none yet)."""
         if not isinstance(key, str) or not key:
             raise InvalidArgumentError(f"a fence key is a non-empty str, not {key!r}")
-        value = (await self.call("get_fence", {"scope": _scope(scope), "stream": _name(stream, "stream"),
-                                               "key": key}))["value"]
-        return None if value is None else int(value)
+        reply = await self.call("get_fence", {"scope": _scope(scope), "stream": _name(stream, "stream"), "key": key})
+        with _decoding("get_fence"):
+            value = reply["value"]
+            return None if value is None else int(value)
 
     def __repr__(self) -> str:
         return f"ControllerClient({str(self._endpoint)!r})"

@@ -92,7 +92,7 @@ from millstream.errors import (
     UndecodableEventError,
 )
 from millstream.naming import parse_stream_segment_name, stream_segment_name
-from millstream.segmentstore.read_index import ReadResult
+from millstream.values import ReadResult
 from millstream.wire.codec import MalformedEventError
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from millstream import limits
 from millstream.client._segments import AsyncSegments, validate_segment_name
 from millstream.client._serializers import Serializer, is_identity
 from millstream.errors import InvalidArgumentError, ObjectClosedError, UndecodableEventError
-from millstream.segmentstore.read_index import ReadResult
+from millstream.values import ReadResult
 from millstream.wire.codec import MalformedEventError
 
 __all__ = ["AsyncByteStreamReader", "AsyncSegmentReader", "SegmentEvent"]

@@ -37,7 +37,7 @@ from millstream.errors import (
     WrongHostError,
 )
 from millstream.model.types import ATTRIBUTE_ID_MAX, INT64_MAX, INT64_MIN, NULL_ATTRIBUTE_VALUE
-from millstream.segmentstore.read_index import ReadResult
+from millstream.values import ReadResult
 from millstream.wire import codec
 from millstream.wire.commands import (
     AppendSetup,

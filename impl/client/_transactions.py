@@ -67,6 +67,7 @@ from millstream.errors import (
     TransactionNotOpenError,
 )
 from millstream.naming import transaction_segment_name
+from millstream.values import TransactionStatus
 
 if TYPE_CHECKING:
     from millstream.client._controller import ControllerClient
@@ -88,28 +89,6 @@ _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class TransactionStatus(enum.Enum):
-    """A transaction's status, as the controller records it.  The lifecycle::
-
-        OPEN --commit--> COMMITTING --merged--> COMMITTED
-        OPEN --abort / lease lapsed / fenced--> ABORTING --segments deleted--> ABORTED
-    """
-
-    OPEN = "open"
-    COMMITTING = "committing"
-    COMMITTED = "committed"
-    ABORTING = "aborting"
-    ABORTED = "aborted"
-
-    @property
-    def finished(self) -> bool:
-        """COMMITTED or ABORTED: nothing will change any more."""
-        return self in (TransactionStatus.COMMITTED, TransactionStatus.ABORTED)
-
-    def __repr__(self) -> str:
-        return f"TransactionStatus.{self.name}"
 
 
 #: What moves a transaction from each status, and where to (the controller's table, as clients see it).

@@ -39,8 +39,8 @@ from typing import Final
 
 import attrs
 from millstream import limits
-from millstream.client._streams import ScalingPolicy
 from millstream.controller._epochs import SegmentRecord, split_range
+from millstream.values import ScalingPolicy
 
 __all__ = ["WINDOWS_SECONDS", "AutoScalePlan", "ScaleSignal", "SegmentRates", "Signal", "fold_sample",
            "plan_auto_scale", "scale_signal"]

@@ -46,8 +46,6 @@ from typing import Any
 
 import attrs
 from millstream import limits
-from millstream.client._config import RandomSource, SystemRandomSource
-from millstream.client._streams import ReaderGroupConfig, StreamConfig
 from millstream.clock import Clock, SystemClock
 from millstream.controller._autoscale import SegmentRates, fold_sample, plan_auto_scale, scale_signal
 from millstream.controller._cuts import (
@@ -93,7 +91,9 @@ from millstream.naming import (
     stream_segment_name,
     validate_scope_or_stream_name,
 )
+from millstream.randomness import RandomSource, SystemRandomSource
 from millstream.segmentstore.tracing import Tracer
+from millstream.values import ReaderGroupConfig, StreamConfig
 
 __all__ = ["READER_GROUP_STATE_PREFIX", "Controller", "ControllerConfig", "reader_group_state_segment"]
 

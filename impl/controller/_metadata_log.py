@@ -35,10 +35,10 @@ from typing import Any, Final
 
 import attrs
 from millstream import limits
-from millstream.client._streams import canonical_json
 from millstream.controller._segment_store import SegmentStore
-from millstream.errors import BadOffsetError, DataCorruptionError, InternalError
+from millstream.errors import BadOffsetError, DataCorruptionError, InternalError, MetadataConflictError
 from millstream.naming import SYSTEM_SCOPE
+from millstream.values import canonical_json
 
 __all__ = ["METADATA_SEGMENT", "LoggedRecord", "MetadataConflictError", "MetadataLog", "encode_record"]
 
@@ -46,10 +46,6 @@ __all__ = ["METADATA_SEGMENT", "LoggedRecord", "MetadataConflictError", "Metadat
 METADATA_SEGMENT: Final = f"{SYSTEM_SCOPE}/_controller/metadata"
 
 _LENGTH: Final = struct.Struct(">I")
-
-
-class MetadataConflictError(Exception):
-    """A conditional append found the log longer than expected (internal: the controller catches up)."""
 
 
 def encode_record(record: Mapping[str, Any]) -> bytes:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from millstream.client._streams import RetentionPolicy
 from millstream.controller._cuts import cut_size, is_at_or_after, lower_bound
 from millstream.controller._epochs import StreamHistory
 from millstream.controller._state import RecordedCut
+from millstream.values import RetentionPolicy
 
 __all__ = ["choose_truncation"]
 

@@ -28,11 +28,11 @@ from typing import Any, Final
 import attrs
 from millstream import limits
 from millstream.auth import Authorizer, Permission, reader_group_resource
-from millstream.client._streams import ReaderGroupConfig, StreamConfig, canonical_json
 from millstream.controller._controller import Controller
 from millstream.controller._transactions import check_fence, check_lease, check_transaction_id
 from millstream.errors import FenceValueError, InvalidArgumentError, PayloadTooLargeError
 from millstream.naming import quote, validate_scope_or_stream_name, validate_segment_name
+from millstream.values import ReaderGroupConfig, StreamConfig, canonical_json
 
 __all__ = ["METHODS", "ControllerRpc", "check_json_depth"]
 

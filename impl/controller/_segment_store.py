@@ -42,7 +42,7 @@ from millstream.errors import (
 from millstream.model.types import AttributeUpdate
 from millstream.naming import container_of, is_hidden_segment, parse_stream_segment_name
 from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
-from millstream.segmentstore.read_index import ReadResult
+from millstream.values import ReadResult
 
 __all__ = ["AppendCounts", "LocalSegmentStore", "SegmentState", "SegmentStore"]
 

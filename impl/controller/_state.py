@@ -39,10 +39,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from millstream import limits
-from millstream.client._streams import ReaderGroupConfig, StreamConfig
 from millstream.controller._epochs import EpochRecord, SegmentRecord, StreamHistory, initial_epoch
 from millstream.controller._transactions import TransactionRecord, TxnStatus, commit_queue
 from millstream.errors import InternalError
+from millstream.values import ReaderGroupConfig, StreamConfig
 
 __all__ = [
     "STREAM_TRANSITIONS",

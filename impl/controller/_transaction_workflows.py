@@ -49,7 +49,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from millstream import limits
-from millstream.client._config import random_uuid
 from millstream.controller._epochs import EpochRecord
 from millstream.controller._state import ControllerState, StreamRecord, StreamState
 from millstream.controller._transactions import (
@@ -77,11 +76,12 @@ from millstream.errors import (
     TransactionNotOpenError,
 )
 from millstream.naming import transaction_segment_name
+from millstream.randomness import random_uuid
 
 if TYPE_CHECKING:
-    from millstream.client._config import RandomSource
     from millstream.controller._controller import ControllerConfig
     from millstream.controller._segment_store import SegmentStore
+    from millstream.randomness import RandomSource
     from millstream.segmentstore.tracing import Tracer
 
 __all__ = ["TransactionWorkflows"]
@@ -89,10 +89,6 @@ __all__ = ["TransactionWorkflows"]
 log = logging.getLogger("millstream.controller")
 
 _Key = tuple[str, str]
-
-
-class _LiveTransactions(Exception):
-    """(Internal.)  A seal's plan met transactions begun or committed while it settled them."""
 
 
 class TransactionWorkflows:
@@ -568,17 +564,18 @@ class TransactionWorkflows:
                                       ) -> dict[str, Any] | None:
         """(Lock held.)  Settle the transactions, then record the seal -- again if a transaction was
         begun or committed meanwhile (the seal's plan refuses while any is live)."""
+        live = False  # the last plan met transactions begun or committed while they were settled
+
         def plan(state: ControllerState) -> dict[str, Any] | None:
+            nonlocal live
             record = plan_seal(state)
             stream = state.streams.get(key)
-            if record is not None and stream is not None and stream.active_transaction_count:
-                raise _LiveTransactions()
-            return record
+            live = record is not None and stream is not None and stream.active_transaction_count > 0
+            return None if live else record
         for _ in range(limits.TRANSACTION_SEAL_ROUNDS_MAX):
             await self._settle_transactions(key)
-            try:
-                return await self._commit(plan)
-            except _LiveTransactions:
-                continue
+            record = await self._commit(plan)
+            if not live:
+                return record
         raise RequestTimeoutError(f"stream {key[0]}/{key[1]} kept taking transactions while it was being sealed; "
                                   "try again")

@@ -76,6 +76,7 @@ from millstream.errors import (
     TransactionNotOpenError,
 )
 from millstream.naming import segment_id
+from millstream.values import TransactionStatus
 
 __all__ = [
     "RECORD_ACTIONS",
@@ -98,18 +99,9 @@ __all__ = [
 ]
 
 
-class TxnStatus(enum.Enum):
-    """A stream transaction's status (the values are the spec's names)."""
-
-    OPEN = "open"
-    COMMITTING = "committing"
-    COMMITTED = "committed"
-    ABORTING = "aborting"
-    ABORTED = "aborted"
-
-    @property
-    def finished(self) -> bool:
-        return self in (TxnStatus.COMMITTED, TxnStatus.ABORTED)
+#: A stream transaction's status: the one ``TransactionStatus`` the client and the controller share
+#: (``millstream.values``; the values are the spec's names), under the name the controller's code uses.
+TxnStatus = TransactionStatus
 
 
 #: (status, record type) -> the status that record moves a transaction to.  Nothing else changes a

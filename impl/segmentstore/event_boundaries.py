@@ -45,6 +45,7 @@ from typing import Final
 from millstream import limits
 from millstream.errors import EventBoundaryError
 from millstream.model.types import AttributeUpdate, AttributeUpdateType
+from millstream.values import EVENT_SEGMENT, EVENT_SEGMENT_ATTRIBUTE_ID
 
 __all__ = [
     "EVENT_SEGMENT",
@@ -59,11 +60,6 @@ __all__ = [
     "walk_events",
 ]
 
-#: The core attribute that says a segment holds events: b"millstream.event" as a 128-bit id (its
-#: version nibble is 7, so no random (version 4) writer id can be it).
-EVENT_SEGMENT_ATTRIBUTE_ID: Final = int.from_bytes(b"millstream.event", "big")
-#: Its value for a segment that holds events.
-EVENT_SEGMENT: Final = 1
 #: What a creator passes to make a segment that holds events.
 EVENT_SEGMENT_ATTRIBUTES: Final = (AttributeUpdate(EVENT_SEGMENT_ATTRIBUTE_ID, AttributeUpdateType.REPLACE,
                                                    EVENT_SEGMENT),)

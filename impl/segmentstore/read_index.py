@@ -30,18 +30,18 @@ import asyncio
 import bisect
 from collections import OrderedDict
 
-import attrs
 from millstream import limits
 from millstream.clock import Clock
 from millstream.errors import (
     BadOffsetError,
     InternalError,
     InvalidArgumentError,
-    RetryableError,
     StreamSegmentNotExistsError,
     StreamSegmentTruncatedError,
+    TooManyTailReadersError,
 )
 from millstream.limits import READ_LENGTH_MAX_BYTES, TAIL_READ_WAIT_MAX_SECONDS, TAIL_READERS_PER_SEGMENT_MAX
+from millstream.values import ReadResult
 
 __all__ = ["BLOCK_LENGTH_BYTES", "SHARED_APPEND_BYTES_MIN", "ReadIndex", "ReadResult", "SegmentReadIndex", "TierTwo"]
 
@@ -50,21 +50,6 @@ BLOCK_LENGTH_BYTES = 256 * 1024
 #: An append of ``bytes`` at least this long is kept as its own block, not copied (10 KB events over
 #: 16 segments: copying into blocks took 16 % of the server's main thread, py-spy).
 SHARED_APPEND_BYTES_MIN = 32 * 1024
-
-
-class TooManyTailReadersError(RetryableError):
-    """More tail reads wait on one segment than ``TAIL_READERS_PER_SEGMENT_MAX``; retry later."""
-
-
-@attrs.frozen
-class ReadResult:
-    """What one read returned.  ``at_tail``: the read ended at the segment's current length.
-    ``end_of_segment``: the segment is sealed and the read reached its end (no more data, ever)."""
-
-    offset: int
-    data: bytes
-    at_tail: bool
-    end_of_segment: bool
 
 
 class TierTwo(abc.ABC):

@@ -1,0 +1,231 @@
+"""The import graph of the package: no cycles, and each layer talks only to the ones below it.
+
+The graph is read from the source files with ``ast`` (no import runs), through the same mapping of
+import names onto folders that ``pyproject.toml`` gives setuptools (``millstream`` -> ``impl/``, ...),
+so it sees what an editable install hides from static tools.  Two graphs:
+
+* modules, counting only the imports that run when a module is imported (top level, outside
+  ``if TYPE_CHECKING:``): a cycle there makes import order matter;
+* *parts* -- ``millstream.client``, ``millstream.controller``, ``millstream.values``... (a
+  subpackage, or a top-level module) -- counting every import, lazy and type-only ones too: a cycle
+  there means two layers each need the other.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import tomllib
+from collections.abc import Iterator, Mapping
+
+import attrs
+import pytest
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+#: Parts that leave the package (issue 22 item 7 moves the benchmarks to a top-level ``bench/``;
+#: until then ``millstream.bench`` and ``millstream.cli`` import each other for ``millstream bench``).
+_LEAVING: frozenset[str] = frozenset({"millstream.bench"})
+
+#: part -> the parts it must never import, whatever the route (lazy and type-only imports too).
+_FORBIDDEN: Mapping[str, frozenset[str]] = {
+    # The controller decides; it speaks to segment stores through its own stub, never through the client.
+    "millstream.controller": frozenset({"millstream.client", "millstream.server"}),
+    # The client speaks the wire protocol to servers and controllers: it links neither in.
+    "millstream.client": frozenset({"millstream.segmentstore", "millstream.controller", "millstream.server"}),
+    # The server hosts segment stores; the controller and the client are other processes' business.
+    "millstream.server": frozenset({"millstream.client", "millstream.controller"}),
+    "millstream.segmentstore": frozenset({"millstream.client", "millstream.controller", "millstream.server",
+                                          "millstream.wire"}),
+    "millstream.wire": frozenset({"millstream.client", "millstream.controller", "millstream.server",
+                                  "millstream.segmentstore"}),
+}
+
+#: The neutral modules every layer imports: they import only these (and the model).
+_NEUTRAL: Mapping[str, frozenset[str]] = {
+    "millstream.values": frozenset({"millstream.errors", "millstream.limits", "millstream.naming"}),
+    "millstream.randomness": frozenset({"millstream.errors"}),
+    "millstream.errors": frozenset(),
+}
+
+
+@attrs.frozen
+class Import:
+    source: str  # the importing module
+    target: str  # the imported module (the longest known module the imported name lies in)
+    line: int
+    eager: bool  # runs when ``source`` is imported
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    config = tomllib.loads((_ROOT / "pyproject.toml").read_text())
+    package_dirs: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
+    modules: dict[str, pathlib.Path] = {}
+    for package, folder in package_dirs.items():
+        base = _ROOT / folder
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            name = ".".join([package, *parts])
+            # A folder mapped to a subpackage of its own (impl/../model) is not also part of its parent.
+            if any(name == other or name.startswith(other + ".") for other in package_dirs
+                   if other != package and other.startswith(package + ".")):
+                continue
+            modules[name] = path
+    return modules
+
+
+def _statements(body: list[ast.stmt], eager: bool) -> Iterator[tuple[ast.stmt, bool]]:
+    """Every statement of ``body`` with whether it runs at import time (nested blocks included)."""
+    for statement in body:
+        yield statement, eager
+        if isinstance(statement, ast.If):
+            type_only = "TYPE_CHECKING" in ast.unparse(statement.test)
+            yield from _statements(statement.body, eager and not type_only)
+            yield from _statements(statement.orelse, eager)
+        elif isinstance(statement, (ast.Try, ast.With)):
+            for block in (statement.body, *(getattr(statement, name, []) for name in ("orelse", "finalbody"))):
+                yield from _statements(block, eager)
+            for handler in getattr(statement, "handlers", []):
+                yield from _statements(handler.body, eager)
+        elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield from _statements(statement.body, eager and isinstance(statement, ast.ClassDef))
+
+
+def _imports(modules: Mapping[str, pathlib.Path]) -> list[Import]:
+    def known(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    found: list[Import] = []
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        for statement, eager in _statements(tree.body, True):
+            if isinstance(statement, ast.Import):
+                targets = [alias.name for alias in statement.names]
+            elif isinstance(statement, ast.ImportFrom):
+                base = statement.module or ""
+                if statement.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (statement.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                # ``from package import module`` imports the module; ``from module import name`` the module.
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in statement.names]
+            else:
+                continue
+            for target in targets:
+                if target == "millstream" or target.startswith("millstream."):
+                    found.append(Import(module, known(target), statement.lineno, eager))
+    return found
+
+
+def part(module: str) -> str:
+    """``millstream.client._writer`` -> ``millstream.client``; ``millstream.values`` stays itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def _cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(edges.get(node, ())):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return components
+
+
+@pytest.fixture(scope="module")
+def imports() -> list[Import]:
+    return _imports(_modules())
+
+
+def _show(found: list[Import]) -> str:
+    return "\n".join(f"  {i.source}:{i.line} imports {i.target}" for i in found)
+
+
+def test_the_graph_reader_finds_what_it_must(imports: list[Import]) -> None:
+    """The reader is not blind: known imports of each kind are in its graph."""
+    seen = {(i.source, i.target, i.eager) for i in imports}
+    assert ("millstream.client._streams", "millstream.values", True) in seen
+    assert ("millstream.client._streams", "millstream.client._controller", False) in seen  # TYPE_CHECKING
+    assert ("millstream.model.durable_log", "millstream.model.errors", True) in seen  # another package-dir
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_modules_import_each_other_without_cycles(imports: list[Import]) -> None:
+    edges: dict[str, set[str]] = {}
+    for found in imports:
+        if found.eager and found.source != found.target:
+            edges.setdefault(found.source, set()).add(found.target)
+    assert _cycles(edges) == []
+
+
+def test_parts_import_each_other_without_cycles(imports: list[Import]) -> None:
+    edges: dict[str, set[str]] = {}
+    for found in imports:
+        source, target = part(found.source), part(found.target)
+        if source != target and not {source, target} & _LEAVING:
+            edges.setdefault(source, set()).add(target)
+    assert _cycles(edges) == []
+
+
+@pytest.mark.parametrize("layer", sorted(_FORBIDDEN))
+def test_a_layer_imports_only_the_layers_below_it(imports: list[Import], layer: str) -> None:
+    wrong = [i for i in imports if part(i.source) == layer and part(i.target) in _FORBIDDEN[layer]]
+    assert not wrong, f"{layer} may not import {sorted(_FORBIDDEN[layer])}; move the shared value to " \
+                      f"millstream.values:\n{_show(wrong)}"
+
+
+@pytest.mark.parametrize("module", sorted(_NEUTRAL))
+def test_the_neutral_modules_import_no_layer(imports: list[Import], module: str) -> None:
+    wrong = [i for i in imports if i.source == module and i.target != module
+             and i.target not in _NEUTRAL[module] and not i.target.startswith("millstream.model")]
+    assert not wrong, f"{module} is imported by every layer, so it imports none:\n{_show(wrong)}"
+
+
+def test_each_shared_value_has_one_owner() -> None:
+    """Each shared value is one class, wherever users and layers import it from."""
+    import millstream
+    import millstream.client as client
+    from millstream import values
+    from millstream.client import _config, _transactions
+    from millstream.controller import _transactions as controller_transactions
+    from millstream.segmentstore import event_boundaries, read_index
+
+    for name in ("StreamConfig", "StreamCut", "ScalingPolicy", "RetentionPolicy", "ReaderGroupConfig"):
+        assert getattr(millstream, name) is getattr(client, name) is getattr(values, name)
+    assert client.TransactionStatus is _transactions.TransactionStatus is values.TransactionStatus
+    assert controller_transactions.TxnStatus is values.TransactionStatus
+    assert read_index.ReadResult is values.ReadResult
+    assert event_boundaries.EVENT_SEGMENT_ATTRIBUTE_ID == values.EVENT_SEGMENT_ATTRIBUTE_ID
+    from millstream import randomness
+    assert _config.RandomSource is randomness.RandomSource
+    assert _config.random_uuid is randomness.random_uuid

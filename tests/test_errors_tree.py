@@ -1,0 +1,125 @@
+"""The error tree (DESIGN.md §9, STYLE.md #5): every exception class millstream defines lives in
+``millstream.errors`` or ``millstream.model.errors``; faults are split by whose they are; the
+protocol errors come as a pair, local and remote (as h11's)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import millstream
+import millstream.model
+import pytest
+from millstream import errors
+from millstream.model import errors as model_errors
+
+#: Packages left out: the benchmarks leave the shipped package (issue 22 item 7).
+_SKIPPED_PACKAGES = ("millstream.bench",)
+
+#: Exception classes still defined outside the tree, each in a module another piece of issue 22
+#: rewrites (its owner moves it, or removes the signal, there).  The list may only shrink: a new
+#: class outside the tree fails the test.
+_NOT_YET_IN_THE_TREE = {
+    # The stream writer's router signals "not ready" by raising: the writer's rewrite (item 2).
+    "millstream.client._writer.RouterNotReadyError",
+    # The large-event writer's private "merge outcome unknown" (a ConnectionLostError already).
+    "millstream.client._large_events._OutcomeUnknown",
+    # The file log's private "damaged record" signal and the model DurableLog's "not enabled":
+    # the segment store's and the DurableLog's rework (items 1 and 3).
+    "millstream.segmentstore.file_log._BadRecord",
+    "millstream.model.durable_log.NotEnabled",
+}
+
+
+def _modules() -> list[str]:
+    names = []
+    for package in (millstream, millstream.model):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if info.name.startswith(_SKIPPED_PACKAGES) or info.name.startswith("millstream.spark"):
+                continue
+            names.append(info.name)
+    return names
+
+
+def test_every_exception_class_lives_in_the_errors_tree() -> None:
+    outside = set()
+    for name in _modules():
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name \
+                    and name not in ("millstream.errors", "millstream.model.errors"):
+                outside.add(f"{name}.{value.__qualname__}")
+    assert outside <= _NOT_YET_IN_THE_TREE, f"exception classes outside the errors tree: " \
+                                            f"{sorted(outside - _NOT_YET_IN_THE_TREE)}"
+
+
+def test_every_error_of_the_tree_has_a_root_and_a_docstring() -> None:
+    for name in errors.__all__:
+        value = getattr(errors, name)
+        assert issubclass(value, errors.MillstreamError), name
+        documented = bool(value.__doc__) and value.__doc__ != errors.MillstreamError.__doc__
+        assert documented or value is errors.MillstreamError, f"{name} needs a docstring that says when it is raised"
+
+
+def test_the_protocol_errors_are_a_pair_split_by_whose_fault() -> None:
+    assert issubclass(errors.RemoteProtocolError, errors.PeerError)
+    assert not issubclass(errors.RemoteProtocolError, errors.CallerError)
+    assert issubclass(errors.LocalProtocolError, errors.CallerError)
+    assert not issubclass(errors.LocalProtocolError, errors.PeerError)
+    assert errors.ProtocolError is errors.RemoteProtocolError  # (the name most code raises it by)
+    assert model_errors.LocalProtocolError is errors.LocalProtocolError
+
+
+@pytest.mark.parametrize("name", ["WireProtocolError", "MalformedFrameError", "FrameTooLargeError",
+                                  "UnknownCommandError", "MalformedEventError", "IncompatibleVersionError"])
+def test_bytes_received_are_the_peers_fault(name: str) -> None:
+    from millstream import wire
+    cls = getattr(errors, name)
+    assert getattr(wire, name) is cls
+    assert issubclass(cls, errors.RemoteProtocolError) and not issubclass(cls, errors.CallerError)
+
+
+@pytest.mark.parametrize("name", ["InvalidCommandError", "CommandTooLargeError"])
+def test_what_the_caller_asks_to_send_is_the_callers_fault(name: str) -> None:
+    from millstream import wire
+    cls = getattr(errors, name)
+    assert getattr(wire, name) is cls
+    assert issubclass(cls, errors.LocalProtocolError) and issubclass(cls, errors.InvalidArgumentError)
+    assert not issubclass(cls, errors.PeerError)
+
+
+def _internal_error_names() -> set[str]:
+    """The names of ``InternalError`` and every subclass of it defined in millstream."""
+    for name in _modules():
+        importlib.import_module(name)
+    found, todo = set(), [errors.InternalError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+#: Handlers that still catch an ``InternalError`` to steer, in a module another piece of issue 22
+#: rewrites: the stream writer's router (item 2).  May only shrink.
+_STEERING_LEFT = {"client/_writer.py: RouterNotReadyError"}
+
+
+def test_no_internal_error_is_raised_to_steer() -> None:
+    """``InternalError`` means "cannot happen": no handler catches one (or a subclass) to decide what
+    to do next, and no private exception steers the controller's workflows."""
+    import ast
+    import pathlib
+    names = _internal_error_names() | {"_LiveTransactions"}
+    root = pathlib.Path(millstream.__file__).parent
+    caught = set()
+    for path in sorted(root.rglob("*.py")):
+        if "bench" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                for name in ast.walk(node.type):
+                    if isinstance(name, ast.Name) and name.id in names:
+                        caught.add(f"{path.relative_to(root)}: {name.id}")
+    assert caught <= _STEERING_LEFT, sorted(caught - _STEERING_LEFT)
