@@ -312,13 +312,21 @@ class SegmentWriter(SegmentWriterState, AppendSession):
         elsewhere).  Raises the writer's error, or ``PayloadTooLargeError`` (nothing added)."""
         # acquire/release, not ``with``: on the per-event path the context-manager protocol costs
         # twice what the lock itself does (measured on 3.11: ~410 vs ~200 ns per event)
+        generation = 0
         lock = self._lock
         lock.acquire()
         try:
             flags = self.write_event(payload, routing_key, tracking)
-            generation = self._last_assigned
+            if flags & ARM_BATCH_TIMER:
+                generation = self._last_assigned
         finally:
             lock.release()
+        return self.carry_out(flags, generation) if flags else 0
+
+    def carry_out(self, flags: int, generation: int) -> int:
+        """(Any thread, lock not held.)  What ``write_event`` answered: ship the block it closed, or arm
+        the batch timer of the block it opened (after event ``generation``).  Returns the caller's part
+        of ``flags`` (``SHIPPED``, ``OVER_BUDGET``, ``REROUTE``)."""
         if flags & ARM_BATCH_TIMER:
             self._arm_batch_timer(generation)
             return flags & ~ARM_BATCH_TIMER
@@ -624,6 +632,7 @@ class AsyncEventStreamWriter(Generic[T]):
             raise InternalError("a writer routes by a router of its own or by a stream's segments, not both")
         self._shared = WriterShared(asyncio.get_running_loop(), config.writer_unacked_bytes_max)
         self._shared.give_up = self._give_up
+        self._lock = self._shared.lock
         self._pool = pool
         self._locator = locator
         self._router = router
@@ -746,10 +755,21 @@ class AsyncEventStreamWriter(Generic[T]):
         writer = self._writers.get(segment)
         if writer is None:
             writer = self._open_segment(segment, routing_key)
-        flags = writer.append(payload, routing_key, tracking)
-        if flags & REROUTE:
-            return self._append_rerouted(payload, routing_key, tracking)
-        return flags
+        # ``writer.append``'s three steps, here: one call fewer on the per-event path.
+        generation = 0
+        lock = self._lock
+        lock.acquire()
+        try:
+            flags = writer.write_event(payload, routing_key, tracking)
+            if flags & ARM_BATCH_TIMER:
+                generation = writer.last_assigned
+        finally:
+            lock.release()
+        if flags:
+            if flags & REROUTE:
+                return self._append_rerouted(payload, routing_key, tracking)
+            return writer.carry_out(flags, generation)
+        return 0
 
     def _append_rerouted(self, payload: bytes, routing_key: str | None, tracking: Tracking | None) -> int:
         """The event was routed to a segment whose keys moved on (it was sealed and handed over after
