@@ -46,7 +46,7 @@ import itertools
 import struct
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias
 from uuid import UUID
 
 from millstream import limits
@@ -62,6 +62,8 @@ __all__ = ["ARM_BATCH_TIMER", "OVER_BUDGET", "REROUTE", "SHIPPED", "Block", "End
 if TYPE_CHECKING:
     import asyncio
     import concurrent.futures
+
+    from millstream.clock import Clock
 
     #: A per-event completion: an ``asyncio.Future`` (the async flavour) or a
     #: ``concurrent.futures.Future``.  The machine only keeps them and says which to settle.
@@ -79,10 +81,6 @@ SHIPPED: Final = 1  # a block was closed: ship it (and an async caller yields on
 OVER_BUDGET: Final = 2  # too much is unacknowledged: the caller waits for capacity
 REROUTE: Final = 4  # nothing added: the segment was sealed and its keys moved on; route the event again
 ARM_BATCH_TIMER: Final = 8  # a new open block: close it when the batch window has passed (``batch_window_passed``)
-
-
-class _Clock(Protocol):
-    def monotonic(self) -> float: ...
 
 
 class Block:
@@ -214,7 +212,7 @@ class SegmentWriterState:
                  "_outbox", "_parts", "_retired", "_sent", "_sent_max", "_sequences", "_shared", "_target_bytes",
                  "_tracker", "_writer_id", "segment")
 
-    def __init__(self, segment: str, *, writer_id: UUID, budget: WriterBudget, clock: _Clock,
+    def __init__(self, segment: str, *, writer_id: UUID, budget: WriterBudget, clock: Clock,
                  block_bytes_max: int) -> None:
         self.segment = segment
         self._writer_id = writer_id
