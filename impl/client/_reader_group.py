@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from millstream import limits
 from millstream.client._config import RandomSource
 from millstream.client._controller import ControllerClient
-from millstream.client._reader_group_state import (
+from millstream.client._reader_group_state import (  # (the state's names, where they were before the split)
+    _TRANSITIONS,  # noqa: F401  (tests plant a bug in the state's updates through this module)
     SILENT_SUFFIX,
     AcquireSegment,
     AddReader,
@@ -44,6 +45,7 @@ from millstream.client._reader_group_state import (
     RemoveReader,
     SegmentCompleted,
     UpdateDistanceToTail,
+    _frozen,  # noqa: F401  (as _TRANSITIONS)
     stream_of,
     validate_name,
 )
