@@ -79,14 +79,17 @@ from millstream.client._config import ClientConfig, RandomSource
 from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import StreamRouter, routing_key_fraction
+from millstream.client._segment_writer_state import (
+    EVENT_HEADER,
+    EVENT_LENGTH_MAX,
+    HEADER_LENGTH,
+    SMALL_EVENT_HEADERS,
+    SMALL_EVENT_LENGTH,
+    Block,
+)
 from millstream.client._serializers import Serializer
 from millstream.client._streams import SegmentWithRange
 from millstream.client._writer import (
-    _EVENT_HEADER,
-    _EVENT_LENGTH_MAX,
-    _HEADER_LENGTH,
-    _SMALL_EVENT_HEADERS,
-    _SMALL_EVENT_LENGTH,
     OVER_BUDGET,
     REROUTE,
     SHIPPED,
@@ -96,7 +99,6 @@ from millstream.client._writer import (
     StreamBinding,
     WriterShared,
     _bad_key,
-    _Block,
     _log,
     _settle,
 )
@@ -232,8 +234,8 @@ class SequencedSegmentWriter(SegmentWriter):
     and an ``AppendSetup`` beyond what was acknowledged acknowledges what it covers.
 
     Each event carries two numbers: its application sequence (``_application_sequences``,
-    ``_Block.application_sequences``: what numbers it on the wire) and, as in every ``SegmentWriter``,
-    its place in the writer's sequence (``_sequences``, ``_Block.sequences``: what names it in the
+    ``Block.application_sequences``: what numbers it on the wire) and, as in every ``SegmentWriter``,
+    its place in the writer's sequence (``_sequences``, ``Block.sequences``: what names it in the
     in-doubt set).  Both are taken under the writer's lock by the same ``append_sequenced`` and both
     only grow, so every re-framing, merge and trim here keeps them side by side, in the same order."""
 
@@ -262,8 +264,8 @@ class SequencedSegmentWriter(SegmentWriter):
         segment was sealed and its keys moved on).  Raises the writer's error, ``InvalidSequenceError``
         (not above the last sequence written) or ``PayloadTooLargeError`` -- nothing added then."""
         length = len(payload)
-        if length > _EVENT_LENGTH_MAX:
-            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {_EVENT_LENGTH_MAX} bytes")
+        if length > EVENT_LENGTH_MAX:
+            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {EVENT_LENGTH_MAX} bytes")
         shared = self._sequenced_shared
         lock = shared.lock
         lock.acquire()
@@ -290,7 +292,7 @@ class SequencedSegmentWriter(SegmentWriter):
             self._add_locked(payload, routing_key, sequence, shared.sequence)
             arm = -1
             if self._open_charge >= self._close_at:
-                self._close_block_locked()
+                self.close_block()
                 shipped = SHIPPED
             else:
                 shipped = 0
@@ -309,23 +311,23 @@ class SequencedSegmentWriter(SegmentWriter):
         """(Lock held.)  Frame one event (application sequence ``sequence``, place ``place`` in the
         writer's sequence) into the open block."""
         length = len(payload)
-        self._parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
+        self._parts.append(SMALL_EVENT_HEADERS[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
         self._parts.append(payload)
         self._keys.append(routing_key)
         self._application_sequences.append(sequence)
         self._sequences.append(place)
-        length += _HEADER_LENGTH
+        length += HEADER_LENGTH
         if routing_key is not None:
             length += len(routing_key)
         self._open_charge += length
         self._open_count += 1
         self._sequenced_shared.unacked_bytes += length
 
-    def _close_block_locked(self) -> None:
+    def close_block(self) -> None:
         """The open block leaves, numbered by its last event's sequence.  Caller holds the lock."""
         sequences = self._application_sequences
         self._last_assigned = sequences[-1]
-        block = _Block(b"".join(self._parts), self._keys, self._open_charge, self._open_count, sequences[-1],
+        block = Block(b"".join(self._parts), self._keys, self._open_charge, self._open_count, sequences[-1],
                        self._open_future, self._sequences, sequences)
         self._parts = []
         self._keys = []
@@ -462,10 +464,10 @@ class SequencedSegmentWriter(SegmentWriter):
         charge = 0
         for payload, key, _, _ in kept:
             length = len(payload)
-            parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
+            parts.append(SMALL_EVENT_HEADERS[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
             parts.append(payload)
-            charge += length + _HEADER_LENGTH + (len(key) if key is not None else 0)
-        new = _Block(b"".join(parts), [key for _, key, _, _ in kept], charge, len(kept), old.last_event_number,
+            charge += length + HEADER_LENGTH + (len(key) if key is not None else 0)
+        new = Block(b"".join(parts), [key for _, key, _, _ in kept], charge, len(kept), old.last_event_number,
                      old.future, [place for _, _, _, place in kept], [sequence for _, _, sequence, _ in kept])
         self._inflight[0] = new
         return old.charge - charge
@@ -505,7 +507,7 @@ class SequencedSegmentWriter(SegmentWriter):
     def take_unsent_locked(self) -> list[SequencedEvent]:
         """(Lock held.)  Take out every event that never went out (blocks never sent, queued or open), in
         order, releasing their bytes: a hand-over merges events into them by sequence."""
-        taken: list[_Block] = []
+        taken: list[Block] = []
         while self._inflight and not self._inflight[-1].ever_sent:
             taken.append(self._inflight.pop())
         taken.reverse()
@@ -535,12 +537,12 @@ class SequencedSegmentWriter(SegmentWriter):
 
     def add_moved_locked(self, events: Iterable[SequencedEvent]) -> None:
         """(Lock held.)  Add events in sequence order (all above what this writer sent), each keeping its
-        place in the writer's sequence, filling blocks up to the block size; ``close_open_block_locked``
+        place in the writer's sequence, filling blocks up to the block size; ``close_open_block``
         ends the last."""
         for payload, key, sequence, place in events:
             self._add_locked(payload, key, sequence, place)
             if self._open_charge >= self._config.writer_block_bytes_max:
-                self._close_block_locked()
+                self.close_block()
 
     def check_invariants(self) -> None:
         """Blocks hold increasing sequences above the acknowledged one, each numbered by its last; the
@@ -763,7 +765,7 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
                 touched[name] = target
                 unsent = target.take_unsent_locked()
                 target.add_moved_locked(heapq.merge(unsent, mine, key=lambda e: e[2]))
-                target.close_open_block_locked()
+                target.close_open_block()
             self.hand_overs += 1
         _log.info("writer %s on %s: segment %s sealed (it stores sequences up to %d); %d unacknowledged events "
                   "moved to %s", self.writer_id, self.stream, sealed.name, stored, len(events), sorted(touched))

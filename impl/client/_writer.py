@@ -9,6 +9,12 @@ its last event -- when nothing else is in flight or when the block reaches the s
 closes it too, and so does the end of the batch window (a timer per block, armed by its first
 event).  Closed blocks are kept, in order, until acknowledged.
 
+Those decisions -- numbering, blocks, acknowledgements, resends, the hand-over on a seal -- are a
+synchronous machine, ``_segment_writer_state.SegmentWriterState`` (the client's half of
+``millstream.model.idempotent_writer``, with its action names: events in, instructions out).  A
+``SegmentWriter`` is that machine plus its adapter: the lock, the hand-off between the caller's
+thread and the event loop, the append session, futures and timers.
+
 Per event the writer does a few plain operations under one lock (serialize, route, frame, count);
 everything else -- closing a block, sending it, acknowledgements, reconnecting -- happens per block.
 That lock (``WriterShared.lock``) is what lets the blocking flavour run the per-event path on the
@@ -70,22 +76,35 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
-import struct
 import threading
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, Generic, Protocol, TypeVar
 from uuid import UUID
 
 from millstream import limits
 from millstream.client._append_session import AppendSession
-from millstream.client._batching import BlockSizeTracker
 from millstream.client._config import ClientConfig, RandomSource, random_uuid
 from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import Router, StreamRouter
+from millstream.client._segment_writer_state import (
+    ARM_BATCH_TIMER,
+    OVER_BUDGET,
+    REROUTE,
+    SHIPPED,
+    Block,
+    EndSession,
+    Instruction,
+    ReleaseFlushes,
+    Resend,
+    SegmentWriterState,
+    Settle,
+    ShipClosed,
+    Tracking,
+    WakeCapacity,
+    WriterBudget,
+)
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import Serializer, is_identity
 from millstream.client._streams import SegmentWithRange
@@ -97,19 +116,16 @@ from millstream.errors import (
     InvalidSequenceError,
     MillstreamError,
     ObjectClosedError,
-    PayloadTooLargeError,
     ProtocolError,
     ReconnectBudgetExceededError,
     RetryableError,
     StreamSegmentSealedError,
-    WriterIdInUseError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
-from millstream.wire import codec
 from millstream.wire.commands import AppendBlock, AppendSetup, DataAppended
 
-__all__ = ["AsyncEventStreamWriter", "RouterNotReadyError", "SegmentWriter", "StreamBinding", "Tracking",
-           "WriterShared"]
+__all__ = ["OVER_BUDGET", "REROUTE", "SHIPPED", "AsyncEventStreamWriter", "RouterNotReadyError", "SegmentWriter",
+           "StreamBinding", "Tracking", "WriterShared"]
 
 _log = logging.getLogger(__name__)
 
@@ -117,18 +133,6 @@ T = TypeVar("T")
 
 #: A per-event completion: an ``asyncio.Future`` (the async flavour) or a ``concurrent.futures.Future``.
 Completion = asyncio.Future[None] | concurrent.futures.Future[None]
-
-_EVENT_HEADER: Final = struct.Struct(">ii").pack
-_HEADER_LENGTH: Final = 8
-#: Event headers for payloads under this many bytes, made once (indexing a list beats packing a struct).
-_SMALL_EVENT_LENGTH: Final = 4096
-_SMALL_EVENT_HEADERS: Final = [_EVENT_HEADER(0, length) for length in range(_SMALL_EVENT_LENGTH)]
-_EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_MAX_BYTES
-
-#: ``SegmentWriter.append`` results (bit flags).
-SHIPPED: Final = 1  # a block was closed: an async caller yields once so the loop can read acknowledgements
-OVER_BUDGET: Final = 2  # too much is unacknowledged: the caller waits (``WriterShared.wait_for_capacity``)
-REROUTE: Final = 4  # nothing added: the segment was sealed and its keys moved on; route the event again
 
 #: What a segment writer calls when its segment turns out sealed (instead of failing the writer).
 SealedHandler = Callable[["SegmentWriter"], Awaitable[None]]
@@ -160,46 +164,6 @@ def _memo_lookup(router: Router | None) -> Callable[[str | None], str | None]:
     return memo.get if isinstance(memo, dict) else _NO_MEMO.get  # type: ignore[return-value]
 
 
-class _Block:
-    """A closed block: framed events numbered up to ``last_event_number``, their routing keys (what
-    re-routes them if the segment is sealed under them), their places in the writer's sequence
-    (``sequences``: what names them in the in-doubt set), what they are charged against the writer's
-    budget (``charge``: the framed bytes plus the keys' characters), and the future its tracked
-    events share (a block is stored all together or not at all, so one future answers for all
-    of them).  A writer with a stable id (``_sequenced_writer``) numbers events by the application's
-    sequences: ``application_sequences`` holds each event's (None for a writer with a random id; not
-    to be confused with ``sequences``, the places, which every writer keeps), and ``ever_sent`` says
-    whether the block ever went out (a block never sent may be re-framed)."""
-
-    __slots__ = ("application_sequences", "charge", "data", "event_count", "ever_sent", "future", "keys",
-                 "last_event_number", "sent_at", "sequences")
-
-    def __init__(self, data: bytes, keys: list[str | None], charge: int, event_count: int, last_event_number: int,
-                 future: Completion | None, sequences: list[int], application_sequences: list[int] | None = None,
-                 ) -> None:
-        self.data = data
-        self.keys = keys
-        self.sequences = sequences
-        self.charge = charge
-        self.event_count = event_count
-        self.last_event_number = last_event_number
-        self.future = future
-        self.sent_at = 0.0
-        self.application_sequences = application_sequences
-        self.ever_sent = False
-
-
-class Tracking:
-    """Asks ``SegmentWriter.append`` for the future of the event's block: ``factory`` makes one if the
-    open block has none yet; ``future`` is what the event got."""
-
-    __slots__ = ("factory", "future")
-
-    def __init__(self, factory: Callable[[], Completion]) -> None:
-        self.factory = factory
-        self.future: Completion | None = None
-
-
 def _settle(future: Completion | None, error: BaseException | None) -> None:
     if future is not None and not future.done():
         if error is None:
@@ -208,32 +172,23 @@ def _settle(future: Completion | None, error: BaseException | None) -> None:
             future.set_exception(error)
 
 
-class WriterShared:
-    """What the segment writers of one event writer share: the lock, the byte budget, the first error,
-    the count of events written (``sequence``: the last event's place in the writer's sequence) and
-    what giving up does to them all (``give_up``, set by ``AsyncEventStreamWriter``)."""
+class WriterShared(WriterBudget):
+    """What the segment writers of one event writer share: the budget they count together
+    (``WriterBudget``: unacknowledged bytes, the count of events written, the first error), the lock
+    that guards it and every segment writer's machine, the loop and its thread, the waiters for
+    capacity and what giving up does to them all (``give_up``, set by ``AsyncEventStreamWriter``)."""
 
-    __slots__ = ("_capacity_waiters", "closed", "error", "give_up", "lock", "loop", "loop_thread", "sequence",
-                 "unacked_bytes", "unacked_bytes_max")
+    __slots__ = ("_capacity_waiters", "give_up", "lock", "loop", "loop_thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, unacked_bytes_max: int) -> None:
+        super().__init__(unacked_bytes_max)
         self.lock = threading.Lock()
         self.loop = loop
         self.loop_thread = threading.get_ident()  # built on the loop's thread
-        self.unacked_bytes = 0
-        self.unacked_bytes_max = unacked_bytes_max
-        self.error: BaseException | None = None
-        self.closed = False
         self._capacity_waiters: list[asyncio.Future[None]] = []
-        self.sequence = 0
         #: (Loop thread.)  Giving up: stop every segment writer where it is, make the error from the
         #: in-doubt set (the argument), fail them all with it and return it.
         self.give_up: Callable[[Callable[[tuple[InDoubtEvent, ...]], BaseException]], BaseException] | None = None
-
-    def raise_error(self) -> None:
-        error = self.error
-        if error is not None:
-            raise error.with_traceback(None)
 
     def fail(self, error: BaseException) -> None:
         """Record the writer's first error (under the lock) and wake whoever waits for capacity."""
@@ -264,62 +219,32 @@ class WriterShared:
             await waiter
 
 
-class SegmentWriter(AppendSession):
-    """The writer's session with one segment: numbering, blocks, acknowledgements, reconnects.
+class SegmentWriter(SegmentWriterState, AppendSession):
+    """The writer's session with one segment: the adapter that runs a ``SegmentWriterState`` (the
+    machine it is: numbering, blocks, acknowledgements, resends, the hand-over on a seal) on threads
+    and an event loop, over an append session (``AppendSession``: connections and reconnects).
 
-    ``append`` may be called from any thread; every other method runs on the event loop (the
-    ``..._locked`` ones with the writer's lock held).  With ``on_sealed``, a sealed segment does not
-    fail the writer at once: ``on_sealed(self)`` runs instead (the stream layer's hand-over, which
-    ends with ``retire_locked``; for named segments, acknowledging what the segment stores before
-    failing the rest), and what it raises fails the writer."""
+    It owns every hand-off: ``append`` runs the machine's per-event step under the writer's lock on
+    any thread, and gets what it answers to the loop (a closed block to send, a batch timer to arm);
+    everything else runs on the event loop (the ``..._locked`` methods with the lock held), calls the
+    machine under the lock and carries out its instructions outside it (``_execute``: futures are
+    settled, waiters woken and blocks sent without the lock).  With ``on_sealed``, a sealed segment
+    does not fail the writer at once: ``on_sealed(self)`` runs instead (the stream layer's hand-over,
+    which ends with ``retire_locked``; for named segments, acknowledging what the segment stores
+    before failing the rest), and what it raises fails the writer."""
 
     def __init__(self, segment: str, *, shared: WriterShared, pool: ConnectionPool, locator: SegmentLocator,
                  token: str, writer_id: UUID, config: ClientConfig, on_sealed: SealedHandler | None = None) -> None:
-        super().__init__(segment, pool=pool, locator=locator, token=token, writer_id=writer_id, config=config)
+        SegmentWriterState.__init__(self, segment, writer_id=writer_id, budget=shared, clock=pool.clock,
+                                    block_bytes_max=config.writer_block_bytes_max)
+        AppendSession.__init__(self, segment, pool=pool, locator=locator, token=token, writer_id=writer_id,
+                               config=config)
         self._on_sealed = on_sealed
-        self._shared = shared
-        # Producer side: under shared.lock, any thread.
-        self._parts: list[bytes] = []  # the open block: header, payload, header, payload, ...
-        self._keys: list[str | None] = []  # the open block's routing keys, one per event
-        self._sequences: list[int] = []  # the open block's events' places in the writer's sequence
-        # The open block's charge: its framed bytes (what goes on the wire) and its routing keys'
-        # characters (kept until acknowledged, never sent).  Blocks close by it.
-        self._open_charge = 0
-        self._open_count = 0
-        self._open_future: Completion | None = None  # shared by the open block's tracked events
-        self._last_assigned = 0  # the last event number given to a closed block
-        self._blocks_unacked = 0  # closed and not acknowledged
-        self._tracker = BlockSizeTracker(now=self._clock.monotonic(), block_bytes_max=config.writer_block_bytes_max,
-                                         window_max_seconds=limits.CLIENT_WRITER_BATCH_WINDOW_MAX_SECONDS)
-        self._target_bytes = self._tracker.target()
-        self._close_at = 0  # close the open block at this many bytes: 0 while nothing is in flight, else the target
-        self._outbox: deque[_Block] = deque()  # closed blocks on their way to _inflight (a FIFO)
+        self._shared: WriterShared = shared
+        self._lock = shared.lock
         self._drain_scheduled = False
-        self._closing = False
-        self._retired = False  # sealed and handed over: appends answer REROUTE
-        # Loop side.
-        self._inflight: deque[_Block] = deque()  # closed, not acknowledged, in number order (_sent: a prefix)
-        self._acked = 0  # the last event number acknowledged
-        self._sent_max = 0  # the largest event number ever sent under this writer id (any session)
         self._flush_waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._task: asyncio.Task[None] | None = None
-        self._failed: BaseException | None = None
-
-    # --- State ---------------------------------------------------------------------------------------
-
-    @property
-    def acknowledged_event_number(self) -> int:
-        """The last event number acknowledged (0: none)."""
-        return self._acked
-
-    @property
-    def failed(self) -> BaseException | None:
-        return self._failed
-
-    @property
-    def retired(self) -> bool:
-        """Whether the segment was sealed and this writer's events were handed over elsewhere."""
-        return self._retired
 
     # --- The session loop's questions (see AppendSession) -------------------------------------------
 
@@ -340,96 +265,90 @@ class SegmentWriter(AppendSession):
         else:
             self._fail(reason)
 
+    # --- Carrying out the machine's instructions (loop thread, lock not held) -------------------------
+
+    def _execute(self, instructions: list[Instruction]) -> None:
+        for instruction in instructions:
+            kind = type(instruction)
+            if kind is Settle:
+                error = instruction.error  # type: ignore[union-attr]
+                for future in instruction.futures:  # type: ignore[union-attr]
+                    _settle(future, error)
+            elif kind is ShipClosed:
+                self._drain_outbox()
+            elif kind is WakeCapacity:
+                self._shared.wake_capacity_waiters()
+            elif kind is ReleaseFlushes:
+                if self._flush_waiters:
+                    self._release_flush_waiters_through(instruction.number)  # type: ignore[union-attr]
+            elif kind is Resend:
+                self._ready = True
+                self._sent = 0
+                for block in self._inflight:
+                    self._send(block)
+                    if not self._ready:
+                        break
+            elif kind is EndSession:
+                self._end_session(instruction.reason)  # type: ignore[union-attr]
+            else:
+                raise InternalError(f"a segment writer cannot carry out {instruction!r}")
+
+    def _release_flush_waiters_through(self, number: int) -> None:
+        waiting = []
+        for target, waiter in self._flush_waiters:
+            if number >= target:
+                if not waiter.done():
+                    waiter.set_result(True)
+            else:
+                waiting.append((target, waiter))
+        self._flush_waiters = waiting
+
     # --- Producer side (any thread) ----------------------------------------------------------------
 
     def append(self, payload: bytes, routing_key: str | None, tracking: Tracking | None) -> int:
-        """Add one event; return ``SHIPPED``/``OVER_BUDGET`` flags, or ``REROUTE`` (nothing added: the
-        segment was sealed and its keys now go elsewhere).  With ``tracking``, also hand out the future
-        of the event's block.  Raises the writer's error, or ``PayloadTooLargeError`` (nothing
-        added)."""
-        length = len(payload)
-        if length > _EVENT_LENGTH_MAX:
-            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {_EVENT_LENGTH_MAX} bytes")
-        shared = self._shared
+        """The machine's ``write_event`` under the writer's lock, on any thread; then get a closed block
+        to the loop (``_ship``) or arm the new open block's batch timer.  Returns ``SHIPPED`` /
+        ``OVER_BUDGET`` flags, or ``REROUTE`` (nothing added: the segment was sealed and its keys now go
+        elsewhere).  Raises the writer's error, or ``PayloadTooLargeError`` (nothing added)."""
         # acquire/release, not ``with``: on the per-event path the context-manager protocol costs
         # twice what the lock itself does (measured on 3.11: ~410 vs ~200 ns per event)
-        lock = shared.lock
+        generation = 0
+        lock = self._lock
         lock.acquire()
         try:
-            if shared.error is not None:
-                shared.raise_error()
-            if self._closing:
-                if self._retired:
-                    return REROUTE
-                raise ObjectClosedError("the writer is closed")
-            parts = self._parts
-            parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
-            parts.append(payload)
-            self._keys.append(routing_key)
-            shared.sequence += 1
-            self._sequences.append(shared.sequence)
-            length += _HEADER_LENGTH
-            if routing_key is not None:  # the key is kept until acknowledged: it is charged too
-                length += len(routing_key)
-            self._open_charge += length
-            self._open_count += 1
-            shared.unacked_bytes += length
-            if tracking is not None:
-                future = self._open_future
-                if future is None:
-                    future = self._open_future = tracking.factory()
-                tracking.future = future
-            arm = -1
-            if self._open_charge >= self._close_at:
-                self._close_block_locked()
-                shipped = SHIPPED
-            else:
-                shipped = 0
-                if self._open_count == 1:
-                    arm = self._last_assigned  # a new open block: it leaves within the batch window
-            over = OVER_BUDGET if shared.unacked_bytes > shared.unacked_bytes_max else 0
+            flags = self.write_event(payload, routing_key, tracking)
+            if flags & ARM_BATCH_TIMER:
+                generation = self._last_assigned
         finally:
             lock.release()
-        if shipped:
-            self._ship()
-        elif arm >= 0:
-            self._arm_batch_timer(arm)
-        return shipped | over
+        return self.carry_out(flags, generation) if flags else 0
 
-    def _close_block_locked(self) -> None:
-        """Number the open block's events and queue it for sending.  Caller holds the lock."""
-        count = self._open_count
-        self._last_assigned += count
-        block = _Block(b"".join(self._parts), self._keys, self._open_charge, count,
-                       self._last_assigned, self._open_future, self._sequences)
-        self._parts = []
-        self._keys = []
-        self._sequences = []
-        self._open_charge = 0
-        self._open_count = 0
-        self._open_future = None
-        self._blocks_unacked += 1
-        self._tracker.block_closed(self._clock.monotonic(), len(block.data))
-        self._target_bytes = self._close_at = self._tracker.target()
-        self._outbox.append(block)
+    def carry_out(self, flags: int, generation: int) -> int:
+        """(Any thread, lock not held.)  What ``write_event`` answered: ship the block it closed, or arm
+        the batch timer of the block it opened (after event ``generation``).  Returns the caller's part
+        of ``flags`` (``SHIPPED``, ``OVER_BUDGET``, ``REROUTE``)."""
+        if flags & ARM_BATCH_TIMER:
+            self._arm_batch_timer(generation)
+            return flags & ~ARM_BATCH_TIMER
+        if flags & SHIPPED:
+            self._ship()
+        return flags
 
     def _arm_batch_timer(self, generation: int) -> None:
         """Close the block that follows event ``generation`` once the batch window has passed (per block,
         not per event: only the first event of an open block arms it)."""
         shared = self._shared
-        delay = self._tracker.window()
+        delay = self.batch_window()
         if threading.get_ident() == shared.loop_thread:
             shared.loop.call_later(delay, self._batch_window_passed, generation)
         else:
             shared.loop.call_soon_threadsafe(shared.loop.call_later, delay, self._batch_window_passed, generation)
 
     def _batch_window_passed(self, generation: int) -> None:
-        with self._shared.lock:
-            if (self._last_assigned != generation or not self._open_count or self._failed is not None
-                    or self._closing):
-                return  # that block left already (it filled, or an acknowledgement closed it)
-            self._close_block_locked()
-        self._drain_outbox()
+        with self._lock:
+            closed = self.batch_window_passed(generation)
+        if closed:
+            self._drain_outbox()
 
     def _ship(self) -> None:
         """Get queued blocks to the loop: drain now on the loop thread, else schedule a drain there."""
@@ -449,26 +368,24 @@ class SegmentWriter(AppendSession):
                 self._run(), name=f"millstream-writer-{self.segment}-{self._writer_id}")
 
     def _drain_outbox(self) -> None:
-        self._drain_scheduled = False  # cleared before popping: a block queued meanwhile schedules a new drain
-        outbox = self._outbox
-        inflight = self._inflight
-        while outbox:
-            block = outbox.popleft()
-            inflight.append(block)
-            if self._ready:
+        self._drain_scheduled = False  # cleared before taking: a block queued meanwhile schedules a new drain
+        # Without the lock: the outbox is a deque, whose append (a producer, under the lock) and popleft
+        # (here, the loop thread only) are atomic.
+        blocks = self.take_closed()
+        if self._ready:
+            for block in blocks:
                 self._send(block)
 
-    def _send(self, block: _Block) -> None:
+    def _send(self, block: Block) -> None:
         connection = self._connection
         assert connection is not None and self._ready
-        block.sent_at = self._clock.monotonic()
-        self._sent_max = max(self._sent_max, block.last_event_number)
+        self.sending(block)
         try:
             connection.send(AppendBlock(self._writer_id, block.last_event_number, block.event_count,
                                         self._request_id, block.data))
         except ConnectionLostError:
             return  # the connection is closing: the session ends and re-sends after setting up again
-        self._sent += 1
+        self.sent()
 
     async def _hand_over(self, reason: StreamSegmentSealedError) -> None:
         """The segment is sealed: let the stream layer move the events on (``on_sealed``).  Whatever it
@@ -502,8 +419,8 @@ class SegmentWriter(AppendSession):
     def halt(self) -> None:
         """(Loop thread.)  Stop where it is, at once: detach from the connection (no reply is taken in
         after this) and stop the session loop (unless it is the caller).  The writer is failing."""
-        with self._shared.lock:
-            self._closing = True
+        with self._lock:
+            self.stop_taking_events()
         self._leave_session()
         task = self._task
         if task is not None and task is not asyncio.current_task():
@@ -512,36 +429,17 @@ class SegmentWriter(AppendSession):
     def in_doubt_events(self) -> list[InDoubtEvent]:
         """(Loop thread.)  The events not acknowledged -- in flight, queued, open -- in order."""
         self._drain_outbox()
-        segment = self.segment
-        with self._shared.lock:
-            events = [InDoubtEvent(sequence, segment, key, payload) for block in self._inflight
-                      for sequence, key, payload in zip(block.sequences, block.keys, codec.iter_events(block.data),
-                                                        strict=True)]
-            events.extend(InDoubtEvent(sequence, segment, key, payload) for sequence, key, payload
-                          in zip(self._sequences, self._keys, self._parts[1::2], strict=True))
-        return events
+        with self._lock:
+            return self.in_doubt()
 
     def _on_setup(self, reply: AppendSetup) -> None:
         if reply.writer_id != self._writer_id or self._ready:
             raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
-        self._drain_outbox()
+        self._drain_outbox()  # (not ready: nothing is sent)
         stored = 0 if reply.last_event_number == NULL_ATTRIBUTE_VALUE else reply.last_event_number
-        if stored > self._sent_max:
-            self._end_session(self._id_in_use(stored))
-            return
-        if stored < self._acked:
-            self._end_session(ProtocolError(
-                f"the server stores event number {stored} for writer {self._writer_id} on {self.segment!r}, but "
-                f"acknowledged {self._acked}: acknowledged events are missing"))
-            return
-        if stored > self._acked:
-            self._acknowledge_through(stored, sent_on_this_session=False)
-        self._ready = True
-        self._sent = 0
-        for block in self._inflight:
-            self._send(block)
-            if not self._ready:
-                break
+        with self._lock:
+            instructions = self.setup(stored)
+        self._execute(instructions)
 
     def _on_acknowledged(self, reply: DataAppended) -> None:
         number = reply.event_number
@@ -555,94 +453,35 @@ class SegmentWriter(AppendSession):
 
     _REPLY_HANDLERS = {DataAppended: _on_acknowledged, AppendSetup: _on_setup}
 
-    def _id_in_use(self, stored: int) -> WriterIdInUseError:
-        """The segment stores event number ``stored`` for this writer id, beyond anything this writer
-        ever sent: another writer has the id (two clients made with the same seeded ``rng``).  Taking
-        ``stored`` as an acknowledgement would report this writer's events durable, and the segment
-        never stored them."""
-        return WriterIdInUseError(
-            f"writer id {self._writer_id} already holds events on segment {self.segment!r} (event number {stored}; "
-            f"this writer sent {self._sent_max} so far): another writer uses the same id -- are two clients made "
-            "with the same seeded rng?  None of this writer's unacknowledged events were stored by it")
-
     def _acknowledge_through(self, number: int, *, sent_on_this_session: bool) -> None:
-        """Every block up to event ``number`` is durable: settle it and free its bytes."""
-        inflight = self._inflight
-        count = 0
-        for block in inflight:
-            if block.last_event_number > number:
-                break
-            count += 1
-        if count == 0 or inflight[count - 1].last_event_number != number:
-            raise ProtocolError(f"the server acknowledged event {number} of writer {self._writer_id}, which ends "
-                                "no block this writer sent")
-        if sent_on_this_session and count > self._sent:
-            raise ProtocolError(f"the server acknowledged event {number} of writer {self._writer_id} before it "
-                                "was sent on this connection")
-        freed = 0
-        last = inflight[0]
-        for _ in range(count):
-            last = inflight.popleft()
-            freed += last.charge
-            if last.future is not None:
-                _settle(last.future, None)
-        self._sent = max(self._sent - count, 0)
-        self._acked = number
-        shared = self._shared
-        with shared.lock:
-            shared.unacked_bytes -= freed
-            self._blocks_unacked -= count
-            if sent_on_this_session:
-                self._tracker.acknowledged(self._clock.monotonic(), last.sent_at)
-                self._target_bytes = self._tracker.target()
-            self._close_at = 0 if self._blocks_unacked == 0 else self._target_bytes
-            shipped = self._open_count and self._failed is None and self._open_charge >= self._close_at
-            if shipped:
-                self._close_block_locked()
-            wake = shared.unacked_bytes <= shared.unacked_bytes_max // 2
-        if shipped:
-            self._drain_outbox()
-        if wake:
-            shared.wake_capacity_waiters()
-        if self._flush_waiters:
-            waiting = []
-            for target, waiter in self._flush_waiters:
-                if number >= target:
-                    if not waiter.done():
-                        waiter.set_result(True)
-                else:
-                    waiting.append((target, waiter))
-            self._flush_waiters = waiting
+        """Every block up to event ``number`` is durable: the machine's ``acknowledge``, carried out."""
+        with self._lock:
+            instructions = self.acknowledge(number, sent_on_this_session=sent_on_this_session)
+        self._execute(instructions)
 
     def _fail(self, error: BaseException) -> None:
         """A failure retrying cannot fix: fail every unacknowledged event's future and every waiter, and
         make ``error`` the writer's error.  The events themselves stay (``unacknowledged_events``)."""
         if self._failed is not None:
             return
-        self._failed = error
         # INFO, not WARNING: the error reaches the caller (next call, flush, futures); no need to say it twice.
         _log.info("writer %s on %s failed: %s", self._writer_id, self.segment, error)
-        shared = self._shared
-        with shared.lock:
-            open_future, self._open_future = self._open_future, None
         self._drain_outbox()
-        for block in self._inflight:
-            _settle(block.future, error)
-            block.future = None
-        _settle(open_future, error)
+        with self._lock:
+            instructions = self.fail(error)
+        self._execute(instructions)
         waiters, self._flush_waiters = self._flush_waiters, []
         for _, waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(error)
-        shared.fail(error)
+        self._shared.fail(error)
 
     async def flush(self) -> bool:
         """Send the open block and wait until every event added so far is acknowledged: True.  False if
         the segment was sealed and the events were handed over instead (``retire_locked``): the caller
         flushes where they went.  Raises the segment writer's failure."""
-        with self._shared.lock:
-            if self._open_count and self._failed is None and not self._closing:
-                self._close_block_locked()
+        with self._lock:
+            self.close_open_block()
             target = self._last_assigned
             if self._retired:
                 return False
@@ -659,8 +498,8 @@ class SegmentWriter(AppendSession):
 
     async def stop(self) -> None:
         """Stop the session loop and detach; unacknowledged events stay (the writer is closed)."""
-        with self._shared.lock:
-            self._closing = True
+        with self._lock:
+            self.stop_taking_events()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -675,120 +514,41 @@ class SegmentWriter(AppendSession):
     def unacknowledged_events(self) -> list[bytes]:
         """(Loop thread.)  The payloads not yet acknowledged, in order: in flight, then the open block."""
         self._drain_outbox()
-        with self._shared.lock:
-            payloads = [payload for block in self._inflight for payload in codec.iter_events(block.data)]
-            payloads.extend(self._parts[1::2])
-        return payloads
+        with self._lock:
+            return self.unacknowledged_payloads()
 
     # --- The hand-over after a seal (loop thread; see the stream writer) ---------------------------
 
     def acknowledge_stored(self, stored: int) -> None:
         """The session is over and the server says it stores this writer's events up to ``stored``
         (the writer-id attribute, read after the seal): acknowledge them, so that only events the
-        segment does not hold are handed over.  Raises ``ProtocolError`` if ``stored`` is below what
-        was acknowledged or ends no block."""
+        segment does not hold are handed over.  Raises ``WriterIdInUseError`` if ``stored`` is beyond
+        anything sent, ``ProtocolError`` if it is below what was acknowledged or ends no block."""
         self._drain_outbox()
-        if stored > self._sent_max:
-            raise self._id_in_use(stored)
-        if stored < self._acked:
-            raise ProtocolError(f"segment {self.segment!r} stores event number {stored} for writer "
-                                f"{self._writer_id}, but {self._acked} was acknowledged")
+        with self._lock:
+            self.check_stored(stored)
         if stored > self._acked:
             self._acknowledge_through(stored, sent_on_this_session=False)
 
     def retire_locked(self) -> list[tuple[bytes, str | None, Completion | None, int]]:
-        """(Lock held.)  Take every unacknowledged event out -- in flight, queued, open; in order --
-        as ``(payload, routing key, the future its block shared, its place in the writer's sequence)``,
-        release their bytes from the budget and retire: ``append`` answers ``REROUTE`` from now on,
-        ``flush`` False, and flushes already waiting get False."""
-        events: list[tuple[bytes, str | None, Completion | None, int]] = []
-        freed = self._open_charge
-        for block in itertools.chain(self._inflight, self._outbox):
-            future = block.future
-            events.extend((payload, key, future, sequence) for payload, key, sequence in zip(
-                codec.iter_events(block.data), block.keys, block.sequences, strict=True))
-            freed += block.charge
-        open_future = self._open_future
-        events.extend((payload, key, open_future, sequence) for payload, key, sequence in zip(
-            self._parts[1::2], self._keys, self._sequences, strict=True))
-        self._shared.unacked_bytes -= freed
-        self._inflight.clear()
-        self._outbox.clear()
-        self._parts = []
-        self._keys = []
-        self._sequences = []
-        self._open_charge = self._open_count = 0
-        self._open_future = None
-        self._blocks_unacked = 0
-        self._last_assigned = self._acked  # the numbers after it are never used by this writer id
-        self._close_at = 0
-        self._sent = 0
-        self._closing = self._retired = True
+        """(Lock held.)  The machine's ``retire`` -- every unacknowledged event taken out, in order, as
+        ``(payload, routing key, the future its block shared, its place in the writer's sequence)`` --
+        and flushes already waiting get False (``flush`` answers False from now on)."""
+        events = self.retire()
         waiters, self._flush_waiters = self._flush_waiters, []
         for _, waiter in waiters:
             if not waiter.done():
                 waiter.set_result(False)
         return events
 
-    def append_moved_locked(self, payload: bytes, routing_key: str | None,
-                            factory: Callable[[], Completion] | None, sequence: int) -> Completion | None:
-        """(Lock held.)  Add an event handed over from a sealed predecessor (keeping its place in the
-        writer's sequence), ahead of anything newer for its key; with ``factory``, return the future
-        of its block.  Moved events fill blocks up to the block size (they are all here at once);
-        ``close_open_block_locked`` ends the last."""
-        length = len(payload)
-        self._parts.append(_SMALL_EVENT_HEADERS[length] if length < _SMALL_EVENT_LENGTH else _EVENT_HEADER(0, length))
-        self._parts.append(payload)
-        self._keys.append(routing_key)
-        self._sequences.append(sequence)
-        length += _HEADER_LENGTH
-        if routing_key is not None:
-            length += len(routing_key)
-        self._open_charge += length
-        self._open_count += 1
-        self._shared.unacked_bytes += length
-        future = None
-        if factory is not None:
-            future = self._open_future
-            if future is None:
-                future = self._open_future = factory()
-        if self._open_charge >= self._config.writer_block_bytes_max:
-            self._close_block_locked()
-        return future
-
-    def close_open_block_locked(self) -> None:
-        """(Lock held.)  Close the open block, if any (after a hand-over: the moved events leave now)."""
-        if self._open_count and self._failed is None and not self._closing:
-            self._close_block_locked()
-
     def ship(self) -> None:
         """(Loop thread.)  Send what closed blocks wait (or queue them until the session is ready)."""
         self._drain_outbox()
 
     def check_invariants(self) -> None:
-        """Blocks are numbered consecutively after the acknowledged one; the counts agree."""
-        with self._shared.lock:
-            blocks = list(self._inflight) + list(self._outbox)
-            expected = self._acked
-            for block in blocks:
-                assert block.event_count > 0 and block.last_event_number == expected + block.event_count, (
-                    block.last_event_number, expected, block.event_count)
-                assert codec.count_events(block.data) == block.event_count
-                expected = block.last_event_number
-            assert expected == self._last_assigned, (expected, self._last_assigned)
-            if self._failed is None and not self._closing:
-                assert len(blocks) == self._blocks_unacked, (len(blocks), self._blocks_unacked)
-            assert 0 <= self._sent <= len(self._inflight)
-            assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
-                self._close_at, self._blocks_unacked, self._target_bytes)
-            assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys) == 2 * len(self._sequences)
-            assert self._open_charge == sum(len(part) for part in self._parts) + sum(
-                len(key) for key in self._keys if key is not None)
-            for block in blocks:
-                assert len(block.keys) == block.event_count == len(block.sequences)
-                assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)
-            if self._retired:
-                assert self._closing and not blocks and not self._open_count
+        """The machine's invariants, under the lock."""
+        with self._lock:
+            SegmentWriterState.check_invariants(self)
 
 
 class StreamBinding(Protocol):
@@ -872,6 +632,7 @@ class AsyncEventStreamWriter(Generic[T]):
             raise InternalError("a writer routes by a router of its own or by a stream's segments, not both")
         self._shared = WriterShared(asyncio.get_running_loop(), config.writer_unacked_bytes_max)
         self._shared.give_up = self._give_up
+        self._lock = self._shared.lock
         self._pool = pool
         self._locator = locator
         self._router = router
@@ -994,10 +755,21 @@ class AsyncEventStreamWriter(Generic[T]):
         writer = self._writers.get(segment)
         if writer is None:
             writer = self._open_segment(segment, routing_key)
-        flags = writer.append(payload, routing_key, tracking)
-        if flags & REROUTE:
-            return self._append_rerouted(payload, routing_key, tracking)
-        return flags
+        # ``writer.append``'s three steps, here: one call fewer on the per-event path.
+        generation = 0
+        lock = self._lock
+        lock.acquire()
+        try:
+            flags = writer.write_event(payload, routing_key, tracking)
+            if flags & ARM_BATCH_TIMER:
+                generation = writer.last_assigned
+        finally:
+            lock.release()
+        if flags:
+            if flags & REROUTE:
+                return self._append_rerouted(payload, routing_key, tracking)
+            return writer.carry_out(flags, generation)
+        return 0
 
     def _append_rerouted(self, payload: bytes, routing_key: str | None, tracking: Tracking | None) -> int:
         """The event was routed to a segment whose keys moved on (it was sealed and handed over after
@@ -1110,11 +882,11 @@ class AsyncEventStreamWriter(Generic[T]):
                     target = self._new_writer_locked(name)
                     created.append(target)
                 touched[name] = target
-                new = target.append_moved_locked(payload, key, None if old is None else make_future, sequence)
+                new = target.write_moved_event(payload, key, None if old is None else make_future, sequence)
                 if old is not None and new is not None:
                     chains.setdefault(id(old), (old, {}))[1][id(new)] = new
             for target in touched.values():
-                target.close_open_block_locked()
+                target.close_open_block()
             self.hand_overs += 1
         _log.info("stream %s: segment %s sealed; %d unacknowledged events moved to %s", stream.stream, sealed.name,
                   len(events), sorted(touched) or [s.name for s in successors])
@@ -1136,34 +908,13 @@ class AsyncEventStreamWriter(Generic[T]):
         (``event_writer(stream, serializer, writer_id=...)``): given here, ``InvalidSequenceError``."""
         if sequence is not None:
             raise _no_sequences()
-        # ``_add``, inlined: this is the per-event path of the asyncio flavour.
-        if self._identity and type(event) is bytes:
-            payload: bytes = event  # type: ignore[assignment]  # (checked: no cast() call per event)
-        else:
-            payload = self._serialize(event)
-            if type(payload) is not bytes:
-                raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        single = self._single
-        if single is not None and (routing_key is None or type(routing_key) is str):
-            segment = single  # one segment owns every key: no memo, no router
-        else:
-            try:  # the memo first, in C; the router on a miss (a try costs nothing until it raises)
-                segment = self._lookup(routing_key) or self._segment_for(routing_key)
-            except RouterNotReadyError:  # a stream writer's first event
-                await self.ready()
-                segment = self._segment_for(routing_key)
-            except TypeError:
-                raise _bad_key(routing_key) from None
-        writer = self._writers.get(segment)
-        if writer is None:
-            writer = self._open_segment(segment, routing_key)
-        flags = writer.append(payload, routing_key, None)
+        if self._router is None:  # a stream writer's first event
+            await self.ready()
+        flags = self._add(event, routing_key, None)
         if flags:
-            if flags & REROUTE:
-                flags = self._append_rerouted(payload, routing_key, None)
             if flags & OVER_BUDGET:
                 await self._shared.wait_for_capacity()
-            elif flags:
+            else:
                 await self._after_shipping()
 
     async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
@@ -1241,8 +992,7 @@ class AsyncEventStreamWriter(Generic[T]):
         for writer in self._writers.values():
             writer.check_invariants()
             with self._shared.lock:
-                total += writer._open_charge + sum(b.charge for b in writer._inflight) + sum(
-                    b.charge for b in writer._outbox)
+                total += writer.charged()
         with self._shared.lock:
             assert total == self._shared.unacked_bytes, (total, self._shared.unacked_bytes)
             router = self._router
