@@ -85,14 +85,12 @@ class ContainerState(enum.Enum):
     STOPPED = "stopped"
 
 
-#: (state, event) -> next state.  Anything not listed is a bug (InternalError).
-LIFECYCLE: dict[tuple[ContainerState, str], ContainerState] = {
-    (ContainerState.STARTING, "started"): ContainerState.RUNNING,
-    (ContainerState.STARTING, "failed"): ContainerState.STOPPED,
-    (ContainerState.RUNNING, "stop"): ContainerState.STOPPING,
-    (ContainerState.RUNNING, "failed"): ContainerState.STOPPED,
-    (ContainerState.STOPPING, "stopped"): ContainerState.STOPPED,
-    (ContainerState.STOPPING, "failed"): ContainerState.STOPPED,
+#: state -> {event: next state}.  Anything not listed is a bug (InternalError).
+LIFECYCLE: dict[ContainerState, dict[str, ContainerState]] = {
+    ContainerState.STARTING: {"started": ContainerState.RUNNING, "failed": ContainerState.STOPPED},
+    ContainerState.RUNNING: {"stop": ContainerState.STOPPING, "failed": ContainerState.STOPPED},
+    ContainerState.STOPPING: {"stopped": ContainerState.STOPPED, "failed": ContainerState.STOPPED},
+    ContainerState.STOPPED: {},
 }
 
 
@@ -182,7 +180,7 @@ class SegmentContainer:
         return self._read_index
 
     def _transition(self, event: str) -> None:
-        following = LIFECYCLE.get((self._state, event))
+        following = LIFECYCLE[self._state].get(event)
         if following is None:
             raise InternalError(f"container {self.container_id}: no transition from {self._state} on {event!r}")
         self._state = following
