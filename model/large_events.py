@@ -103,23 +103,39 @@ class TransientState(enum.Enum):
 LIVE = frozenset({WriterPhase.OPEN, WriterPhase.COMMITTING})
 DEAD = frozenset({WriterPhase.ABORTED, WriterPhase.FAILED, WriterPhase.ABANDONED})
 
-#: An EventWriter's lifecycle.
-WRITER_TRANSITIONS: dict[WriterPhase, frozenset[WriterPhase]] = {
-    WriterPhase.OPEN: frozenset({WriterPhase.COMMITTING, WriterPhase.COMMITTED, WriterPhase.ABORTED,
-                                 WriterPhase.FAILED, WriterPhase.ABANDONED}),
-    WriterPhase.COMMITTING: frozenset({WriterPhase.COMMITTED, WriterPhase.FAILED}),
-    WriterPhase.COMMITTED: frozenset(),
-    WriterPhase.ABORTED: frozenset(),
-    WriterPhase.FAILED: frozenset(),
-    WriterPhase.ABANDONED: frozenset(),
+#: An EventWriter's lifecycle: phase -> {the spec action that moves it (after "/": the outcome that
+#: decides where to, when the action has two): the phase that follows}.
+WRITER_TRANSITIONS: dict[WriterPhase, dict[str, WriterPhase]] = {
+    WriterPhase.OPEN: {
+        "Commit": WriterPhase.COMMITTING,
+        "Commit/inline": WriterPhase.COMMITTED,
+        "AppendChunk/gone": WriterPhase.FAILED,
+        "Abort": WriterPhase.ABORTED,
+        "Abandon": WriterPhase.ABANDONED,
+    },
+    WriterPhase.COMMITTING: {
+        "Merge": WriterPhase.COMMITTED,
+        "Merge/gone": WriterPhase.FAILED,
+        "AppendChunk/gone": WriterPhase.FAILED,
+    },
+    WriterPhase.COMMITTED: {},
+    WriterPhase.ABORTED: {},
+    WriterPhase.FAILED: {},
+    WriterPhase.ABANDONED: {},
 }
 
-#: A transient segment's lifecycle: created once, then merged or deleted, once.
-TRANSIENT_TRANSITIONS: dict[TransientState, frozenset[TransientState]] = {
-    TransientState.NONE: frozenset({TransientState.ACTIVE}),
-    TransientState.ACTIVE: frozenset({TransientState.MERGED, TransientState.DELETED}),
-    TransientState.MERGED: frozenset(),
-    TransientState.DELETED: frozenset(),
+#: A transient segment's lifecycle: created once, then merged or deleted, once (state -> {spec action:
+#: the state that follows}).
+TRANSIENT_TRANSITIONS: dict[TransientState, dict[str, TransientState]] = {
+    TransientState.NONE: {"CreateTransient": TransientState.ACTIVE},
+    TransientState.ACTIVE: {
+        "Merge": TransientState.MERGED,
+        "Abort": TransientState.DELETED,
+        "DeleteOnDisconnect": TransientState.DELETED,
+        "Expire": TransientState.DELETED,
+    },
+    TransientState.MERGED: {},
+    TransientState.DELETED: {},
 }
 
 
@@ -270,13 +286,14 @@ def _at(values: tuple[Any, ...], w: int, value: Any) -> tuple[Any, ...]:
 def _writer(state: LargeEventsState, w: int, **changes: Any) -> tuple[EventWriterState, ...]:
     current = state.writer(w)
     phase = changes.get("phase", current.phase)
-    assert phase is current.phase or phase in WRITER_TRANSITIONS[current.phase], f"writer {current.phase} -> {phase}"
+    assert phase is current.phase or phase in WRITER_TRANSITIONS[current.phase].values(), (
+        f"writer {current.phase} -> {phase}")
     return _at(state.writers, w, attrs.evolve(current, **changes))
 
 
 def _transient(state: LargeEventsState, w: int, segment: TransientSegment) -> tuple[TransientSegment, ...]:
     current = state.transient(w).state
-    assert segment.state is current or segment.state in TRANSIENT_TRANSITIONS[current], (
+    assert segment.state is current or segment.state in TRANSIENT_TRANSITIONS[current].values(), (
         f"transient {current} -> {segment.state}")
     return _at(state.transients, w, segment)
 

@@ -1,8 +1,9 @@
 """Segment metadata and the rules every operation is validated against (the model's side).
 
 Mirrors ``Validate``, ``AssignedOffset`` and ``Apply`` in ``spec/DurableLog.tla``.  The lifecycle
-is a table: for each status a segment may be in (or ``None``: no such segment) and each role an
-operation plays, ``LIFECYCLE`` says whether the operation may proceed and which status follows.
+is a table: for each status a segment may be in (or ``None``: no such segment), ``LIFECYCLE`` says
+which roles an operation may play on it and which status follows; ``REFUSALS`` says with which error
+any other role is refused.
 Argument checks (offsets, attribute conditions) come after the table, in the spec's order.
 """
 
@@ -37,6 +38,7 @@ from millstream.model.types import (
 
 __all__ = [
     "LIFECYCLE",
+    "REFUSALS",
     "ContainerMetadata",
     "Request",
     "Role",
@@ -67,29 +69,40 @@ _Outcome = SegmentStatus | type[MillstreamError]
 _ROLES_ON_EXISTING = (Role.APPEND, Role.SEAL, Role.TRUNCATE, Role.DELETE, Role.UPDATE_ATTRIBUTES,
                       Role.MERGE_TARGET, Role.MERGE_SOURCE)
 
-#: (status or None for "no such segment", role) -> the status that follows, or the error raised.
-LIFECYCLE: dict[tuple[SegmentStatus | None, Role], _Outcome] = {
-    **{(status, role): StreamSegmentNotExistsError
-       for status in (None, SegmentStatus.DELETED) for role in _ROLES_ON_EXISTING},
-    (None, Role.CREATE): SegmentStatus.ACTIVE,
-    (SegmentStatus.DELETED, Role.CREATE): SegmentStatus.ACTIVE,
-    **{(SegmentStatus.MERGED, role): StreamSegmentMergedError for role in Role},
-    (SegmentStatus.ACTIVE, Role.CREATE): StreamSegmentExistsError,
-    (SegmentStatus.ACTIVE, Role.APPEND): SegmentStatus.ACTIVE,
-    (SegmentStatus.ACTIVE, Role.SEAL): SegmentStatus.SEALED,
-    (SegmentStatus.ACTIVE, Role.TRUNCATE): SegmentStatus.ACTIVE,
-    (SegmentStatus.ACTIVE, Role.DELETE): SegmentStatus.DELETED,
-    (SegmentStatus.ACTIVE, Role.UPDATE_ATTRIBUTES): SegmentStatus.ACTIVE,
-    (SegmentStatus.ACTIVE, Role.MERGE_TARGET): SegmentStatus.ACTIVE,
-    (SegmentStatus.ACTIVE, Role.MERGE_SOURCE): StreamSegmentNotSealedError,
-    (SegmentStatus.SEALED, Role.CREATE): StreamSegmentExistsError,
-    (SegmentStatus.SEALED, Role.APPEND): StreamSegmentSealedError,
-    (SegmentStatus.SEALED, Role.SEAL): StreamSegmentSealedError,
-    (SegmentStatus.SEALED, Role.TRUNCATE): SegmentStatus.SEALED,
-    (SegmentStatus.SEALED, Role.DELETE): SegmentStatus.DELETED,
-    (SegmentStatus.SEALED, Role.UPDATE_ATTRIBUTES): StreamSegmentSealedError,
-    (SegmentStatus.SEALED, Role.MERGE_TARGET): StreamSegmentSealedError,
-    (SegmentStatus.SEALED, Role.MERGE_SOURCE): SegmentStatus.MERGED,
+#: The segment lifecycle: for each status (or None for "no such segment"), the roles an operation may
+#: play on it and the status that follows.  A role not listed is refused with ``REFUSALS``'s error.
+LIFECYCLE: dict[SegmentStatus | None, dict[Role, SegmentStatus]] = {
+    None: {Role.CREATE: SegmentStatus.ACTIVE},
+    SegmentStatus.ACTIVE: {
+        Role.APPEND: SegmentStatus.ACTIVE,
+        Role.SEAL: SegmentStatus.SEALED,
+        Role.TRUNCATE: SegmentStatus.ACTIVE,
+        Role.DELETE: SegmentStatus.DELETED,
+        Role.UPDATE_ATTRIBUTES: SegmentStatus.ACTIVE,
+        Role.MERGE_TARGET: SegmentStatus.ACTIVE,
+    },
+    SegmentStatus.SEALED: {
+        Role.TRUNCATE: SegmentStatus.SEALED,
+        Role.DELETE: SegmentStatus.DELETED,
+        Role.MERGE_SOURCE: SegmentStatus.MERGED,
+    },
+    SegmentStatus.MERGED: {},
+    SegmentStatus.DELETED: {Role.CREATE: SegmentStatus.ACTIVE},
+}
+
+#: For each status, the error each role ``LIFECYCLE`` does not allow is refused with.
+REFUSALS: dict[SegmentStatus | None, dict[Role, type[MillstreamError]]] = {
+    None: dict.fromkeys(_ROLES_ON_EXISTING, StreamSegmentNotExistsError),
+    SegmentStatus.ACTIVE: {Role.CREATE: StreamSegmentExistsError, Role.MERGE_SOURCE: StreamSegmentNotSealedError},
+    SegmentStatus.SEALED: {
+        Role.CREATE: StreamSegmentExistsError,
+        Role.APPEND: StreamSegmentSealedError,
+        Role.SEAL: StreamSegmentSealedError,
+        Role.UPDATE_ATTRIBUTES: StreamSegmentSealedError,
+        Role.MERGE_TARGET: StreamSegmentSealedError,
+    },
+    SegmentStatus.MERGED: dict.fromkeys(Role, StreamSegmentMergedError),
+    SegmentStatus.DELETED: dict.fromkeys(_ROLES_ON_EXISTING, StreamSegmentNotExistsError),
 }
 
 
@@ -140,7 +153,9 @@ class Request:
 
 def _outcome(metadata: ContainerMetadata, name: str, role: Role) -> _Outcome:
     segment = metadata.get(name)
-    return LIFECYCLE[(segment.status if segment else None, role)]
+    status = segment.status if segment else None
+    following = LIFECYCLE[status].get(role)
+    return following if following is not None else REFUSALS[status][role]
 
 
 def _is_error(outcome: _Outcome) -> bool:

@@ -128,14 +128,14 @@ class EventWriterPhase(enum.Enum):
     FAILED = "failed"  # its transient segment went away, its target was sealed, or reconnecting gave up
 
 
-#: phase -> the phases it may move to.
-EVENT_WRITER_TRANSITIONS: dict[EventWriterPhase, frozenset[EventWriterPhase]] = {
-    EventWriterPhase.OPEN: frozenset({EventWriterPhase.COMMITTING, EventWriterPhase.COMMITTED,
-                                      EventWriterPhase.ABORTED, EventWriterPhase.FAILED}),
-    EventWriterPhase.COMMITTING: frozenset({EventWriterPhase.COMMITTED, EventWriterPhase.FAILED}),
-    EventWriterPhase.COMMITTED: frozenset(),
-    EventWriterPhase.ABORTED: frozenset(),
-    EventWriterPhase.FAILED: frozenset(),
+#: phase -> {event: the phase that follows} (the model's ``WRITER_TRANSITIONS`` minus ABANDONED).
+EVENT_WRITER_TRANSITIONS: dict[EventWriterPhase, dict[str, EventWriterPhase]] = {
+    EventWriterPhase.OPEN: {"commit": EventWriterPhase.COMMITTING, "commit inline": EventWriterPhase.COMMITTED,
+                            "close": EventWriterPhase.ABORTED, "fail": EventWriterPhase.FAILED},
+    EventWriterPhase.COMMITTING: {"merged": EventWriterPhase.COMMITTED, "fail": EventWriterPhase.FAILED},
+    EventWriterPhase.COMMITTED: {},
+    EventWriterPhase.ABORTED: {},
+    EventWriterPhase.FAILED: {},
 }
 
 class _OutcomeUnknown(ConnectionLostError):
@@ -198,7 +198,7 @@ class AsyncEventWriter:
         return self._pipeline is None
 
     def _move(self, phase: EventWriterPhase) -> None:
-        if phase not in EVENT_WRITER_TRANSITIONS[self._phase]:
+        if phase not in EVENT_WRITER_TRANSITIONS[self._phase].values():
             raise InternalError(f"EventWriter: no transition {self._phase.value} -> {phase.value}")
         self._phase = phase
         if phase is not EventWriterPhase.OPEN and phase is not EventWriterPhase.COMMITTING:

@@ -59,7 +59,6 @@ from millstream.segmentstore.durable_log import DurableLog
 from millstream.segmentstore.event_boundaries import holds_events, nearest_known, walk_events
 from millstream.segmentstore.layout import covered_end, is_covered
 from millstream.segmentstore.metadata import ContainerMetadata, SegmentMetadata
-from millstream.segmentstore.operation_processor import OperationProcessor
 from millstream.segmentstore.operations import (
     DeleteSegmentOperation,
     MergeSegmentOperation,
@@ -86,14 +85,12 @@ class ContainerState(enum.Enum):
     STOPPED = "stopped"
 
 
-#: (state, event) -> next state.  Anything not listed is a bug (InternalError).
-LIFECYCLE: dict[tuple[ContainerState, str], ContainerState] = {
-    (ContainerState.STARTING, "started"): ContainerState.RUNNING,
-    (ContainerState.STARTING, "failed"): ContainerState.STOPPED,
-    (ContainerState.RUNNING, "stop"): ContainerState.STOPPING,
-    (ContainerState.RUNNING, "failed"): ContainerState.STOPPED,
-    (ContainerState.STOPPING, "stopped"): ContainerState.STOPPED,
-    (ContainerState.STOPPING, "failed"): ContainerState.STOPPED,
+#: state -> {event: next state}.  Anything not listed is a bug (InternalError).
+LIFECYCLE: dict[ContainerState, dict[str, ContainerState]] = {
+    ContainerState.STARTING: {"started": ContainerState.RUNNING, "failed": ContainerState.STOPPED},
+    ContainerState.RUNNING: {"stop": ContainerState.STOPPING, "failed": ContainerState.STOPPED},
+    ContainerState.STOPPING: {"stopped": ContainerState.STOPPED, "failed": ContainerState.STOPPED},
+    ContainerState.STOPPED: {},
 }
 
 
@@ -160,7 +157,6 @@ class SegmentContainer:
             tracer=tracer, frame_length_max=frame_length_max, checkpoint_frame_count=checkpoint_frame_count,
             wall_clock=wall_clock)
         self._data_log = data_log
-        self._processor: OperationProcessor | None = None
         self._state = ContainerState.STARTING
         self._started = False
         self._closing_task: asyncio.Task[None] | None = None
@@ -184,7 +180,7 @@ class SegmentContainer:
         return self._read_index
 
     def _transition(self, event: str) -> None:
-        following = LIFECYCLE.get((self._state, event))
+        following = LIFECYCLE[self._state].get(event)
         if following is None:
             raise InternalError(f"container {self.container_id}: no transition from {self._state} on {event!r}")
         self._state = following
@@ -196,17 +192,16 @@ class SegmentContainer:
             raise InternalError("a container starts once; build a new one to recover again")
         self._started = True
         try:
-            self._processor = await self._durable_log.start()
+            await self._durable_log.start()
             self._sync_read_index()
         except BaseException as error:
-            if self._processor is not None:
-                self._processor.kill()
+            self._durable_log.kill()
             self._transition("failed")
             await self._data_log.close()
             self.stopped.set_result(error)
             raise
         self._transition("started")
-        self._processor.stopped.add_done_callback(self._on_processor_stopped)
+        self._durable_log.stopped.add_done_callback(self._on_durable_log_stopped)
         if self._storage_writer is not None:
             self._storage_writer.start(self._metadata.epoch)
             task = self._storage_writer.stopped
@@ -214,17 +209,17 @@ class SegmentContainer:
             task.add_done_callback(self._on_storage_writer_stopped)
 
     def _on_storage_writer_stopped(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._processor is None:
+        if task.cancelled():
             return
         error = task.exception()
         if error is not None and self._state is ContainerState.RUNNING:
             # Tier 2 holds data that cannot be trusted, or a bug: stop rather than serve wrong bytes.
-            self._processor.fail(error)
+            self._durable_log.fail(error)
 
-    def _on_processor_stopped(self, stopped: asyncio.Future[BaseException | None]) -> None:
+    def _on_durable_log_stopped(self, stopped: asyncio.Future[BaseException | None]) -> None:
         cause = stopped.result()
         if cause is None and self._state is ContainerState.RUNNING:
-            # The processor stopped on its own, yet nobody asked it to: that is a failure too.
+            # The write path stopped on its own, yet nobody asked it to: that is a failure too.
             cause = ContainerUnavailableError(f"container {self.container_id}: its processor stopped")
         if self._state is not ContainerState.STOPPED:
             self._transition("failed" if cause is not None else "stopped")
@@ -245,8 +240,8 @@ class SegmentContainer:
             self._transition("stop")
         if self._storage_writer is not None:
             await self._storage_writer.close()
-        if self._processor is not None:
-            await self._processor.close()
+        if self._started:
+            await self._durable_log.close()
         if self._state is not ContainerState.STOPPED:
             self._transition("stopped")
         if self._closing_task is not None:
@@ -259,8 +254,7 @@ class SegmentContainer:
         """Die at once, as the process would (tests): nothing more is written or acknowledged."""
         if self._storage_writer is not None:
             self._storage_writer.kill()
-        if self._processor is not None:
-            self._processor.kill()
+        self._durable_log.kill()
         self._state = ContainerState.STOPPED
         if not self.stopped.done():
             self.stopped.set_result(None)
@@ -291,10 +285,10 @@ class SegmentContainer:
         writer = self._storage_writer
         if writer is not None and writer.unflushed_bytes > writer.unflushed_bytes_max:
             await self._throttle(writer)
-        processor = self._running_processor()
-        if processor.queue_full:
-            await processor.wait_for_space()
-        return await processor.enqueue(operation)
+        durable_log = self._running_durable_log()
+        if durable_log.queue_full:
+            await durable_log.wait_for_space()
+        return await durable_log.submit(operation)
 
     def append_at_once(self, name: str, data: bytes | bytearray | memoryview,
                        attribute_updates: Sequence[AttributeUpdate] = (), *,
@@ -306,10 +300,10 @@ class SegmentContainer:
         writer = self._storage_writer
         if writer is not None and writer.unflushed_bytes > writer.unflushed_bytes_max:
             return None
-        processor = self._running_processor()
-        if processor.queue_full:
+        durable_log = self._running_durable_log()
+        if durable_log.queue_full:
             return None
-        return processor.enqueue(self._append_operation(name, data, attribute_updates, expected_offset))
+        return durable_log.submit(self._append_operation(name, data, attribute_updates, expected_offset))
 
     def _append_operation(self, name: str, data: bytes | bytearray | memoryview,
                           attribute_updates: Sequence[AttributeUpdate],
@@ -329,11 +323,10 @@ class SegmentContainer:
         operation.segment_name = name if known else _check_name(name)
         return operation
 
-    def _running_processor(self) -> OperationProcessor:
-        processor = self._processor
-        if processor is None or self._state is not ContainerState.RUNNING:
+    def _running_durable_log(self) -> DurableLog:
+        if self._state is not ContainerState.RUNNING:
             raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
-        return processor
+        return self._durable_log
 
     async def _throttle(self, writer: StorageWriter) -> None:
         """Hold an append while Tier 2 lags: each wait is bounded, and ends early when a flush commits."""
@@ -354,10 +347,9 @@ class SegmentContainer:
         if not _is_offset(offset):
             raise InvalidArgumentError(f"offset must be a non-negative int, not {offset!r}")
         operation = StreamSegmentTruncateOperation(-1, offset)
-        processor = self._processor
         # Whether it holds events as the operations in flight leave it (it may have just been created);
         # its bytes are checked as acknowledged.
-        newest = processor.peek(_check_name(name)) if processor is not None else None
+        newest = self._durable_log.peek(_check_name(name)) if self._started else None
         if newest is not None and newest.status in (SegmentStatus.ACTIVE, SegmentStatus.SEALED) \
                 and holds_events(newest.get_attribute):
             segment = self._metadata.segments.get(newest.id)
@@ -439,10 +431,9 @@ class SegmentContainer:
         return await self._run_internal(operation)
 
     async def _run_internal(self, operation: Operation) -> int:
-        processor = self._processor
-        if processor is None or self._state is not ContainerState.RUNNING:
+        if self._state is not ContainerState.RUNNING:
             raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
-        return await processor.add(operation)
+        return await self._durable_log.add(operation)
 
     # --- reads ---------------------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """Tracing: the write path reports its steps in the vocabulary of ``spec/DurableLog.tla``.
 
-A tracer is any callable ``tracer(action, **fields)``.  The actions and their fields:
+The ``OperationProcessor`` (built with ``tracing=True``) returns each step it takes as a ``Trace``
+instruction; ``DurableLog`` passes it to its tracer.  A tracer is any callable
+``tracer(action, **fields)``.  The actions and their fields:
 
 ==============  =========================================================================
 ``Submit``      ``kind``, ``segment``, ``source``, ``length``, ``offset`` -- an operation

@@ -58,11 +58,11 @@ class TransientState(enum.Enum):
     DELETED = "deleted"
 
 
-#: state -> the states it may move to.
-TRANSIENT_TRANSITIONS: dict[TransientState, frozenset[TransientState]] = {
-    TransientState.ACTIVE: frozenset({TransientState.MERGED, TransientState.DELETED}),
-    TransientState.MERGED: frozenset(),
-    TransientState.DELETED: frozenset(),
+#: state -> {event: the state that follows} (the model's ``TRANSIENT_TRANSITIONS`` from ACTIVE on).
+TRANSIENT_TRANSITIONS: dict[TransientState, dict[str, TransientState]] = {
+    TransientState.ACTIVE: {"merge": TransientState.MERGED, "delete": TransientState.DELETED},
+    TransientState.MERGED: {},
+    TransientState.DELETED: {},
 }
 
 
@@ -82,7 +82,7 @@ class TransientRecord:
         self.detached_at: float | None = now
 
     def move(self, state: TransientState) -> None:
-        if state not in TRANSIENT_TRANSITIONS[self.state]:
+        if state not in TRANSIENT_TRANSITIONS[self.state].values():
             raise InternalError(f"transient segment {self.name!r}: no transition {self.state} -> {state}")
         self.state = state
 

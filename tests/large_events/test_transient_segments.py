@@ -239,8 +239,9 @@ def test_a_plain_event_block_to_a_transient_segment_is_scanned_and_raw_chunks_ar
 
 def test_lifecycle_table_matches_the_model() -> None:
     from millstream.model import large_events as model
-    mine = {state.value: {t.value for t in targets} for state, targets in TRANSIENT_TRANSITIONS.items()}
-    theirs = {state.value: {t.value for t in targets} for state, targets in model.TRANSIENT_TRANSITIONS.items()
+    mine = {state.value: {t.value for t in targets.values()} for state, targets in TRANSIENT_TRANSITIONS.items()}
+    theirs = {state.value: {t.value for t in targets.values()}
+              for state, targets in model.TRANSIENT_TRANSITIONS.items()
               if state is not model.TransientState.NONE}
     assert mine == theirs
 

@@ -190,8 +190,8 @@ def test_the_lifecycle_tables_are_exactly_what_the_state_graph_exercises() -> No
             transient.update((a.state, b.state) for a, b in zip(before.transients, after.transients, strict=True)
                              if a.state is not b.state)
 
-    def pairs(table: dict[Any, frozenset[Any]]) -> set[tuple[Any, Any]]:
-        return {(a, b) for a, targets in table.items() for b in targets}
+    def pairs(table: dict[Any, dict[str, Any]]) -> set[tuple[Any, Any]]:
+        return {(a, b) for a, targets in table.items() for b in targets.values()}
 
     assert writer == pairs(le.WRITER_TRANSITIONS)
     assert transient == pairs(le.TRANSIENT_TRANSITIONS)

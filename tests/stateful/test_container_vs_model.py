@@ -346,7 +346,7 @@ class ContainerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.running and self.log.pending_sequences)
     @rule(choice=st.integers(min_value=0))
-    def complete_write(self, choice: int) -> None:
+    def persist_and_complete(self, choice: int) -> None:
         """Tier 1 makes writes durable up to one of those in flight and delivers that one's notice."""
         pending = self.log.pending_sequences
         self.log.complete(pending[choice % len(pending)])
@@ -362,7 +362,7 @@ class ContainerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.running and self.log.durable_pending_sequences)
     @rule(choice=st.integers(min_value=0))
-    def notify(self, choice: int) -> None:
+    def complete(self, choice: int) -> None:
         """A delayed notice arrives (possibly after a later one: out of order)."""
         durable = self.log.durable_pending_sequences
         self.log.notify(durable[choice % len(durable)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from millstream.segmentstore.metadata_transaction import ContainerMetadataUpdate
 from millstream.testing.tracing import TraceEvent
 
 from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
-from tests.trace.driver import FRAME_LENGTH_MAX, file_log_run, simulated_run
+from tests.trace.driver import FRAME_LENGTH_MAX, file_log_run, machine_run, simulated_run
 from tests.trace.tla_trace import TRACE_CFG, trace_module
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
@@ -41,6 +41,16 @@ def test_simulated_runs_with_faults_are_accepted(tmp_path: Path) -> None:
     assert outcome.distinct is not None and outcome.distinct >= max(len(trace) for trace in traces)
 
 
+def test_machine_runs_without_an_event_loop_are_accepted(tmp_path: Path) -> None:
+    """The OperationProcessor machine driven directly -- its actions, without the asyncio executor."""
+    traces = [machine_run(seed) for seed in range(SIMULATED_RUNS)]
+    actions = {event.action for trace in traces for event in trace}
+    assert actions >= {"Submit", "Process", "SealFrame", "Persist", "Complete", "FailWrite", "Crash", "Recover"}
+    outcome = check(traces, tmp_path)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    assert outcome.distinct is not None and outcome.distinct >= max(len(trace) for trace in traces)
+
+
 def test_file_log_runs_are_accepted(tmp_path: Path) -> None:
     traces = [file_log_run(tmp_path / f"log-{seed}", seed) for seed in range(3)]
     assert all(any(event.action == "Recover" for event in trace) for trace in traces)
@@ -48,7 +58,9 @@ def test_file_log_runs_are_accepted(tmp_path: Path) -> None:
     assert outcome.returncode == 0, outcome.output[-4000:]
 
 
-def test_a_seeded_bug_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("run", [simulated_run, machine_run], ids=["executor", "machine"])
+def test_a_seeded_bug_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  run: Callable[[int], list[TraceEvent]]) -> None:
     """The bug of mutant DurableLog_validate_against_committed, planted in the implementation:
     operations are validated against the committed metadata, ignoring frames still in flight."""
     validate = ContainerMetadataUpdateTransaction.pre_process
@@ -59,6 +71,6 @@ def test_a_seeded_bug_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         validate(committed, operation)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ContainerMetadataUpdateTransaction, "pre_process", against_committed_only)
-    traces = [simulated_run(seed) for seed in range(SIMULATED_RUNS)]
+    traces = [run(seed) for seed in range(SIMULATED_RUNS)]
     outcome = check(traces, tmp_path)
     assert outcome.returncode in (EXIT_DEADLOCK, 12), outcome.output[-4000:]

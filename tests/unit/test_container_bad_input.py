@@ -8,7 +8,7 @@ error) and nothing reaches the log; the container keeps running (a valid append 
 where it should); and every segment's acknowledged bytes, length, start offset, seal and attributes
 are unchanged -- in memory and after recovery from the log.
 
-The lifecycle cases are generated from the model's table (``millstream.model.segment.LIFECYCLE``),
+The lifecycle cases are generated from the model's table (``millstream.model.segment.REFUSALS``),
 so the container and the model agree on which error each (segment state, operation) pair raises.
 """
 
@@ -34,7 +34,7 @@ from millstream.errors import (
     StreamSegmentNotSealedError,
     StreamSegmentTruncatedError,
 )
-from millstream.model.segment import LIFECYCLE, Role
+from millstream.model.segment import REFUSALS, Role
 from millstream.model.types import (
     ATTRIBUTE_ID_MAX,
     INT64_MAX,
@@ -138,8 +138,7 @@ CALL_BY_ROLE: dict[Role, Callable[[str], Callable[[SegmentContainer], Awaitable[
 
 LIFECYCLE_CASES = [
     Case(f"{role.value}-on-{NAME_BY_STATUS[status]}", CALL_BY_ROLE[role](NAME_BY_STATUS[status]), outcome, "state")
-    for (status, role), outcome in LIFECYCLE.items()
-    if isinstance(outcome, type)
+    for status, refusals in REFUSALS.items() for role, outcome in refusals.items()
 ]
 
 # --- Offsets, attributes, sizes and argument types ----------------------------------------------------
