@@ -13,11 +13,12 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import click
 from millstream.cli._group import main
 
-__all__ = ["HOW_TO_RUN", "bench", "find_clone"]
+__all__ = ["HOW_TO_RUN", "bench", "find_clone", "load_benchmarks"]
 
 #: What ``millstream bench`` says where there is no clone to run the benchmarks from.
 HOW_TO_RUN = (
@@ -41,19 +42,25 @@ def find_clone(candidates: tuple[Path, ...] | None = None) -> Path | None:
     return None
 
 
-@main.command(short_help="Benchmarks (from a clone): the write path, tiering, millstream beside its peers.",
-              context_settings={"ignore_unknown_options": True}, add_help_option=False)
-@click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
-def bench(arguments: tuple[str, ...]) -> None:
-    """Run the benchmark suites of a millstream clone: `millstream bench ARGS` is `python -m bench ARGS`
-    there (`millstream bench --help` lists the suites and options).  Outside a clone it says how."""
+def load_benchmarks() -> ModuleType:
+    """The clone's ``bench.cli`` (the benchmarks' command line), imported from the clone ``find_clone``
+    finds; ``click.ClickException`` saying how to get them if there is none."""
     root = find_clone()
     if root is None:
         raise click.ClickException(HOW_TO_RUN)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     cli = importlib.import_module("bench.cli")  # (by name: the package never imports the benchmarks)
-    if not Path(cli.__file__).resolve().is_relative_to(root / "bench"):
+    if not Path(cli.__file__ or "").resolve().is_relative_to(root / "bench"):
         raise click.ClickException(f"`bench` imports from {cli.__file__}, not from the clone at {root}; "
                                    f"run `python -m bench` in {root}")
-    cli.run(arguments, "millstream bench")
+    return cli
+
+
+@main.command(short_help="Benchmarks (from a clone): the write path, tiering, millstream beside its peers.",
+              context_settings={"ignore_unknown_options": True}, add_help_option=False)
+@click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+def bench(arguments: tuple[str, ...]) -> None:
+    """Run the benchmark suites of a millstream clone: `millstream bench ARGS` is `python -m bench ARGS`
+    there (`millstream bench --help` lists the suites and options).  Outside a clone it says how."""
+    load_benchmarks().run(arguments, "millstream bench")
