@@ -2,6 +2,9 @@
 
 A limit is a promise: a queue that can grow without bound, a retry that never gives up or a wait
 without a timeout is a bug.  Values here are upper bounds, not tuning knobs.
+
+Test equipment keeps its own, beside its code: the simulated network's are ``millstream.testing.limits``,
+the benchmarks' (in a clone, not in the package) ``bench/limits.py``.
 """
 
 from __future__ import annotations
