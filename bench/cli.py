@@ -321,7 +321,7 @@ def _keep_suite_sections(markdown: str, existing: str) -> str:
     for suite_module in (transactions, large_events, streams):
         kept = suite_module.section_of(existing)
         markdown = markdown if kept is None else suite_module.replace_section(markdown, kept)
-    # `millstream pipeline bench` owns a section too (its markers: millstream.spark.bench, which needs
+    # `millstream pipeline bench` owns a section too (its markers: bench.pipeline, which needs
     # Spark to import, so they are spelled out here).
     pipeline = ("<!-- millstream pipeline bench: begin -->", "<!-- millstream pipeline bench: end -->")
     kept = _suite.section_of(existing, *pipeline)

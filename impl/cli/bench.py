@@ -1,7 +1,8 @@
 """``millstream bench``: a thin entry point to the benchmarks, which live in a clone, not in the package.
 
 The suites (the write path, tiering, the peers harness beside NATS JetStream and Redis Streams,
-transactions, streams, large events) are the repository's top-level ``bench/`` folder, run from a
+transactions, streams, large events, and the Spark pipeline's bench behind ``millstream pipeline
+bench``) are the repository's top-level ``bench/`` folder, run from a
 clone as ``python -m bench --suite NAME ...`` (``tox -e bench`` runs them all); the installed
 package ships none of them.  From an editable install of a clone -- or with a clone as the working
 directory -- this command runs them with the arguments it was given, ``--help`` included; anywhere
@@ -42,19 +43,20 @@ def find_clone(candidates: tuple[Path, ...] | None = None) -> Path | None:
     return None
 
 
-def load_benchmarks() -> ModuleType:
-    """The clone's ``bench.cli`` (the benchmarks' command line), imported from the clone ``find_clone``
-    finds; ``click.ClickException`` saying how to get them if there is none."""
+def load_benchmarks(module: str = "bench.cli") -> ModuleType:
+    """A module of the clone's benchmarks (by default ``bench.cli``, their command line; the Spark
+    pipeline's is ``bench.pipeline``), imported from the clone ``find_clone`` finds;
+    ``click.ClickException`` saying how to get them if there is none."""
     root = find_clone()
     if root is None:
         raise click.ClickException(HOW_TO_RUN)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    cli = importlib.import_module("bench.cli")  # (by name: the package never imports the benchmarks)
-    if not Path(cli.__file__ or "").resolve().is_relative_to(root / "bench"):
-        raise click.ClickException(f"`bench` imports from {cli.__file__}, not from the clone at {root}; "
+    loaded = importlib.import_module(module)  # (by name: the package never imports the benchmarks)
+    if not Path(loaded.__file__ or "").resolve().is_relative_to(root / "bench"):
+        raise click.ClickException(f"`{module}` imports from {loaded.__file__}, not from the clone at {root}; "
                                    f"run `python -m bench` in {root}")
-    return cli
+    return loaded
 
 
 @main.command(short_help="Benchmarks (from a clone): the write path, tiering, millstream beside its peers.",

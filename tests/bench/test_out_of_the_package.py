@@ -91,3 +91,15 @@ def test_a_child_finds_the_benchmarks_from_any_working_directory(tmp_path: Path)
                          env=environment, capture_output=True, text=True, timeout=120, check=False)
     assert ran.returncode == 0, ran.stderr
     assert Path(ran.stdout.strip()).resolve() == ROOT / "bench" / "__init__.py"
+
+
+def test_millstream_pipeline_bench_runs_the_clones_bench_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pyspark", reason="the Spark pipeline's bench needs the spark extra (tox's spark env)")
+    from millstream.cli import bench as thin
+
+    loaded = thin.load_benchmarks("bench.pipeline")  # (imports pyspark's Python side only: no JVM)
+    assert Path(loaded.__file__).resolve() == ROOT / "bench" / "pipeline.py"
+    assert importlib.util.find_spec("millstream.spark.bench") is None, "the Spark bench left the package too"
+    monkeypatch.setattr(thin, "find_clone", lambda: None)
+    result = CliRunner().invoke(main, ["pipeline", "bench", "--rows", "1000"])
+    assert result.exit_code == 1 and "not part of the installed millstream package" in result.output, result.output

@@ -208,7 +208,7 @@ class BenchReport:
         """The pipeline's section of BENCHMARKS.md."""
         lines = [SECTION_BEGIN, "", "## Spark: the millstream source and sink beside Spark's own", "",
                  f"`{command}` (the last step of `tox -e bench`); what each query is: "
-                 "`spark_pipeline/bench.py`.", "", self.markdown()]
+                 "`bench/pipeline.py`.", "", self.markdown()]
         if figure is not None:
             lines += ["", f"![rows/s per query]({figure})"]
         lines += ["", SECTION_END, ""]
