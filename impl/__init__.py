@@ -1,24 +1,24 @@
 """millstream: a durable, elastic, exactly-once stream store.
 
-What exists so far is the segment store's container layer: ``SegmentContainer`` over a Tier-1
-``DurableDataLog`` (``FileLog`` on local disk) and, optionally, Tier-2 ``ChunkStorage``
-(``FileChunkStorage``), kept serving across Tier-1 failures by a ``ContainerHost``; the segment-store
-server (``millstream.server``) that serves containers over TCP, and ``standalone(data_dir)``, which
-runs a whole node on loopback; and the client (``millstream.client``: ``connect(uri)`` returns a
-blocking ``Client``, ``AsyncClient`` is its asyncio core) with its idempotent ``EventStreamWriter``
-and segment readers; streams are administered through the controller (``client.stream_manager()``:
-``StreamConfig``, ``ScalingPolicy``, ``RetentionPolicy``, ``StreamCut``), which runs in the node next
-to the segment store (``millstream.controller``).  Reader groups (``client.reader_group(name, streams)``:
-``ReaderGroup``, its ``EventStreamReader``s, checkpoints and resets) share their state through a
-segment of the store.  Stream transactions (``client.transactional_writer("scope/stream")``:
-``Transaction``s with leases, committed atomically in commit order and across scaling, resumed by id
-with ``client.transaction(...)``; the fenced multi-commit ``client.commit_transactions``) commit
-through the controller too.  Large events, up to 1 GiB, are streamed without being held in memory
-(``client.large_event_writer(stream).stream_event(key)`` returns a file-like ``EventWriter``;
-readers stream them through ``EventRead.stream_event()``), and ``client.byte_stream_writer`` writes
-raw bytes.  Tokens for an authenticating server come from ``issue_token``
-(``millstream.auth``; from the shell, ``millstream token issue``).  Streams, readers and the Spark
-pipeline build on it.  Errors live in ``millstream.errors``.
+Applications write events to streams -- ordered per routing key, durable once acknowledged, scaling
+with their load -- and read them back in reader groups, each event once, across crashes of either
+side.  Where to start:
+
+* ``connect(uri)`` returns a blocking ``Client`` (``AsyncClient`` is its asyncio core, with the same
+  methods awaited).  From it: event writers (``client.event_writer(stream, serializer)``: idempotent,
+  following the stream's scaling), reader groups (``client.reader_group(name, streams)``: readers,
+  checkpoints, resets), stream transactions (``client.transactional_writer(stream)``), large events up
+  to 1 GiB streamed without being held in memory (``client.large_event_writer(stream)``), raw byte
+  streams, and administration (``client.stream_manager()``: ``StreamConfig``, ``ScalingPolicy``,
+  ``RetentionPolicy``, ``StreamCut``).
+* ``standalone(data_dir)`` runs a whole node -- segment store and controller -- on loopback and returns
+  a ``StandaloneNode``; ``millstream standalone`` does the same from the shell.
+* ``issue_token`` (``millstream.auth``) makes tokens for a server that authenticates.
+
+Errors, by whose fault, are ``millstream.errors``; every limit, with its reason, is ``millstream.limits``.
+``millstream.spark`` is the Spark source and exactly-once sink.  ``millstream.lowlevel`` holds the segment
+store's building blocks (``SegmentContainer``, ``FileLog``, ``ContainerHost``, ...) for embedding or
+testing the store, and ``millstream.testing`` simulated tiers, network and clock for fault tests.
 """
 
 from millstream import auth, client, errors
@@ -62,12 +62,6 @@ from millstream.client import (
     TransactionStatus,
     connect,
 )
-from millstream.segmentstore.chunk_storage import ChunkStorage
-from millstream.segmentstore.container import SegmentContainer, SegmentInfo, StorageSettings
-from millstream.segmentstore.durable_data_log import DurableDataLog
-from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
-from millstream.segmentstore.host import ContainerHost
 from millstream.segmentstore.read_index import ReadResult
 from millstream.standalone import StandaloneNode, standalone
 
@@ -85,18 +79,13 @@ __all__ = [
     "ByteStreamWriter",
     "BytesSerializer",
     "Checkpoint",
-    "ChunkStorage",
     "Client",
     "CommitOutcome",
-    "ContainerHost",
     "ControllerClient",
-    "DurableDataLog",
     "EventRead",
     "EventReader",
     "EventStreamReader",
     "EventWriter",
-    "FileChunkStorage",
-    "FileLog",
     "JsonSerializer",
     "LargeEventConfig",
     "LargeEventWriter",
@@ -108,12 +97,9 @@ __all__ = [
     "ReaderGroupConfig",
     "RetentionPolicy",
     "ScalingPolicy",
-    "SegmentContainer",
-    "SegmentInfo",
     "SegmentWithRange",
     "Serializer",
     "StandaloneNode",
-    "StorageSettings",
     "StreamConfig",
     "StreamCut",
     "StreamManager",
@@ -132,3 +118,21 @@ __all__ = [
 from millstream.client import SequencedEventStreamWriter
 
 __all__ += ["SequencedEventStreamWriter"]
+
+
+#: The segment store's building blocks, top-level names until they moved to ``millstream.lowlevel``.
+_MOVED_TO_LOWLEVEL = frozenset({"ChunkStorage", "ContainerHost", "DurableDataLog", "FileChunkStorage", "FileLog",
+                                "SegmentContainer", "SegmentInfo", "StorageSettings"})
+
+
+def __getattr__(name: str) -> object:
+    """``millstream.FileLog`` and the other names that moved to ``millstream.lowlevel`` are still found
+    here, with a ``DeprecationWarning`` that says where they live now."""
+    if name not in _MOVED_TO_LOWLEVEL:
+        raise AttributeError(f"module 'millstream' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"millstream.{name} is millstream.lowlevel.{name} now: import it from there "
+                  f"(from millstream.lowlevel import {name})", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module("millstream.lowlevel"), name)

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "model"
 IMPL = ROOT / "impl"
 SPARK = ROOT / "spark_pipeline"
+BENCH = ROOT / "bench"
 
 
 def python_files(*folders: Path) -> list[Path]:
@@ -70,7 +71,7 @@ BANNED = [
 ]
 
 
-@pytest.mark.parametrize("path", python_files(MODEL, IMPL, SPARK), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", python_files(MODEL, IMPL, SPARK, BENCH), ids=lambda p: str(p.relative_to(ROOT)))
 def test_banned_patterns(path: Path) -> None:
     text = path.read_text()
     for pattern, replacement in BANNED:

@@ -147,8 +147,10 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
           --markdown BENCHMARKS.md --figures docs/bench
     """
     _need_spark()
-    from millstream.spark.bench import BenchConfig
-    from millstream.spark.bench import main as bench_main
+    from millstream.cli.bench import load_benchmarks
+
+    spark_bench = load_benchmarks("bench.pipeline")  # (the clone's bench/pipeline.py; not in the package)
+    BenchConfig, bench_main = spark_bench.BenchConfig, spark_bench.main
 
     command = " ".join(["millstream", *sys.argv[1:]]) if sys.argv[1:2] == ["pipeline"] else "millstream pipeline bench"
     sys.exit(bench_main(BenchConfig(rows=rows, pipeline_seconds=pipeline_seconds, data_dir=data_dir,

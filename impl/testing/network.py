@@ -50,8 +50,8 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from millstream import limits
 from millstream.errors import InvalidArgumentError
+from millstream.testing import limits
 from millstream.testing.clock import ManualClock
 
 __all__ = [

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from millstream.spark.bench import BenchReport, CpuMeter, Measurement
+from bench.pipeline import BenchReport, CpuMeter, Measurement
 
 
 def test_our_cpu_counts_children_and_others_cpu_is_the_rest() -> None:
@@ -47,7 +47,7 @@ def measured(name: str, rows_per_second: float) -> Measurement:
 
 
 def test_ratios_and_targets_come_from_the_same_run(tmp_path: Path) -> None:
-    from millstream.spark import bench
+    from bench import pipeline as bench
 
     report = BenchReport(throughput=(measured(bench.SOURCE, 1_200_000), measured(bench.SOURCE_JSON, 500_000),
                                      measured(bench.SOURCE_BASELINE, 1_000_000), measured(bench.SINK, 300_000),
