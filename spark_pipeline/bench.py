@@ -30,6 +30,13 @@ the sink against the same rows into ``noop``.  ``--markdown`` replaces the pipel
 ``BENCHMARKS.md`` (between ``SECTION_BEGIN`` and ``SECTION_END``) and ``--figures`` draws rows/s per
 query (``pipeline-throughput.png``); every figure is also written as JSON.
 
+``--ceiling`` (``run_ceiling``) measures instead what Spark's Python Data Source machinery allows by
+itself on this machine, with the same session settings and no store: a trivial streaming Python
+source that yields prebuilt Arrow record batches of 100-byte binary values (in batches of
+``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows, and in one record batch per partition) into ``noop``,
+and ``rate-micro-batch`` into a trivial Python Arrow sink that discards what it gets, each beside
+Spark's own rate -> noop in the same session.  No Python data source can beat those figures here.
+
 The machine is shared and noisy, so each query also records CPU (``CpuMeter``): ours (this process
 and every descendant -- the driver's Python, its JVM and the Python workers the JVM forks -- from
 ``/proc/<pid>/stat``, sampled every half second) and everyone else's (the machine's busy time from
@@ -83,9 +90,15 @@ SOURCE_BASELINE: Final = "source: rate-micro-batch -> noop"
 SINK: Final = "sink: rate-micro-batch -> millstream (Arrow writer)"
 SINK_ROWS: Final = "sink: rate-micro-batch -> millstream (row writer)"
 SINK_BASELINE: Final = "sink: rate-micro-batch -> noop (same rows)"
+#: The ceiling's queries: what Spark's Python data source machinery allows by itself (no millstream).
+CEILING_SOURCE: Final = "ceiling: trivial Python source (Arrow, 100-byte values) -> noop"
+CEILING_SOURCE_LARGE: Final = "ceiling: trivial Python source (Arrow, one record batch per partition) -> noop"
+CEILING_SINK: Final = "ceiling: rate-micro-batch -> trivial Python Arrow sink (discards)"
 #: query -> (what it is compared with, the ratio it must reach, the rows/s it must reach).
 TARGETS: Final = {SOURCE: (SOURCE_BASELINE, 0.8, 1_000_000.0), SOURCE_JSON: (SOURCE, 0.5, 0.0),
-                  SINK: (SINK_BASELINE, 0.5, 400_000.0), SINK_ROWS: (SINK_BASELINE, 0.0, 0.0)}
+                  SINK: (SINK_BASELINE, 0.5, 400_000.0), SINK_ROWS: (SINK_BASELINE, 0.0, 0.0),
+                  CEILING_SOURCE: (SOURCE_BASELINE, 0.0, 0.0), CEILING_SOURCE_LARGE: (SOURCE_BASELINE, 0.0, 0.0),
+                  CEILING_SINK: (SINK_BASELINE, 0.0, 0.0)}
 #: The parts of a micro-batch's duration Spark reports (``durationMs``), in the order they happen.
 BATCH_PARTS: Final = ("latest_offset_ms", "wal_commit_ms", "get_batch_ms", "query_planning_ms", "add_batch_ms",
                       "commit_offsets_ms")
@@ -101,6 +114,8 @@ class BenchConfig:
     json_path: Path | None = None
     markdown_path: Path | None = None
     figures_dir: Path | None = None
+    #: Measure only what Spark's Python data source machinery allows by itself (``run_ceiling``).
+    ceiling: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -437,15 +452,15 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
 
     results = []
     say("warm-up: rate-micro-batch -> noop, millstream -> noop")
-    _measure("warm-up", to_noop(rate, "warm-up", False), rows, stop_after_rows=2 * per_batch)
+    _measure("warm-up", to_noop(rate, "warm-up"), rows, stop_after_rows=2 * per_batch)
     _measure("warm-up", to_noop(millstream_warm_up, "warm-up-millstream", True), WARM_UP_EVENTS)
     plan = [
         (SOURCE, to_noop(millstream_source, "source-millstream", True), None),
         (SOURCE_JSON, to_noop(millstream_json_source, "source-millstream-json", True), None),
-        (SOURCE_BASELINE, to_noop(rate, "source-rate", False), rows),
+        (SOURCE_BASELINE, to_noop(rate, "source-rate"), rows),
         (SINK, to_millstream("bench/sink-arrow", "arrow", "sink-arrow"), rows),
         (SINK_ROWS, to_millstream("bench/sink-rows", "rows", "sink-rows"), rows),
-        (SINK_BASELINE, to_noop(rate_rows, "sink-noop", False), rows),
+        (SINK_BASELINE, to_noop(rate_rows, "sink-noop"), rows),
     ]
     for name, start, stop_after in plan:
         say(name)
@@ -542,6 +557,152 @@ def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
     return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu
 
 
+#: Bytes in each value the trivial source yields (the issue's 100-byte events).
+CEILING_VALUE_BYTES: Final = 100
+
+
+def _ceiling_data_sources(rows_per_batch: int, batches: int, rows_per_record_batch: int) -> tuple[Any, Any]:
+    """A trivial streaming Python data source yielding prebuilt Arrow record batches of
+    ``CEILING_VALUE_BYTES``-byte binary values (``batches`` micro-batches of ``rows_per_batch``, two
+    partitions each), and a trivial streaming Arrow sink that discards what it is given.  Defined in
+    a function so that cloudpickle ships them by value: the Python workers need not import this module."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamArrowWriter,
+        DataSourceStreamReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    partitions_per_batch = 2
+
+    class CeilingReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, Any]:
+            return {"batch": 0}
+
+        def getDefaultReadLimit(self) -> Any:
+            return ReadAllAvailable()
+
+        def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+            return {"batch": min(batches, int(start["batch"]) + 1)}
+
+        def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
+            if int(end["batch"]) <= int(start["batch"]):
+                return []
+            share = rows_per_batch // partitions_per_batch
+            return [InputPartition(share) for _ in range(partitions_per_batch)]
+
+        def read(self, partition: Any) -> Any:
+            rows = int(partition.value)
+            chunk = min(rows, rows_per_record_batch)
+            value = b"x" * CEILING_VALUE_BYTES
+            offsets = pa.array(range(0, (chunk + 1) * CEILING_VALUE_BYTES, CEILING_VALUE_BYTES), type=pa.int32())
+            values = pa.BinaryArray.from_buffers(pa.binary(), chunk, [None, offsets.buffers()[1],
+                                                                      pa.py_buffer(value * chunk)])
+            batch = pa.RecordBatch.from_arrays([values], names=["value"])
+            sent = 0
+            while sent < rows:
+                piece = batch if rows - sent >= chunk else batch.slice(0, rows - sent)
+                sent += piece.num_rows
+                yield piece
+
+        def commit(self, end: dict[str, Any]) -> None:
+            pass
+
+    class CeilingWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            pass
+
+        def abort(self, messages: Any, batchId: int) -> None:
+            pass
+
+    class CeilingDataSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return f"millstream-ceiling-{rows_per_record_batch}"
+
+        def schema(self) -> str:
+            return "value BINARY"
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            return CeilingReader()
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+            return CeilingWriter()
+
+    return CeilingDataSource, CeilingDataSource.name()
+
+
+def _ceiling(spark: SparkSession, workdir: Path, rows: int, say: Callable[[str], None]) -> list[Measurement]:
+    """The Python data source machinery's own ceiling, beside Spark's rate -> noop in the same session."""
+    per_batch = max(2, rows // BATCHES)
+    names = []
+    for rows_per_record_batch in (10_000, per_batch):
+        source, name = _ceiling_data_sources(per_batch, BATCHES, rows_per_record_batch)
+        spark.dataSource.register(source)
+        names.append(name)
+
+    def rate() -> Any:
+        return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", str(per_batch))
+                .option("numPartitions", "2").load())
+
+    def rate_rows() -> Any:
+        return rate().selectExpr("CAST(repeat('x', 100) AS BINARY) AS value")
+
+    def query(frame: Callable[[], Any], sink: str, name: str) -> Callable[[], Any]:
+        def start() -> Any:
+            return (frame().writeStream.format(sink).option("checkpointLocation", str(workdir / "checkpoints" / name))
+                    .trigger(processingTime="0 seconds").start())
+        return start
+
+    def trivial(index: int) -> Callable[[], Any]:
+        return lambda: spark.readStream.format(names[index]).load()
+
+    total = per_batch * BATCHES
+    plan = [
+        ("warm-up", query(trivial(0), "noop", "ceiling-warm-up"), 2 * per_batch),
+        (SOURCE_BASELINE, query(rate, "noop", "ceiling-rate"), total),
+        (CEILING_SOURCE, query(trivial(0), "noop", "ceiling-source"), total),
+        (CEILING_SOURCE_LARGE, query(trivial(1), "noop", "ceiling-large"), total),
+        (SINK_BASELINE, query(rate_rows, "noop", "ceiling-rate-rows"), total),
+        (CEILING_SINK, query(rate_rows, names[0], "ceiling-sink"), total),
+    ]
+    results = []
+    for name, start, stop_after in plan:
+        say(name)
+        measurement = _measure(name, start, rows, stop_after_rows=stop_after)
+        if name != "warm-up":
+            results.append(measurement)
+    return results
+
+
+def run_ceiling(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
+    """``millstream pipeline bench --ceiling``: Spark's Python data source machinery alone (no store)."""
+    import pyspark
+
+    workdir = config.data_dir or Path(tempfile.mkdtemp(prefix="millstream-spark-ceiling-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        spark = build_session(PipelineConfig(controller="tcp://127.0.0.1:1",
+                                             checkpoint=workdir / "checkpoints" / "unused"))
+        try:
+            throughput = _ceiling(spark, workdir, config.rows, say)
+        finally:
+            spark.stop()
+        return BenchReport(throughput=tuple(throughput), pipeline_batches=(), pipeline_cpu_percent=(0.0, 0.0),
+                           spark_version=pyspark.__version__)
+    finally:
+        if config.data_dir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
     import millstream
     import pyspark
@@ -577,7 +738,7 @@ def main(config: BenchConfig, out: Callable[[str], None] | None = None, *, comma
     ``markdown_path`` the pipeline's section of that file is replaced (the rest kept), with
     ``figures_dir`` the plot of rows/s per query goes there."""
     say = out or _stderr
-    report = run_bench(config, say)
+    report = run_ceiling(config, say) if config.ceiling else run_bench(config, say)
     sys.stdout.write(report.markdown() + "\n")
     if config.json_path is not None:
         config.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
