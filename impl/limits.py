@@ -652,12 +652,6 @@ SPARK_READ_AHEAD_MAX: Final = 4
 #: slow network still answers a connect well within it.
 SPARK_CONTROLLER_CONNECT_TIMEOUT_SECONDS: Final = 5.0
 
-#: The sink's driver-side commit waits until the store has merged the batch's transactions, asking
-#: for their status this often (on the client's event loop, all of them at once): a merge takes a few
-#: metadata writes, so a fixed short interval answers within one interval of it, where a doubling
-#: delay overshot by up to half the wait.  Bounded by ``TRANSACTION_COMPLETION_WAIT_SECONDS``.
-SPARK_SINK_MERGE_POLL_SECONDS: Final = 0.005
-
 #: The planner moves a batch's end into the successors of sealed segments, round after round while
 #: successors are sealed and empty too (scales in quick succession); each round moves one epoch on, so
 #: this bounds the epochs one planning call crosses -- reaching it is a bug (``InternalError``).
