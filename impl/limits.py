@@ -617,6 +617,11 @@ TRANSACTION_SEAL_ROUNDS_MAX: Final = 10
 TRANSACTION_STATUS_POLL_INITIAL_SECONDS: Final = 0.005
 TRANSACTION_STATUS_POLL_MAX_SECONDS: Final = 0.5
 TRANSACTION_COMPLETION_WAIT_SECONDS: Final = 60.0
+#: ... but for this long from the start of the wait the delay stays at the first value: a commit
+#: usually completes within tens of milliseconds, and a doubling delay would overshoot that by up to
+#: as much again -- on every Spark micro-batch, whose sink waits for its transactions' merge
+#: (measured on a loaded 2-core machine: median 86 ms doubling, 58 ms asking every 5 ms).
+TRANSACTION_STATUS_POLL_STEADY_SECONDS: Final = 0.25
 
 #: A commit whose reply was lost (the connection broke) is resolved by asking for the transaction's
 #: status; while it is still OPEN the commit is sent again, at most this many times in all.
