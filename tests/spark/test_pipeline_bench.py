@@ -39,6 +39,18 @@ def test_rates_leave_the_first_batch_out_and_latency_is_summarised() -> None:
     assert "| 4 | 200 | 250 | 400 | 400 | 50 | 25 |" in table
     assert "| 0 | 0 | 0 | 0 | 125 | 0 |" in table, "the parts of a batch (medians): addBatch 125"
     assert report.to_json()["pipeline_cpu_percent"] == {"ours": 50.0, "others": 25.0}
+    assert "Start-up" not in table, "no start-up figures, no start-up table"
+
+
+def test_the_start_up_table_gives_the_session_and_the_first_batch_and_its_parts() -> None:
+    first = {"trigger_ms": 20_000, "latest_offset_ms": 3_000, "wal_commit_ms": 100, "get_batch_ms": 0,
+             "query_planning_ms": 1_500, "add_batch_ms": 15_000, "commit_offsets_ms": 400, "input_rows": 10}
+    report = BenchReport(throughput=(), pipeline_batches=(first, {"trigger_ms": 300, "input_rows": 10}),
+                         pipeline_cpu_percent=(0.0, 0.0), spark_version="4.x",
+                         startup={"session_seconds": 7.25, "first_batch_seconds": 31.0})
+    table = report.markdown()
+    assert "| 7.2 | 31.0 | 20.0 | 3.0 | 0.1 | 0.0 | 1.5 | 15.0 | 0.4 |" in table
+    assert report.to_json()["startup"] == {"session_seconds": 7.25, "first_batch_seconds": 31.0}
 
 
 def measured(name: str, rows_per_second: float) -> Measurement:
