@@ -476,15 +476,15 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
 
     results = []
     say("warm-up: rate-micro-batch -> noop, millstream -> noop")
-    _measure("warm-up", to_noop(rate, "warm-up"), rows, stop_after_rows=2 * per_batch)
+    _measure("warm-up", to_noop(rate, "warm-up", False), rows, stop_after_rows=2 * per_batch)
     _measure("warm-up", to_noop(millstream_warm_up, "warm-up-millstream", True), WARM_UP_EVENTS)
     plan = [
         (SOURCE, to_noop(millstream_source, "source-millstream", True), None),
         (SOURCE_JSON, to_noop(millstream_json_source, "source-millstream-json", True), None),
-        (SOURCE_BASELINE, to_noop(rate, "source-rate"), rows),
+        (SOURCE_BASELINE, to_noop(rate, "source-rate", False), rows),
         (SINK, to_millstream("bench/sink-arrow", "arrow", "sink-arrow"), rows),
         (SINK_ROWS, to_millstream("bench/sink-rows", "rows", "sink-rows"), rows),
-        (SINK_BASELINE, to_noop(rate_rows, "sink-noop"), rows),
+        (SINK_BASELINE, to_noop(rate_rows, "sink-noop", False), rows),
     ]
     for name, start, stop_after in plan:
         say(name)
