@@ -38,8 +38,9 @@ query (``pipeline-throughput.png``); every figure is also written as JSON.
 ``--ceiling`` (``run_ceiling``) measures instead what Spark's Python Data Source machinery allows by
 itself on this machine, with the same session settings and no store: a trivial streaming Python
 source that yields prebuilt Arrow record batches of 100-byte binary values (in batches of
-``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows, and in one record batch per partition) into ``noop``,
-and ``rate-micro-batch`` into a trivial Python Arrow sink that discards what it gets, each beside
+10,000 rows, and in one record batch per partition) into ``noop``, and ``rate-micro-batch`` into a
+trivial Python Arrow sink that discards what it gets (in Spark's Arrow batches of 10,000 rows, and
+of 100,000: ``spark.sql.execution.arrow.maxRecordsPerBatch``), each beside
 Spark's own rate -> noop in the same session.  No Python data source can beat those figures here.
 
 The machine is shared and noisy, so each query also records CPU (``CpuMeter``): ours (this process
@@ -96,14 +97,18 @@ SINK: Final = "sink: rate-micro-batch -> millstream (Arrow writer)"
 SINK_ROWS: Final = "sink: rate-micro-batch -> millstream (row writer)"
 SINK_BASELINE: Final = "sink: rate-micro-batch -> noop (same rows)"
 #: The ceiling's queries: what Spark's Python data source machinery allows by itself (no millstream).
-CEILING_SOURCE: Final = "ceiling: trivial Python source (Arrow, 100-byte values) -> noop"
+CEILING_SOURCE: Final = "ceiling: trivial Python source (Arrow batches of 10,000 100-byte values) -> noop"
 CEILING_SOURCE_LARGE: Final = "ceiling: trivial Python source (Arrow, one record batch per partition) -> noop"
 CEILING_SINK: Final = "ceiling: rate-micro-batch -> trivial Python Arrow sink (discards)"
+CEILING_SINK_LARGE: Final = ("ceiling: rate-micro-batch -> trivial Python Arrow sink (discards), "
+                             "arrow.maxRecordsPerBatch 100,000")
+#: Spark's setting for the rows per Arrow batch it hands a Python writer (default 10,000).
+ARROW_RECORDS_PER_BATCH: Final = "spark.sql.execution.arrow.maxRecordsPerBatch"
 #: query -> (what it is compared with, the ratio it must reach, the rows/s it must reach).
 TARGETS: Final = {SOURCE: (SOURCE_BASELINE, 0.8, 1_000_000.0), SOURCE_JSON: (SOURCE, 0.5, 0.0),
                   SINK: (SINK_BASELINE, 0.5, 400_000.0), SINK_ROWS: (SINK_BASELINE, 0.0, 0.0),
                   CEILING_SOURCE: (SOURCE_BASELINE, 0.0, 0.0), CEILING_SOURCE_LARGE: (SOURCE_BASELINE, 0.0, 0.0),
-                  CEILING_SINK: (SINK_BASELINE, 0.0, 0.0)}
+                  CEILING_SINK: (SINK_BASELINE, 0.0, 0.0), CEILING_SINK_LARGE: (SINK_BASELINE, 0.0, 0.0)}
 #: The parts of a micro-batch's duration Spark reports (``durationMs``), in the order they happen.
 BATCH_PARTS: Final = ("latest_offset_ms", "wal_commit_ms", "get_batch_ms", "query_planning_ms", "add_batch_ms",
                       "commit_offsets_ms")
@@ -681,8 +686,12 @@ def _ceiling(spark: SparkSession, workdir: Path, rows: int, say: Callable[[str],
     def rate_rows() -> Any:
         return rate().selectExpr("CAST(repeat('x', 100) AS BINARY) AS value")
 
-    def query(frame: Callable[[], Any], sink: str, name: str) -> Callable[[], Any]:
+    def query(frame: Callable[[], Any], sink: str, name: str, arrow_rows: int | None = None) -> Callable[[], Any]:
         def start() -> Any:
+            if arrow_rows is not None:  # read when the query's batches are planned, so it stays set while it runs
+                spark.conf.set(ARROW_RECORDS_PER_BATCH, str(arrow_rows))
+            else:
+                spark.conf.unset(ARROW_RECORDS_PER_BATCH)
             return (frame().writeStream.format(sink).option("checkpointLocation", str(workdir / "checkpoints" / name))
                     .trigger(processingTime="0 seconds").start())
         return start
@@ -698,13 +707,17 @@ def _ceiling(spark: SparkSession, workdir: Path, rows: int, say: Callable[[str],
         (CEILING_SOURCE_LARGE, query(trivial(1), "noop", "ceiling-large"), total),
         (SINK_BASELINE, query(rate_rows, "noop", "ceiling-rate-rows"), total),
         (CEILING_SINK, query(rate_rows, names[0], "ceiling-sink"), total),
+        (CEILING_SINK_LARGE, query(rate_rows, names[0], "ceiling-sink-large", 100_000), total),
     ]
     results = []
-    for name, start, stop_after in plan:
-        say(name)
-        measurement = _measure(name, start, rows, stop_after_rows=stop_after)
-        if name != "warm-up":
-            results.append(measurement)
+    try:
+        for name, start, stop_after in plan:
+            say(name)
+            measurement = _measure(name, start, rows, stop_after_rows=stop_after)
+            if name != "warm-up":
+                results.append(measurement)
+    finally:
+        spark.conf.unset(ARROW_RECORDS_PER_BATCH)
     return results
 
 

@@ -80,3 +80,29 @@ def test_ratios_and_targets_come_from_the_same_run(tmp_path: Path) -> None:
     again = bench.replace_section(first + "\ntrailing\n", report.section("again"))
     assert again.count(bench.SECTION_BEGIN) == 1 and "`again`" in again and again.endswith("trailing\n")
     assert bench.plot(report, tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_the_ceilings_trivial_source_yields_its_rows_in_record_batches_and_its_sink_discards() -> None:
+    """``pipeline bench --ceiling``'s data sources, in plain Python: what Spark would ask of them."""
+    from millstream.spark import bench
+
+    source_class, name = bench._ceiling_data_sources(rows_per_batch=25, batches=3, rows_per_record_batch=4)
+    assert name == "millstream-ceiling-4"
+    source = source_class({})
+    assert source.schema() == "value BINARY"
+    reader = source.streamReader(None)
+    offset = reader.initialOffset()
+    rows = 0
+    for _ in range(4):
+        end = reader.latestOffset(offset, reader.getDefaultReadLimit())
+        for partition in reader.partitions(offset, end):
+            batches = list(reader.read(partition))
+            assert all(batch.num_rows <= 4 for batch in batches)
+            assert all(value == b"x" * bench.CEILING_VALUE_BYTES for batch in batches
+                       for value in batch.column(0).to_pylist())
+            rows += sum(batch.num_rows for batch in batches)
+        offset = end
+    assert offset == {"batch": 3}, "three micro-batches, then no new data"
+    assert rows == 3 * 24, "two partitions of 12 rows a micro-batch"
+    writer = source.streamWriter(None, False)
+    assert writer.write(iter(list(reader.read(reader.partitions({"batch": 0}, {"batch": 1})[0])))) is not None
