@@ -504,6 +504,7 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     from millstream.spark.pipeline import progress_record
 
     with millstream.connect(uri) as client:
+        client.stream_manager().create_scope("bench", exist_ok=True)
         client.stream_manager().create_stream("bench/sensors", StreamConfig(scaling=ScalingPolicy.fixed(2)))
         client.stream_manager().create_stream("bench/alerts", StreamConfig(scaling=ScalingPolicy.fixed(2)))
     stop = threading.Event()
