@@ -14,6 +14,10 @@ the same machine at the same moment:
   sink -- one store transaction per task, one fenced multi-commit per batch, durable and merged when
   the batch commits -- with the Arrow writer and with the row writer, beside the same rows into
   ``noop``.
+* **the sink's own cost**: before Spark starts, the calls the sink makes for a micro-batch of the
+  reference pipeline's size (two tasks of ``SINK_COST_ROWS_PER_TASK`` rows) are timed one by one in
+  plain Python: each task's transaction begin and its durable write, the driver's fenced commit and
+  its wait for the merge -- what millstream adds to a batch's ``addBatch``.
 * **pipeline**: the reference pipeline (``start_query``: JSON parsing, event-time windows, RocksDB
   state with changelog checkpointing, the exactly-once sink) runs for ``pipeline_seconds`` on a
   processing-time trigger of one second while sensor readings are written at
@@ -158,6 +162,8 @@ class BenchReport:
     #: Where a start's time goes (seconds): the SparkSession (its JVM), and the reference pipeline's
     #: first micro-batch -- from ``start()`` to its first progress report, and that batch's duration.
     startup: dict[str, float] = attrs.field(factory=dict)
+    #: What the sink itself costs a micro-batch, without Spark (``_sink_costs``): part -> median/p90 ms.
+    sink_costs: dict[str, dict[str, float]] = attrs.field(factory=dict)
 
     def latency_summary(self, baseline: bool = False) -> dict[str, float]:
         source = self.baseline_batches if baseline else self.pipeline_batches
@@ -231,7 +237,20 @@ class BenchReport:
             lines += ["| " + name + " | " + " | ".join(f"{row[f'{part}_median']:.0f}" for part in BATCH_PARTS) + " |"
                       for name, row, _ in rows]
         lines += self._startup_lines()
+        lines += self._sink_cost_lines()
         return "\n".join(lines)
+
+    def _sink_cost_lines(self) -> list[str]:
+        if not self.sink_costs:
+            return []
+        lines = ["", f"What the exactly-once sink itself costs a micro-batch, without Spark (two tasks of "
+                 f"{SINK_COST_ROWS_PER_TASK} rows, {SINK_COST_BATCHES - SINK_COST_WARM_UP_BATCHES} batches): per "
+                 "task, beginning its transaction and writing its rows durably into it (the tasks run in parallel); "
+                 "per batch, the driver's fenced commit and its wait until the batch is merged (readable):", "",
+                 "| part | median ms | p90 ms |", "|---|---:|---:|"]
+        lines += [f"| {part.replace('_', ' ')} | {figures['median_ms']:.1f} | {figures['p90_ms']:.1f} |"
+                  for part, figures in self.sink_costs.items()]
+        return lines
 
     def _startup_lines(self) -> list[str]:
         if not self.startup or not self.pipeline_batches:
@@ -267,7 +286,7 @@ class BenchReport:
                 "baseline_latency": self.latency_summary(baseline=True),
                 "pipeline_cpu_percent": {"ours": self.pipeline_cpu_percent[0],
                                          "others": self.pipeline_cpu_percent[1]},
-                "startup": dict(self.startup)}
+                "startup": dict(self.startup), "sink_costs": dict(self.sink_costs)}
 
 
 def _short(name: str) -> str:
@@ -554,6 +573,77 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu, first_batch_seconds
 
 
+#: Micro-batches the sink's own per-batch cost is measured over (the first few left out: connections).
+SINK_COST_BATCHES: Final = 40
+SINK_COST_WARM_UP_BATCHES: Final = 5
+#: Rows each of the two tasks of such a batch writes (about what the reference pipeline outputs).
+SINK_COST_ROWS_PER_TASK: Final = 100
+#: The parts of the sink's per-batch cost, in the order they happen.
+SINK_COST_PARTS: Final = ("begin", "write_and_flush", "commit", "merge_wait")
+
+
+def _sink_costs(uri: str) -> dict[str, dict[str, float]]:
+    """What the exactly-once sink itself costs a micro-batch, without Spark: per task, beginning its
+    transaction (a controller round trip) and writing and flushing its rows (durable in the
+    transaction); per batch, the driver's fenced multi-commit and its wait until the store has merged
+    the transactions -- the same calls ``_writer`` makes, timed one by one.  part -> median/p90 ms."""
+    import millstream
+    import pyarrow as pa
+    from millstream.client import ScalingPolicy, StreamConfig, StreamRouter
+    from millstream.spark import parse_sink_options
+    from millstream.spark._segment_io import TransactionAppender, frame_events, route
+    from millstream.spark._store import StoreSession
+    from millstream.spark._writer import _SinkProtocol
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    stream = "bench/sink-cost"
+    with millstream.connect(uri) as client:
+        client.stream_manager().create_scope("bench", exist_ok=True)
+        client.stream_manager().create_stream(stream, StreamConfig(scaling=ScalingPolicy.fixed(2)))
+    options = parse_sink_options({"controller": uri, "stream": stream})
+    protocol = _SinkProtocol(options, StructType([StructField("routing_key", StringType()),
+                                                  StructField("value", StringType())]))
+    session = StoreSession(options.store)
+    clock = SystemClock()
+    timings: dict[str, list[float]] = {part: [] for part in SINK_COST_PARTS}
+    try:
+        client = session.client
+        for batch in range(SINK_COST_BATCHES):
+            txns = []
+            for task in range(2):
+                began = clock.monotonic()
+                writer = client.transactional_writer(stream, lease_seconds=options.transaction_lease_seconds)
+                txn = writer.begin()
+                begun = clock.monotonic()
+                pairs = [reading(batch * 1000 + task * SINK_COST_ROWS_PER_TASK + row)
+                         for row in range(SINK_COST_ROWS_PER_TASK)]
+                appender = TransactionAppender(client, options.store.token)
+                router = StreamRouter(txn.info.transaction_segments)
+                for segment, part in route(pa.array([p for p, _ in pairs], type=pa.binary()),
+                                           pa.array([k for _, k in pairs], type=pa.string()), router):
+                    appender.append(segment, frame_events(part))
+                appender.close()
+                writer.close()
+                written = clock.monotonic()
+                txns.append(str(txn.txn_id))
+                if batch >= SINK_COST_WARM_UP_BATCHES:
+                    timings["begin"].append(begun - began)
+                    timings["write_and_flush"].append(written - begun)
+            began = clock.monotonic()
+            client.commit_transactions(stream, txns, fence=("spark/sink-cost", batch))
+            committed = clock.monotonic()
+            merged = protocol._wait_merged(session, txns)
+            if batch >= SINK_COST_WARM_UP_BATCHES:
+                timings["commit"].append(committed - began)
+                timings["merge_wait"].append(clock.monotonic() - committed)
+            if not merged:
+                raise RuntimeError(f"sink cost: batch {batch} was not merged within the bound")
+    finally:
+        session.close()
+    return {part: {"median_ms": 1000 * statistics.median(values),
+                   "p90_ms": 1000 * _percentile(sorted(values), 0.9)} for part, values in timings.items()}
+
+
 def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
                        say: Callable[[str], None]) -> tuple[list[dict[str, Any]], tuple[float, float]]:
     """The reference pipeline's logic fed by Spark's rate source (readings of the same shape, at the
@@ -750,6 +840,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         with millstream.standalone(workdir / "store") as node:
+            say("the sink's own cost per micro-batch, without Spark")
+            sink_costs = _sink_costs(node.uri)
             session_config = PipelineConfig(controller=node.uri, checkpoint=workdir / "checkpoints" / "unused")
             clock = SystemClock()
             began = clock.monotonic()
@@ -767,7 +859,8 @@ def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
         return BenchReport(throughput=tuple(throughput), pipeline_batches=tuple(batches),
                            pipeline_cpu_percent=pipeline_cpu, spark_version=pyspark.__version__,
                            baseline_batches=tuple(baseline), baseline_cpu_percent=baseline_cpu,
-                           startup={"session_seconds": session_seconds, "first_batch_seconds": first_batch})
+                           startup={"session_seconds": session_seconds, "first_batch_seconds": first_batch},
+                           sink_costs=sink_costs)
     finally:
         if config.data_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)

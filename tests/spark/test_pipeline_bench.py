@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from millstream.spark.bench import BenchReport, CpuMeter, Measurement
 
@@ -51,6 +52,18 @@ def test_the_start_up_table_gives_the_session_and_the_first_batch_and_its_parts(
     table = report.markdown()
     assert "| 7.2 | 31.0 | 20.0 | 3.0 | 0.1 | 0.0 | 1.5 | 15.0 | 0.4 |" in table
     assert report.to_json()["startup"] == {"session_seconds": 7.25, "first_batch_seconds": 31.0}
+
+
+def test_the_sinks_own_cost_is_measured_part_by_part_without_spark(node: Any) -> None:
+    from millstream.spark import bench
+
+    costs = bench._sink_costs(node.uri)
+    assert list(costs) == list(bench.SINK_COST_PARTS)
+    assert all(0.0 < figures["median_ms"] <= figures["p90_ms"] for figures in costs.values())
+    report = BenchReport(throughput=(), pipeline_batches=(), pipeline_cpu_percent=(0.0, 0.0), spark_version="4.x",
+                         sink_costs=costs)
+    table = report.markdown()
+    assert f"| merge wait | {costs['merge_wait']['median_ms']:.1f} | {costs['merge_wait']['p90_ms']:.1f} |" in table
 
 
 def measured(name: str, rows_per_second: float) -> Measurement:
