@@ -45,7 +45,9 @@ source that yields prebuilt Arrow record batches of 100-byte binary values (in b
 10,000 rows, and in one record batch per partition) into ``noop``, and ``rate-micro-batch`` into a
 trivial Python Arrow sink that discards what it gets (in Spark's Arrow batches of 10,000 rows, and
 of 100,000: ``spark.sql.execution.arrow.maxRecordsPerBatch``), each beside
-Spark's own rate -> noop in the same session.  No Python data source can beat those figures here.
+Spark's own rate -> noop in the same session; then the reference pipeline's logic on Spark's rate
+source into the trivial Python sink, beside the same into noop: what a Python sink costs a
+micro-batch by itself.  No Python data source can beat those figures here.
 
 The machine is shared and noisy, so each query also records CPU (``CpuMeter``): ours (this process
 and every descendant -- the driver's Python, its JVM and the Python workers the JVM forks -- from
@@ -164,6 +166,8 @@ class BenchReport:
     startup: dict[str, float] = attrs.field(factory=dict)
     #: What the sink itself costs a micro-batch, without Spark (``_sink_costs``): part -> median/p90 ms.
     sink_costs: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    #: What ``pipeline_batches`` measured (the ceiling measures a trivial Python sink there).
+    pipeline_name: str = "millstream -> reference pipeline -> millstream"
 
     def latency_summary(self, baseline: bool = False) -> dict[str, float]:
         source = self.baseline_batches if baseline else self.pipeline_batches
@@ -215,7 +219,7 @@ class BenchReport:
         summary = self.latency_summary()
         if summary:
             met = summary["median_ms"] < LATENCY_TARGETS_MS[0] and summary["p90_ms"] < LATENCY_TARGETS_MS[1]
-            rows = [("millstream -> reference pipeline -> millstream", summary, self.pipeline_cpu_percent)]
+            rows = [(self.pipeline_name, summary, self.pipeline_cpu_percent)]
             spark_own = self.latency_summary(baseline=True)
             if spark_own:
                 rows.append(("rate -> the same logic -> noop (Spark's own)", spark_own, self.baseline_cpu_percent))
@@ -644,14 +648,15 @@ def _sink_costs(uri: str) -> dict[str, dict[str, float]]:
                    "p90_ms": 1000 * _percentile(sorted(values), 0.9)} for part, values in timings.items()}
 
 
-def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
-                       say: Callable[[str], None]) -> tuple[list[dict[str, Any]], tuple[float, float]]:
+def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float, say: Callable[[str], None], *,
+                       sink: str = "noop", name: str = "baseline") -> tuple[list[dict[str, Any]], tuple[float, float]]:
     """The reference pipeline's logic fed by Spark's rate source (readings of the same shape, at the
-    same rate) into noop: what the query costs Spark itself, with no millstream on either side."""
+    same rate) into noop: what the query costs Spark itself, with no millstream on either side (or
+    into ``sink``: the ceiling's trivial Python sink)."""
     from millstream.spark.pipeline import progress_record, sensor_pipeline
 
     clock = SystemClock()
-    config = PipelineConfig(controller="tcp://127.0.0.1:1", checkpoint=workdir / "checkpoints" / "baseline")
+    config = PipelineConfig(controller="tcp://127.0.0.1:1", checkpoint=workdir / "checkpoints" / name)
     readings = (spark.readStream.format("rate").option("rowsPerSecond", str(PIPELINE_EVENTS_PER_SECOND))
                 .option("numPartitions", "2").load()
                 .selectExpr("concat('{\"kind\":\"reading\",\"sensor_id\":\"sensor-', "
@@ -660,8 +665,8 @@ def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
                             "AS BIGINT), "
                             "',\"temperature_c\":', CAST(20 + value % 70 AS STRING), '.', "
                             "lpad(CAST(value % 100 AS STRING), 2, '0'), '}') AS value"))
-    say(f"the same logic on Spark's rate source into noop: its first micro-batch, then {seconds:.0f} s")
-    query = (sensor_pipeline(readings, config).writeStream.format("noop").outputMode("append")
+    say(f"the same logic on Spark's rate source into {sink}: its first micro-batch, then {seconds:.0f} s")
+    query = (sensor_pipeline(readings, config).writeStream.format(sink).outputMode("append")
              .option("checkpointLocation", str(config.checkpoint)).trigger(processingTime="1 second").start())
     began = clock.monotonic()
     try:
@@ -823,10 +828,16 @@ def run_ceiling(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
                                              checkpoint=workdir / "checkpoints" / "unused"))
         try:
             throughput = _ceiling(spark, workdir, config.rows, say)
+            trivial_sink = _ceiling_data_sources(2, BATCHES, 10_000)[1]  # registered by _ceiling
+            batches, cpu = _pipeline_baseline(spark, workdir, config.pipeline_seconds, say, sink=trivial_sink,
+                                              name="ceiling-pipeline")
+            baseline, baseline_cpu = _pipeline_baseline(spark, workdir, config.pipeline_seconds, say)
         finally:
             spark.stop()
-        return BenchReport(throughput=tuple(throughput), pipeline_batches=(), pipeline_cpu_percent=(0.0, 0.0),
-                           spark_version=pyspark.__version__)
+        return BenchReport(throughput=tuple(throughput), pipeline_batches=tuple(batches), pipeline_cpu_percent=cpu,
+                           spark_version=pyspark.__version__, baseline_batches=tuple(baseline),
+                           baseline_cpu_percent=baseline_cpu,
+                           pipeline_name="rate -> the same logic -> trivial Python sink (discards)")
     finally:
         if config.data_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -129,7 +129,8 @@ def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpo
               help="Draw rows/s per query into DIR/pipeline-throughput.png (needs the bench extra: matplotlib).")
 @click.option("--ceiling", is_flag=True, default=False,
               help="Measure only Spark's own Python data source machinery (a trivial Python source and sink, "
-                   "no store) beside rate -> noop: the most any Python data source can reach here.")
+                   "no store) beside Spark's rate source and noop sink: the most any Python data source can reach "
+                   "here, in rows/s and per micro-batch.")
 def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, json_path: Path | None,
                    markdown_path: Path | None, figures_dir: Path | None, ceiling: bool) -> None:
     """Measure the Spark side, everything in one run on this machine:
@@ -144,7 +145,8 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
 
     Prints a Markdown table with the ratios and targets of issue 21.  With --ceiling, instead: a
     trivial Python streaming source (prebuilt Arrow batches of 100-byte values) and a trivial Python
-    Arrow sink (it discards), beside rate -> noop, with the same session settings and no store.
+    Arrow sink (it discards), beside rate -> noop, and the reference pipeline's logic on the rate
+    source into that sink beside the same into noop -- the same session settings, no store.
 
     \b
     Example (what `tox -e bench` runs last):
