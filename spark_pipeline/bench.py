@@ -274,7 +274,9 @@ class BenchReport:
         """The pipeline's section of BENCHMARKS.md."""
         lines = [SECTION_BEGIN, "", "## Spark: the millstream source and sink beside Spark's own", "",
                  f"`{command}` (the last step of `tox -e bench`); what each query is: "
-                 "`spark_pipeline/bench.py`.", "", self.markdown()]
+                 "`spark_pipeline/bench.py`.  `millstream pipeline bench --ceiling` measures what Spark's Python "
+                 "data source machinery allows by itself on the machine (a trivial Python source and sink, no "
+                 "store), the most any Python data source can reach.", "", self.markdown()]
         if figure is not None:
             lines += ["", f"![rows/s per query]({figure})"]
         lines += ["", SECTION_END, ""]
