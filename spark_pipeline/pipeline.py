@@ -81,9 +81,6 @@ INPUT_SCHEMA_DDL: Final = "kind STRING, sensor_id STRING, ts_ms BIGINT, temperat
 #: The RocksDB state store provider (Spark's default is still the HDFS-backed one in 4.x).
 ROCKSDB_PROVIDER: Final = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
-#: Spark's Python worker daemon with the data source imported before it forks (``daemon``).
-DAEMON_MODULE: Final = "millstream.spark.daemon"
-
 #: How often ``run`` looks at the query (new progress to print, a stop request): often enough that a
 #: progress line follows its batch closely, rarely enough to cost nothing beside a micro-batch.
 POLL_INTERVAL_SECONDS: Final = 0.5
@@ -170,9 +167,6 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
         # A window is emitted by the batch after the one that moved the watermark past its end, even
         # when no new data arrives (Spark's default, stated because the answer depends on it).
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
-        # Python workers fork from a daemon that has imported the data source already (``daemon``):
-        # a fresh worker does not spend a second or more importing it.
-        "spark.python.daemon.module": DAEMON_MODULE,
         **({"spark.executor.cores": "1", "spark.executor.memory": EXECUTOR_MEMORY}
            if config.master.startswith("spark://") else {}),
     }

@@ -285,23 +285,3 @@ def test_the_demo_and_the_run_take_a_spark_master(tmp_path: Path) -> None:
     cluster = spark_conf(PipelineConfig(controller="tcp://127.0.0.1:9", checkpoint=tmp_path, master="spark://h:7077"))
     assert (cluster["spark.master"], cluster["spark.executor.cores"]) == ("spark://h:7077", "1")
     assert "spark.executor.cores" not in spark_conf(PipelineConfig(controller="tcp://127.0.0.1:9", checkpoint=tmp_path))
-
-
-def test_python_workers_fork_from_a_daemon_that_has_loaded_the_data_source(tmp_path: Path) -> None:
-    """The pipeline's session runs ``millstream.spark.daemon`` as Spark's Python worker daemon: importing
-    it (in a fresh interpreter, as Spark runs it) loads the source and the sink, starts no Python thread,
-    and prints nothing -- the daemon's first line on stdout is the port Spark reads."""
-    import subprocess
-    import sys
-
-    from millstream.spark.pipeline import DAEMON_MODULE, spark_conf
-
-    assert spark_conf(PipelineConfig(controller="tcp://127.0.0.1:9", checkpoint=tmp_path))[
-        "spark.python.daemon.module"] == DAEMON_MODULE == "millstream.spark.daemon"
-    probe = ("import sys, threading, pyspark.daemon, millstream.spark.daemon as daemon; "
-             "assert daemon.manager is pyspark.daemon.manager; "
-             "assert {'millstream.spark._reader', 'millstream.spark._writer', 'pyarrow'} <= set(sys.modules); "
-             "assert threading.active_count() == 1, threading.enumerate()")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == ""
