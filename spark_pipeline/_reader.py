@@ -16,8 +16,7 @@ and the decoder when pickled; each process opens its own client on first use (``
 * ``partitions(start, end)`` is ``get_segments_between(start, end)``: one partition per segment
   range -- a pure function of the two cuts, so a replayed batch reads the same events.
 * ``read`` yields Arrow record batches (``_decoding``), each at most
-  ``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows / ``SPARK_ARROW_BATCH_BYTES_MAX`` bytes: the store's
-  reads (1 MiB each) joined into as few batches as those allow, since Spark pays per batch.
+  ``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows / ``SPARK_ARROW_BATCH_BYTES_MAX`` bytes.
 * ``commit(end)`` -- Spark calls it once batch N+1 is logged, so batch N's output is committed --
   publishes ``end`` as the reader group's subscriber cut, letting consumption-based retention
   truncate below it.  Data deleted before the query read it is ``TruncatedDataError``, never skipped.
@@ -40,7 +39,7 @@ from millstream.spark._errors import OptionError
 from millstream.spark._offsets import cut_of, offset_of
 from millstream.spark._options import CutOption, SourceOptions
 from millstream.spark._planning import Budget, SegmentRange, plan_end, ranges_between, views_of
-from millstream.spark._segment_io import coalesce_blocks, measure, read_blocks
+from millstream.spark._segment_io import measure, read_blocks
 from millstream.spark._store import StoreSession
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -72,10 +71,10 @@ class SegmentRangePartition(InputPartition):
 
 def _read_partition(session: StoreSession, decoder: EventDecoder, partition: InputPartition,
                     dead_letter_stream: str | None = None) -> Iterator[pa.RecordBatch]:
-    """The record batches of one partition (a task's work): the blocks the store's reads give
-    (``_segment_io.read_blocks``) joined into batches of at most ``limits.SPARK_ARROW_BATCH_ROWS_MAX``
-    rows and ``SPARK_ARROW_BATCH_BYTES_MAX`` bytes each (``coalesce_blocks``).  With
-    ``dead_letter_stream``, events that do not decode go there (``_dead_letters``) instead of failing the task."""
+    """The record batches of one partition (a task's work): a batch per block the store's reads
+    give (``_segment_io.read_blocks``), at most ``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows and
+    ``SPARK_ARROW_BATCH_BYTES_MAX`` bytes each.  With ``dead_letter_stream``, events that do not
+    decode go there (``_dead_letters``) instead of failing the task."""
     if not isinstance(partition, SegmentRangePartition):
         return  # an empty batch read: Spark plans one partition holding None
     span = partition.range
@@ -90,15 +89,14 @@ def _read_partition(session: StoreSession, decoder: EventDecoder, partition: Inp
                                 lease_seconds=limits.SPARK_SINK_TRANSACTION_LEASE_SECONDS)
     finished = False
     try:
-        blocks = coalesce_blocks(read_blocks(session.client, span), limits.SPARK_ARROW_BATCH_ROWS_MAX,
-                                 limits.SPARK_ARROW_BATCH_BYTES_MAX)
-        for piece in blocks:
-            batch = decoder.decode_block(span.stream, span.segment_id, piece, letters)
-            if dead is not None and letters:
-                dead.add(letters)
-                letters.clear()
-            if batch.num_rows:
-                yield batch
+        for block in read_blocks(session.client, span):
+            for piece in block.split(limits.SPARK_ARROW_BATCH_ROWS_MAX, limits.SPARK_ARROW_BATCH_BYTES_MAX):
+                batch = decoder.decode_block(span.stream, span.segment_id, piece, letters)
+                if dead is not None and letters:
+                    dead.add(letters)
+                    letters.clear()
+                if batch.num_rows:
+                    yield batch
         if dead is not None:
             dead.commit()
         finished = True

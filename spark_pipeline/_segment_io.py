@@ -41,7 +41,7 @@ import concurrent.futures
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import attrs
@@ -57,7 +57,6 @@ from millstream.client import (
     SystemRandomSource,
 )
 from millstream.errors import (
-    InternalError,
     InvalidStreamCutError,
     PayloadTooLargeError,
     RequestTimeoutError,
@@ -67,8 +66,8 @@ from millstream.errors import (
 )
 from millstream.spark._planning import SegmentRange
 
-__all__ = ["HEADER_LENGTH", "FrameBlock", "MalformedFrameError", "TransactionAppender", "coalesce_blocks",
-           "frame_events", "int64_array", "measure", "read_blocks", "route", "scan_frames"]
+__all__ = ["HEADER_LENGTH", "FrameBlock", "MalformedFrameError", "TransactionAppender", "frame_events", "measure",
+           "int64_array", "read_blocks", "route", "scan_frames"]
 
 _HEADER: Final = struct.Struct(">ii")
 #: The bytes of an event's frame before its payload.
@@ -209,40 +208,6 @@ class FrameBlock:
             low, high = int(self.starts[first]), int(ends[last - 1])
             yield FrameBlock(memoryview(self.data)[low:high], self.base_offset + low, self.starts[first:last] - low)
             first = last
-
-
-def coalesce_blocks(blocks: Iterable[FrameBlock], rows_max: int, bytes_max: int) -> Iterator[FrameBlock]:
-    """Consecutive blocks of one range (each starting where the last ended, as ``read_blocks`` gives
-    them) as blocks of at most ``rows_max`` events and (but for a single event) ``bytes_max`` bytes
-    of frames -- joined where they are smaller, split where larger -- in order.  Spark pays per
-    record batch it takes from a Python source, so a read's worth (1 MiB) is too small a batch."""
-    pending: list[FrameBlock] = []
-    rows = size = 0
-    for block in blocks:
-        for piece in block.split(rows_max, bytes_max):
-            if pending and (rows + piece.count > rows_max or size + len(piece.data) > bytes_max):
-                yield _joined(pending)
-                pending, rows, size = [], 0, 0
-            pending.append(piece)
-            rows += piece.count
-            size += len(piece.data)
-    if pending:
-        yield _joined(pending)
-
-
-def _joined(blocks: list[FrameBlock]) -> FrameBlock:
-    """One block of consecutive ``blocks`` (one copy of their bytes)."""
-    if len(blocks) == 1:
-        return blocks[0]
-    first = blocks[0]
-    position = first.base_offset
-    for block in blocks:
-        if block.base_offset != position:
-            raise InternalError(f"joining blocks that are not consecutive: one ends at {position}, the next "
-                                f"starts at {block.base_offset}")
-        position = block.end_offset
-    starts = np.concatenate([block.starts + (block.base_offset - first.base_offset) for block in blocks])
-    return FrameBlock(b"".join(block.data for block in blocks), first.base_offset, starts)
 
 
 def _deleted(span: SegmentRange, offset: int, error: Exception) -> TruncatedDataError:

@@ -6,7 +6,6 @@ stream writer's router would, keeping each segment's rows in order."""
 
 from __future__ import annotations
 
-import itertools
 import struct
 
 import numpy as np
@@ -16,16 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from millstream import limits
 from millstream.client import SegmentWithRange, StreamRouter
-from millstream.errors import InternalError, PayloadTooLargeError
+from millstream.errors import PayloadTooLargeError
 from millstream.naming import segment_id, stream_segment_name
-from millstream.spark._segment_io import (
-    FrameBlock,
-    MalformedFrameError,
-    coalesce_blocks,
-    frame_events,
-    route,
-    scan_frames,
-)
+from millstream.spark._segment_io import FrameBlock, MalformedFrameError, frame_events, route, scan_frames
 
 
 def frames(payloads: list[bytes]) -> bytes:
@@ -99,36 +91,6 @@ def test_blocks_split_within_their_bounds() -> None:
     assert list(block.split(rows_max=1000, bytes_max=1 << 20)) == [block]
     big = FrameBlock(frames([b"q" * 100]), 0, np.array([0], dtype=np.int64))
     assert [p.count for p in big.split(rows_max=5, bytes_max=10)] == [1], "an event larger than the bound goes alone"
-
-
-@given(st.lists(st.binary(max_size=40), max_size=80), st.lists(st.integers(1, 9), min_size=1, max_size=10),
-       st.integers(1, 30), st.integers(1, 400))
-def test_coalesced_blocks_hold_the_same_events_within_their_bounds(payloads: list[bytes], cuts: list[int],
-                                                                     rows_max: int, bytes_max: int) -> None:
-    # The reads' blocks of a range (cut at arbitrary event boundaries), joined and split again.
-    data = frames(payloads)
-    starts, _ = scan_frames(data)
-    blocks, first, step = [], 0, 0
-    while first < len(starts):
-        last = min(len(starts), first + cuts[step % len(cuts)])
-        low = int(starts[first])
-        high = int(starts[last]) if last < len(starts) else len(data)
-        blocks.append(FrameBlock(data[low:high], 500 + low, starts[first:last] - low))
-        first, step = last, step + 1
-    joined = list(coalesce_blocks(blocks, rows_max, bytes_max))
-    assert [e for block in joined for e in block.events()] == [(500 + int(s), p) for s, p in
-                                                               zip(starts, payloads, strict=True)]
-    assert all(b.count <= rows_max and (len(b.data) <= bytes_max or b.count == 1) for b in joined)
-    # Nothing smaller than the bounds is left beside a neighbour it would have fitted with.
-    for left, right in itertools.pairwise(joined):
-        assert left.count + right.count > rows_max or len(left.data) + len(right.data) > bytes_max
-
-
-def test_coalescing_refuses_blocks_that_are_not_consecutive() -> None:
-    one = FrameBlock(frames([b"a"]), 0, np.array([0], dtype=np.int64))
-    gap = FrameBlock(frames([b"b"]), 100, np.array([0], dtype=np.int64))
-    with pytest.raises(InternalError, match="not consecutive"):
-        list(coalesce_blocks([one, gap], 10, 1000))
 
 
 @given(st.lists(st.binary(max_size=300), max_size=60), st.integers(0, 5))
