@@ -14,6 +14,10 @@ the same machine at the same moment:
   sink -- one store transaction per task, one fenced multi-commit per batch, durable and merged when
   the batch commits -- with the Arrow writer and with the row writer, beside the same rows into
   ``noop``.
+* **the sink's own cost**: before Spark starts, the calls the sink makes for a micro-batch of the
+  reference pipeline's size (two tasks of ``SINK_COST_ROWS_PER_TASK`` rows) are timed one by one in
+  plain Python: each task's transaction begin and its durable write, the driver's fenced commit and
+  its wait for the merge -- what millstream adds to a batch's ``addBatch``.
 * **pipeline**: the reference pipeline (``start_query``: JSON parsing, event-time windows, RocksDB
   state with changelog checkpointing, the exactly-once sink) runs for ``pipeline_seconds`` on a
   processing-time trigger of one second while sensor readings are written at
@@ -22,6 +26,11 @@ the same machine at the same moment:
   medians of Spark's parts of it (``latestOffset``, ``walCommit``, ``queryPlanning``, ``addBatch``,
   ``commitOffsets``) say where it goes.
 
+**start-up**: the pipeline runs first, right after the SparkSession is built, so its first
+micro-batch is a cold start's, as after a restart (no Python worker running, nothing imported):
+the session's build time (its JVM), the time from ``start()`` to the first progress report, and that
+batch's parts say where a start goes.
+
 Rates are rows per second of batch time (``triggerExecution`` summed over the batches with rows,
 the first batch of each query left out: it pays for worker start-up and JIT, 4-13 s here); the
 query's wall time including its start is given beside it.  The ratios the issue asks for are
@@ -29,6 +38,16 @@ computed from the same run: the source against ``rate`` -> ``noop``, JSON agains
 the sink against the same rows into ``noop``.  ``--markdown`` replaces the pipeline's section of
 ``BENCHMARKS.md`` (between ``SECTION_BEGIN`` and ``SECTION_END``) and ``--figures`` draws rows/s per
 query (``pipeline-throughput.png``); every figure is also written as JSON.
+
+``--ceiling`` (``run_ceiling``) measures instead what Spark's Python Data Source machinery allows by
+itself on this machine, with the same session settings and no store: a trivial streaming Python
+source that yields prebuilt Arrow record batches of 100-byte binary values (in batches of
+10,000 rows, and in one record batch per partition) into ``noop``, and ``rate-micro-batch`` into a
+trivial Python Arrow sink that discards what it gets (in Spark's Arrow batches of 10,000 rows, and
+of 100,000: ``spark.sql.execution.arrow.maxRecordsPerBatch``), each beside
+Spark's own rate -> noop in the same session; then the reference pipeline's logic on Spark's rate
+source into the trivial Python sink, beside the same into noop: what a Python sink costs a
+micro-batch by itself.  No Python data source can beat those figures here.
 
 The machine is shared and noisy, so each query also records CPU (``CpuMeter``): ours (this process
 and every descendant -- the driver's Python, its JVM and the Python workers the JVM forks -- from
@@ -83,9 +102,19 @@ SOURCE_BASELINE: Final = "source: rate-micro-batch -> noop"
 SINK: Final = "sink: rate-micro-batch -> millstream (Arrow writer)"
 SINK_ROWS: Final = "sink: rate-micro-batch -> millstream (row writer)"
 SINK_BASELINE: Final = "sink: rate-micro-batch -> noop (same rows)"
+#: The ceiling's queries: what Spark's Python data source machinery allows by itself (no millstream).
+CEILING_SOURCE: Final = "ceiling: trivial Python source (Arrow batches of 10,000 100-byte values) -> noop"
+CEILING_SOURCE_LARGE: Final = "ceiling: trivial Python source (Arrow, one record batch per partition) -> noop"
+CEILING_SINK: Final = "ceiling: rate-micro-batch -> trivial Python Arrow sink (discards)"
+CEILING_SINK_LARGE: Final = ("ceiling: rate-micro-batch -> trivial Python Arrow sink (discards), "
+                             "arrow.maxRecordsPerBatch 100,000")
+#: Spark's setting for the rows per Arrow batch it hands a Python writer (default 10,000).
+ARROW_RECORDS_PER_BATCH: Final = "spark.sql.execution.arrow.maxRecordsPerBatch"
 #: query -> (what it is compared with, the ratio it must reach, the rows/s it must reach).
 TARGETS: Final = {SOURCE: (SOURCE_BASELINE, 0.8, 1_000_000.0), SOURCE_JSON: (SOURCE, 0.5, 0.0),
-                  SINK: (SINK_BASELINE, 0.5, 400_000.0), SINK_ROWS: (SINK_BASELINE, 0.0, 0.0)}
+                  SINK: (SINK_BASELINE, 0.5, 400_000.0), SINK_ROWS: (SINK_BASELINE, 0.0, 0.0),
+                  CEILING_SOURCE: (SOURCE_BASELINE, 0.0, 0.0), CEILING_SOURCE_LARGE: (SOURCE_BASELINE, 0.0, 0.0),
+                  CEILING_SINK: (SINK_BASELINE, 0.0, 0.0), CEILING_SINK_LARGE: (SINK_BASELINE, 0.0, 0.0)}
 #: The parts of a micro-batch's duration Spark reports (``durationMs``), in the order they happen.
 BATCH_PARTS: Final = ("latest_offset_ms", "wal_commit_ms", "get_batch_ms", "query_planning_ms", "add_batch_ms",
                       "commit_offsets_ms")
@@ -101,6 +130,8 @@ class BenchConfig:
     json_path: Path | None = None
     markdown_path: Path | None = None
     figures_dir: Path | None = None
+    #: Measure only what Spark's Python data source machinery allows by itself (``run_ceiling``).
+    ceiling: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -130,6 +161,13 @@ class BenchReport:
     #: The same query logic on Spark's rate source into noop, the same rate (Spark's own cost).
     baseline_batches: tuple[dict[str, Any], ...] = ()
     baseline_cpu_percent: tuple[float, float] = (0.0, 0.0)
+    #: Where a start's time goes (seconds): the SparkSession (its JVM), and the reference pipeline's
+    #: first micro-batch -- from ``start()`` to its first progress report, and that batch's duration.
+    startup: dict[str, float] = attrs.field(factory=dict)
+    #: What the sink itself costs a micro-batch, without Spark (``_sink_costs``): part -> median/p90 ms.
+    sink_costs: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    #: What ``pipeline_batches`` measured (the ceiling measures a trivial Python sink there).
+    pipeline_name: str = "millstream -> reference pipeline -> millstream"
 
     def latency_summary(self, baseline: bool = False) -> dict[str, float]:
         source = self.baseline_batches if baseline else self.pipeline_batches
@@ -181,7 +219,7 @@ class BenchReport:
         summary = self.latency_summary()
         if summary:
             met = summary["median_ms"] < LATENCY_TARGETS_MS[0] and summary["p90_ms"] < LATENCY_TARGETS_MS[1]
-            rows = [("millstream -> reference pipeline -> millstream", summary, self.pipeline_cpu_percent)]
+            rows = [(self.pipeline_name, summary, self.pipeline_cpu_percent)]
             spark_own = self.latency_summary(baseline=True)
             if spark_own:
                 rows.append(("rate -> the same logic -> noop (Spark's own)", spark_own, self.baseline_cpu_percent))
@@ -202,13 +240,43 @@ class BenchReport:
                       "|---|" + "---:|" * len(BATCH_PARTS)]
             lines += ["| " + name + " | " + " | ".join(f"{row[f'{part}_median']:.0f}" for part in BATCH_PARTS) + " |"
                       for name, row, _ in rows]
+        lines += self._startup_lines()
+        lines += self._sink_cost_lines()
         return "\n".join(lines)
+
+    def _sink_cost_lines(self) -> list[str]:
+        if not self.sink_costs:
+            return []
+        lines = ["", f"What the exactly-once sink itself costs a micro-batch, without Spark (two tasks of "
+                 f"{SINK_COST_ROWS_PER_TASK} rows, {SINK_COST_BATCHES - SINK_COST_WARM_UP_BATCHES} batches): per "
+                 "task, beginning its transaction and writing its rows durably into it (the tasks run in parallel); "
+                 "per batch, the driver's fenced commit and its wait until the batch is merged (readable):", "",
+                 "| part | median ms | p90 ms |", "|---|---:|---:|"]
+        lines += [f"| {part.replace('_', ' ')} | {figures['median_ms']:.1f} | {figures['p90_ms']:.1f} |"
+                  for part, figures in self.sink_costs.items()]
+        return lines
+
+    def _startup_lines(self) -> list[str]:
+        if not self.startup or not self.pipeline_batches:
+            return []
+        first = self.pipeline_batches[0]
+        parts = " | ".join(f"{float(first.get(part) or 0) / 1000:.1f}" for part in BATCH_PARTS)
+        return ["", "Start-up: the SparkSession (its JVM), then the reference pipeline's first micro-batch -- from "
+                "the query's start to its first progress report, that batch's duration, and its parts (s):", "",
+                "| session | first batch, from start | its duration | "
+                + " | ".join(part.removesuffix("_ms") for part in BATCH_PARTS) + " |",
+                "|---:|---:|---:|" + "---:|" * len(BATCH_PARTS),
+                f"| {self.startup.get('session_seconds', 0.0):.1f} | "
+                f"{self.startup.get('first_batch_seconds', 0.0):.1f} | "
+                f"{float(first.get('trigger_ms') or 0) / 1000:.1f} | {parts} |"]
 
     def section(self, command: str, figure: str | None = None) -> str:
         """The pipeline's section of BENCHMARKS.md."""
         lines = [SECTION_BEGIN, "", "## Spark: the millstream source and sink beside Spark's own", "",
                  f"`{command}` (the last step of `tox -e bench`); what each query is: "
-                 "`bench/pipeline.py`.", "", self.markdown()]
+                 "`bench/pipeline.py`.  `millstream pipeline bench --ceiling` measures what Spark's Python "
+                 "data source machinery allows by itself on the machine (a trivial Python source and sink, no "
+                 "store), the most any Python data source can reach.", "", self.markdown()]
         if figure is not None:
             lines += ["", f"![rows/s per query]({figure})"]
         lines += ["", SECTION_END, ""]
@@ -223,7 +291,8 @@ class BenchReport:
                 "baseline_batches": list(self.baseline_batches),
                 "baseline_latency": self.latency_summary(baseline=True),
                 "pipeline_cpu_percent": {"ours": self.pipeline_cpu_percent[0],
-                                         "others": self.pipeline_cpu_percent[1]}}
+                                         "others": self.pipeline_cpu_percent[1]},
+                "startup": dict(self.startup), "sink_costs": dict(self.sink_costs)}
 
 
 def _short(name: str) -> str:
@@ -453,13 +522,14 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
     return results
 
 
-def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: float,
-                      say: Callable[[str], None]) -> tuple[list[dict[str, Any]], tuple[float, float]]:
+def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: float, say: Callable[[str], None],
+                      ) -> tuple[list[dict[str, Any]], tuple[float, float], float]:
     import millstream
     from millstream.client import ScalingPolicy, StreamConfig
     from millstream.spark.pipeline import progress_record
 
     with millstream.connect(uri) as client:
+        client.stream_manager().create_scope("bench", exist_ok=True)
         client.stream_manager().create_stream("bench/sensors", StreamConfig(scaling=ScalingPolicy.fixed(2)))
         client.stream_manager().create_stream("bench/alerts", StreamConfig(scaling=ScalingPolicy.fixed(2)))
     stop = threading.Event()
@@ -491,6 +561,7 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
         while not query.recentProgress and not query.awaitTermination(0.5):
             if clock.monotonic() - began > QUERY_TIMEOUT_SECONDS:
                 raise TimeoutError(f"the reference pipeline's first batch took over {QUERY_TIMEOUT_SECONDS:.0f} s")
+        first_batch_seconds = clock.monotonic() - began
         writer.start()
         meter = CpuMeter()
         began = clock.monotonic()
@@ -505,17 +576,89 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     error = query.exception()
     if error is not None:
         raise RuntimeError(f"the reference pipeline failed: {error}")
-    return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu
+    return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu, first_batch_seconds
 
 
-def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
-                       say: Callable[[str], None]) -> tuple[list[dict[str, Any]], tuple[float, float]]:
+#: Micro-batches the sink's own per-batch cost is measured over (the first few left out: connections).
+SINK_COST_BATCHES: Final = 40
+SINK_COST_WARM_UP_BATCHES: Final = 5
+#: Rows each of the two tasks of such a batch writes (about what the reference pipeline outputs).
+SINK_COST_ROWS_PER_TASK: Final = 100
+#: The parts of the sink's per-batch cost, in the order they happen.
+SINK_COST_PARTS: Final = ("begin", "write_and_flush", "commit", "merge_wait")
+
+
+def _sink_costs(uri: str) -> dict[str, dict[str, float]]:
+    """What the exactly-once sink itself costs a micro-batch, without Spark: per task, beginning its
+    transaction (a controller round trip) and writing and flushing its rows (durable in the
+    transaction); per batch, the driver's fenced multi-commit and its wait until the store has merged
+    the transactions -- the same calls ``_writer`` makes, timed one by one.  part -> median/p90 ms."""
+    import millstream
+    import pyarrow as pa
+    from millstream.client import ScalingPolicy, StreamConfig, StreamRouter
+    from millstream.spark import parse_sink_options
+    from millstream.spark._segment_io import TransactionAppender, frame_events, route
+    from millstream.spark._store import StoreSession
+    from millstream.spark._writer import _SinkProtocol
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    stream = "bench/sink-cost"
+    with millstream.connect(uri) as client:
+        client.stream_manager().create_scope("bench", exist_ok=True)
+        client.stream_manager().create_stream(stream, StreamConfig(scaling=ScalingPolicy.fixed(2)))
+    options = parse_sink_options({"controller": uri, "stream": stream})
+    protocol = _SinkProtocol(options, StructType([StructField("routing_key", StringType()),
+                                                  StructField("value", StringType())]))
+    session = StoreSession(options.store)
+    clock = SystemClock()
+    timings: dict[str, list[float]] = {part: [] for part in SINK_COST_PARTS}
+    try:
+        client = session.client
+        for batch in range(SINK_COST_BATCHES):
+            txns = []
+            for task in range(2):
+                began = clock.monotonic()
+                writer = client.transactional_writer(stream, lease_seconds=options.transaction_lease_seconds)
+                txn = writer.begin()
+                begun = clock.monotonic()
+                pairs = [reading(batch * 1000 + task * SINK_COST_ROWS_PER_TASK + row)
+                         for row in range(SINK_COST_ROWS_PER_TASK)]
+                appender = TransactionAppender(client, options.store.token)
+                router = StreamRouter(txn.info.transaction_segments)
+                for segment, part in route(pa.array([p for p, _ in pairs], type=pa.binary()),
+                                           pa.array([k for _, k in pairs], type=pa.string()), router):
+                    appender.append(segment, frame_events(part))
+                appender.close()
+                writer.close()
+                written = clock.monotonic()
+                txns.append(str(txn.txn_id))
+                if batch >= SINK_COST_WARM_UP_BATCHES:
+                    timings["begin"].append(begun - began)
+                    timings["write_and_flush"].append(written - begun)
+            began = clock.monotonic()
+            client.commit_transactions(stream, txns, fence=("spark/sink-cost", batch))
+            committed = clock.monotonic()
+            merged = protocol._wait_merged(session, txns)
+            if batch >= SINK_COST_WARM_UP_BATCHES:
+                timings["commit"].append(committed - began)
+                timings["merge_wait"].append(clock.monotonic() - committed)
+            if not merged:
+                raise RuntimeError(f"sink cost: batch {batch} was not merged within the bound")
+    finally:
+        session.close()
+    return {part: {"median_ms": 1000 * statistics.median(values),
+                   "p90_ms": 1000 * _percentile(sorted(values), 0.9)} for part, values in timings.items()}
+
+
+def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float, say: Callable[[str], None], *,
+                       sink: str = "noop", name: str = "baseline") -> tuple[list[dict[str, Any]], tuple[float, float]]:
     """The reference pipeline's logic fed by Spark's rate source (readings of the same shape, at the
-    same rate) into noop: what the query costs Spark itself, with no millstream on either side."""
+    same rate) into noop: what the query costs Spark itself, with no millstream on either side (or
+    into ``sink``: the ceiling's trivial Python sink)."""
     from millstream.spark.pipeline import progress_record, sensor_pipeline
 
     clock = SystemClock()
-    config = PipelineConfig(controller="tcp://127.0.0.1:1", checkpoint=workdir / "checkpoints" / "baseline")
+    config = PipelineConfig(controller="tcp://127.0.0.1:1", checkpoint=workdir / "checkpoints" / name)
     readings = (spark.readStream.format("rate").option("rowsPerSecond", str(PIPELINE_EVENTS_PER_SECOND))
                 .option("numPartitions", "2").load()
                 .selectExpr("concat('{\"kind\":\"reading\",\"sensor_id\":\"sensor-', "
@@ -524,8 +667,8 @@ def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
                             "AS BIGINT), "
                             "',\"temperature_c\":', CAST(20 + value % 70 AS STRING), '.', "
                             "lpad(CAST(value % 100 AS STRING), 2, '0'), '}') AS value"))
-    say(f"the same logic on Spark's rate source into noop: its first micro-batch, then {seconds:.0f} s")
-    query = (sensor_pipeline(readings, config).writeStream.format("noop").outputMode("append")
+    say(f"the same logic on Spark's rate source into {sink}: its first micro-batch, then {seconds:.0f} s")
+    query = (sensor_pipeline(readings, config).writeStream.format(sink).outputMode("append")
              .option("checkpointLocation", str(config.checkpoint)).trigger(processingTime="1 second").start())
     began = clock.monotonic()
     try:
@@ -542,6 +685,166 @@ def _pipeline_baseline(spark: SparkSession, workdir: Path, seconds: float,
     return [progress_record(json.loads(p.json)) for p in query.recentProgress], cpu
 
 
+#: Bytes in each value the trivial source yields (the issue's 100-byte events).
+CEILING_VALUE_BYTES: Final = 100
+
+
+def _ceiling_data_sources(rows_per_batch: int, batches: int, rows_per_record_batch: int) -> tuple[Any, Any]:
+    """A trivial streaming Python data source yielding prebuilt Arrow record batches of
+    ``CEILING_VALUE_BYTES``-byte binary values (``batches`` micro-batches of ``rows_per_batch``, two
+    partitions each), and a trivial streaming Arrow sink that discards what it is given.  Defined in
+    a function so that cloudpickle ships them by value: the Python workers need not import this module."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamArrowWriter,
+        DataSourceStreamReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    partitions_per_batch = 2
+
+    class CeilingReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, Any]:
+            return {"batch": 0}
+
+        def getDefaultReadLimit(self) -> Any:
+            return ReadAllAvailable()
+
+        def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+            return {"batch": min(batches, int(start["batch"]) + 1)}
+
+        def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
+            if int(end["batch"]) <= int(start["batch"]):
+                return []
+            share = rows_per_batch // partitions_per_batch
+            return [InputPartition(share) for _ in range(partitions_per_batch)]
+
+        def read(self, partition: Any) -> Any:
+            rows = int(partition.value)
+            chunk = min(rows, rows_per_record_batch)
+            value = b"x" * CEILING_VALUE_BYTES
+            offsets = pa.array(range(0, (chunk + 1) * CEILING_VALUE_BYTES, CEILING_VALUE_BYTES), type=pa.int32())
+            values = pa.BinaryArray.from_buffers(pa.binary(), chunk, [None, offsets.buffers()[1],
+                                                                      pa.py_buffer(value * chunk)])
+            batch = pa.RecordBatch.from_arrays([values], names=["value"])
+            sent = 0
+            while sent < rows:
+                piece = batch if rows - sent >= chunk else batch.slice(0, rows - sent)
+                sent += piece.num_rows
+                yield piece
+
+        def commit(self, end: dict[str, Any]) -> None:
+            pass
+
+    class CeilingWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            pass
+
+        def abort(self, messages: Any, batchId: int) -> None:
+            pass
+
+    class CeilingDataSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return f"millstream-ceiling-{rows_per_record_batch}"
+
+        def schema(self) -> str:
+            return "value BINARY"
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            return CeilingReader()
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+            return CeilingWriter()
+
+    return CeilingDataSource, CeilingDataSource.name()
+
+
+def _ceiling(spark: SparkSession, workdir: Path, rows: int, say: Callable[[str], None]) -> list[Measurement]:
+    """The Python data source machinery's own ceiling, beside Spark's rate -> noop in the same session."""
+    per_batch = max(2, rows // BATCHES)
+    names = []
+    for rows_per_record_batch in (10_000, per_batch):
+        source, name = _ceiling_data_sources(per_batch, BATCHES, rows_per_record_batch)
+        spark.dataSource.register(source)
+        names.append(name)
+
+    def rate() -> Any:
+        return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", str(per_batch))
+                .option("numPartitions", "2").load())
+
+    def rate_rows() -> Any:
+        return rate().selectExpr("CAST(repeat('x', 100) AS BINARY) AS value")
+
+    def query(frame: Callable[[], Any], sink: str, name: str, arrow_rows: int | None = None) -> Callable[[], Any]:
+        def start() -> Any:
+            if arrow_rows is not None:  # read when the query's batches are planned, so it stays set while it runs
+                spark.conf.set(ARROW_RECORDS_PER_BATCH, str(arrow_rows))
+            else:
+                spark.conf.unset(ARROW_RECORDS_PER_BATCH)
+            return (frame().writeStream.format(sink).option("checkpointLocation", str(workdir / "checkpoints" / name))
+                    .trigger(processingTime="0 seconds").start())
+        return start
+
+    def trivial(index: int) -> Callable[[], Any]:
+        return lambda: spark.readStream.format(names[index]).load()
+
+    total = per_batch * BATCHES
+    plan = [
+        ("warm-up", query(trivial(0), "noop", "ceiling-warm-up"), 2 * per_batch),
+        (SOURCE_BASELINE, query(rate, "noop", "ceiling-rate"), total),
+        (CEILING_SOURCE, query(trivial(0), "noop", "ceiling-source"), total),
+        (CEILING_SOURCE_LARGE, query(trivial(1), "noop", "ceiling-large"), total),
+        (SINK_BASELINE, query(rate_rows, "noop", "ceiling-rate-rows"), total),
+        (CEILING_SINK, query(rate_rows, names[0], "ceiling-sink"), total),
+        (CEILING_SINK_LARGE, query(rate_rows, names[0], "ceiling-sink-large", 100_000), total),
+    ]
+    results = []
+    try:
+        for name, start, stop_after in plan:
+            say(name)
+            measurement = _measure(name, start, rows, stop_after_rows=stop_after)
+            if name != "warm-up":
+                results.append(measurement)
+    finally:
+        spark.conf.unset(ARROW_RECORDS_PER_BATCH)
+    return results
+
+
+def run_ceiling(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
+    """``millstream pipeline bench --ceiling``: Spark's Python data source machinery alone (no store)."""
+    import pyspark
+
+    workdir = config.data_dir or Path(tempfile.mkdtemp(prefix="millstream-spark-ceiling-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        spark = build_session(PipelineConfig(controller="tcp://127.0.0.1:1",
+                                             checkpoint=workdir / "checkpoints" / "unused"))
+        try:
+            throughput = _ceiling(spark, workdir, config.rows, say)
+            trivial_sink = _ceiling_data_sources(2, BATCHES, 10_000)[1]  # registered by _ceiling
+            batches, cpu = _pipeline_baseline(spark, workdir, config.pipeline_seconds, say, sink=trivial_sink,
+                                              name="ceiling-pipeline")
+            baseline, baseline_cpu = _pipeline_baseline(spark, workdir, config.pipeline_seconds, say)
+        finally:
+            spark.stop()
+        return BenchReport(throughput=tuple(throughput), pipeline_batches=tuple(batches), pipeline_cpu_percent=cpu,
+                           spark_version=pyspark.__version__, baseline_batches=tuple(baseline),
+                           baseline_cpu_percent=baseline_cpu,
+                           pipeline_name="rate -> the same logic -> trivial Python sink (discards)")
+    finally:
+        if config.data_dir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
     import millstream
     import pyspark
@@ -550,17 +853,27 @@ def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         with millstream.standalone(workdir / "store") as node:
+            say("the sink's own cost per micro-batch, without Spark")
+            sink_costs = _sink_costs(node.uri)
             session_config = PipelineConfig(controller=node.uri, checkpoint=workdir / "checkpoints" / "unused")
+            clock = SystemClock()
+            began = clock.monotonic()
             spark = build_session(session_config)
+            session_seconds = clock.monotonic() - began
             try:
+                # The pipeline first: its first micro-batch is then a cold start's (no Python worker
+                # running yet), as after a restart.
+                batches, pipeline_cpu, first_batch = _pipeline_latency(spark, node.uri, workdir,
+                                                                       config.pipeline_seconds, say)
                 throughput = _throughput(spark, node.uri, workdir, config.rows, say)
-                batches, pipeline_cpu = _pipeline_latency(spark, node.uri, workdir, config.pipeline_seconds, say)
                 baseline, baseline_cpu = _pipeline_baseline(spark, workdir, config.pipeline_seconds, say)
             finally:
                 spark.stop()
         return BenchReport(throughput=tuple(throughput), pipeline_batches=tuple(batches),
                            pipeline_cpu_percent=pipeline_cpu, spark_version=pyspark.__version__,
-                           baseline_batches=tuple(baseline), baseline_cpu_percent=baseline_cpu)
+                           baseline_batches=tuple(baseline), baseline_cpu_percent=baseline_cpu,
+                           startup={"session_seconds": session_seconds, "first_batch_seconds": first_batch},
+                           sink_costs=sink_costs)
     finally:
         if config.data_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -577,7 +890,7 @@ def main(config: BenchConfig, out: Callable[[str], None] | None = None, *, comma
     ``markdown_path`` the pipeline's section of that file is replaced (the rest kept), with
     ``figures_dir`` the plot of rows/s per query goes there."""
     say = out or _stderr
-    report = run_bench(config, say)
+    report = run_ceiling(config, say) if config.ceiling else run_bench(config, say)
     sys.stdout.write(report.markdown() + "\n")
     if config.json_path is not None:
         config.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")

@@ -29,8 +29,9 @@ writer can commit without the fence.  ``df.write`` (the batch writers) commits t
 a fence unless the ``fenceKey``/``fenceValue`` options give one.
 
 ``commit`` then waits, within a bound, until the store has merged the batch's transactions, so the
-batch's events are readable when Spark records it committed: it asks for their status every
-``limits.SPARK_SINK_MERGE_POLL_SECONDS`` on the client's event loop (all at once).  A transaction
+batch's events are readable when Spark records it committed: through the client's public transaction
+API (each transaction's ``wait_for_completion``, all at once on the client's event loop; the sink
+calls no controller method and sleeps nowhere itself).  A transaction
 whose lease lapsed before the driver committed it makes the store refuse the whole batch
 (``TransactionNotOpenError``, nothing committed); Spark fails the query, and a restart re-runs the
 batch.
@@ -66,10 +67,10 @@ import attrs
 import pyarrow as pa
 from millstream import limits
 from millstream.client import CommitOutcome, StreamRouter, TransactionStatus
-from millstream.clock import Clock, SystemClock
 from millstream.errors import (
     InternalError,
     InvalidArgumentError,
+    RequestTimeoutError,
     TransactionNotFoundError,
     TransactionNotOpenError,
 )
@@ -286,10 +287,9 @@ def _ahead(stream: str, fence: tuple[str, int], recorded: int) -> str:
 class _SinkProtocol:
     """The task side and the driver side of the commit, shared by every writer."""
 
-    def __init__(self, options: SinkOptions, schema: StructType, *, clock: Clock | None = None) -> None:
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self._options = options
         self._encoding = _Encoding.of(options, schema)
-        self._clock = clock or SystemClock()
 
     @property
     def options(self) -> SinkOptions:
@@ -379,29 +379,38 @@ class _SinkProtocol:
                 _log.info("batch %s (fence %s) was committed to %s before (a replay): its %s new transactions were "
                           "aborted", batch_id, fence[0], stream, len(txns))
                 return
-            if not session.run(self._wait_merged(session, txns)):
+            if not self._wait_merged(session, txns):
                 _log.warning("transactions %s of %s are committed but not merged yet after %s s", txns, stream,
                              limits.TRANSACTION_COMPLETION_WAIT_SECONDS)
         finally:
             session.close()
 
-    async def _wait_merged(self, session: StoreSession, txns: Sequence[str]) -> bool:
+    def _wait_merged(self, session: StoreSession, txns: Sequence[str]) -> bool:
         """Wait (bounded) until the store has merged the committed transactions, so the batch is
         readable once Spark logs it committed; False if the bound passed first.  Merging follows from
-        the decision, so a timeout only delays readers."""
-        controller = session.client.async_client.controller()
-        scope, name = self._options.store.scope, self._options.store.stream_name
-        deadline = self._clock.monotonic() + limits.TRANSACTION_COMPLETION_WAIT_SECONDS
-        waiting = list(txns)
-        while True:
-            infos = await asyncio.gather(*(controller.get_transaction(scope, name, t) for t in waiting))
-            waiting = [txn for txn, info in zip(waiting, infos, strict=True)
-                       if info.status is not TransactionStatus.COMMITTED]
-            if not waiting:
-                return True
-            if self._clock.monotonic() >= deadline:
+        the decision, so a timeout only delays readers.  Through the client's public transaction API
+        (``wait_for_completion`` of each, all at once on the client's loop): the sink neither sleeps
+        nor asks the controller itself."""
+        stream = self._options.store.stream
+        client = session.client
+
+        async def wait() -> bool:
+            writer = client.async_client.transactional_writer(stream)
+            try:
+                resumed = await asyncio.gather(*(writer.transaction(txn) for txn in txns))
+                statuses = await asyncio.gather(*(
+                    txn.wait_for_completion(limits.TRANSACTION_COMPLETION_WAIT_SECONDS)
+                    for txn in resumed if txn.info.status is not TransactionStatus.COMMITTED))
+            except RequestTimeoutError:
                 return False
-            await self._clock.sleep(limits.SPARK_SINK_MERGE_POLL_SECONDS)
+            finally:
+                await writer.close()
+            if any(status is not TransactionStatus.COMMITTED for status in statuses):
+                raise InternalError(f"transactions {list(txns)} of {stream} were committed, and one ended "
+                                    f"{[status.value for status in statuses]}")
+            return True
+
+        return client.run(wait())
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
         """Abort the listed transactions; failed tasks' slots are None (their transactions expire)."""
@@ -410,16 +419,16 @@ class _SinkProtocol:
         if not txns:
             return
         session = StoreSession(self._options.store)
-        controller = session.client.async_client.controller()
-        scope, name = self._options.store.scope, self._options.store.stream_name
+        writer = session.client.transactional_writer(self._options.store.stream)
         try:
             for txn in txns:
                 try:
-                    session.run(controller.abort_transaction(scope, name, txn))
+                    writer.transaction(txn).abort()
                 except (TransactionNotOpenError, TransactionNotFoundError) as error:
                     # Committed by an earlier call for this batch, aborted already, or long forgotten.
                     _log.info("batch %s: transaction %s is not open to abort (%s)", batch_id, txn, error)
         finally:
+            writer.close()
             session.close()
 
 

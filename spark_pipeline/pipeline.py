@@ -19,7 +19,7 @@ DataFrame out), so tests can feed it from any source:
 
 ``start_query`` runs it from the millstream source to the millstream sink with a checkpoint location;
 Spark's offset and commit logs and the sink's fenced multi-commit make the output exactly once across
-driver crashes (``../shared/reference/spark-exactly-once.md``, ``spec/ExactlyOnceSink.tla``).  The
+driver crashes (``spec/ExactlyOnceSink.tla``).  The
 state of the windows lives in the RocksDB state store with changelog checkpointing and bounded memory
 (``spark_conf``): Spark's own implementation, configured here, not re-implemented.
 

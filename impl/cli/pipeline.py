@@ -127,8 +127,12 @@ def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpo
               help="Replace the pipeline's section of this Markdown file (e.g. BENCHMARKS.md), keeping the rest.")
 @click.option("--figures", "figures_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Draw rows/s per query into DIR/pipeline-throughput.png (needs the bench extra: matplotlib).")
+@click.option("--ceiling", is_flag=True, default=False,
+              help="Measure only Spark's own Python data source machinery (a trivial Python source and sink, "
+                   "no store) beside Spark's rate source and noop sink: the most any Python data source can reach "
+                   "here, in rows/s and per micro-batch.")
 def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, json_path: Path | None,
-                   markdown_path: Path | None, figures_dir: Path | None) -> None:
+                   markdown_path: Path | None, figures_dir: Path | None, ceiling: bool) -> None:
     """Measure the Spark side, everything in one run on this machine:
 
     \b
@@ -139,7 +143,10 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
       pipeline: the reference pipeline's per-micro-batch durations (median, p90, max, and where
               they go) while sensor readings are written at 10,000 events/s.
 
-    Prints a Markdown table with the ratios and targets of issue 21.
+    Prints a Markdown table with the ratios and targets of issue 21.  With --ceiling, instead: a
+    trivial Python streaming source (prebuilt Arrow batches of 100-byte values) and a trivial Python
+    Arrow sink (it discards), beside rate -> noop, and the reference pipeline's logic on the rate
+    source into that sink beside the same into noop -- the same session settings, no store.
 
     \b
     Example (what `tox -e bench` runs last):
@@ -147,6 +154,9 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
           --markdown BENCHMARKS.md --figures docs/bench
     """
     _need_spark()
+    if ceiling and markdown_path is not None:
+        raise click.UsageError("--ceiling measures no millstream query: it does not replace BENCHMARKS.md's section "
+                               "(drop --markdown; --json keeps its figures)")
     from millstream.cli.bench import load_benchmarks
 
     spark_bench = load_benchmarks("bench.pipeline")  # (the clone's bench/pipeline.py; not in the package)
@@ -154,7 +164,8 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
 
     command = " ".join(["millstream", *sys.argv[1:]]) if sys.argv[1:2] == ["pipeline"] else "millstream pipeline bench"
     sys.exit(bench_main(BenchConfig(rows=rows, pipeline_seconds=pipeline_seconds, data_dir=data_dir,
-                                    json_path=json_path, markdown_path=markdown_path, figures_dir=figures_dir),
+                                    json_path=json_path, markdown_path=markdown_path, figures_dir=figures_dir,
+                                    ceiling=ceiling),
                         command=command))
 
 

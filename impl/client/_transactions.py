@@ -411,10 +411,12 @@ class AsyncTransaction(Generic[T]):
 
     async def wait_for_completion(self, timeout_seconds: float = limits.TRANSACTION_COMPLETION_WAIT_SECONDS,
                                   ) -> TransactionStatus:
-        """Wait until the transaction is COMMITTED or ABORTED (asking with a doubling, bounded delay);
-        returns that status.  Raises ``RequestTimeoutError`` after ``timeout_seconds``."""
+        """Wait until the transaction is COMMITTED or ABORTED (asking with a short delay for
+        ``limits.TRANSACTION_STATUS_POLL_STEADY_SECONDS``, then a doubling, bounded one); returns that
+        status.  Raises ``RequestTimeoutError`` after ``timeout_seconds``."""
         clock = self._writer.clock
-        deadline = clock.monotonic() + timeout_seconds
+        began = clock.monotonic()
+        deadline = began + timeout_seconds
         delay = limits.TRANSACTION_STATUS_POLL_INITIAL_SECONDS
         while True:
             status = await self.check_status()
@@ -424,7 +426,8 @@ class AsyncTransaction(Generic[T]):
                 raise RequestTimeoutError(f"transaction {self.txn_id} is still {status.value} after "
                                           f"{timeout_seconds} s")
             await clock.sleep(min(delay, max(0.0, deadline - clock.monotonic())))
-            delay = min(delay * 2, limits.TRANSACTION_STATUS_POLL_MAX_SECONDS)
+            if clock.monotonic() - began >= limits.TRANSACTION_STATUS_POLL_STEADY_SECONDS:
+                delay = min(delay * 2, limits.TRANSACTION_STATUS_POLL_MAX_SECONDS)
 
     async def _close(self) -> None:
         """The writer closes: flush what is open (the transaction stays open for whoever commits it)."""

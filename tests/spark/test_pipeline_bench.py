@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.pipeline import BenchReport, CpuMeter, Measurement
 
@@ -39,6 +40,30 @@ def test_rates_leave_the_first_batch_out_and_latency_is_summarised() -> None:
     assert "| 4 | 200 | 250 | 400 | 400 | 50 | 25 |" in table
     assert "| 0 | 0 | 0 | 0 | 125 | 0 |" in table, "the parts of a batch (medians): addBatch 125"
     assert report.to_json()["pipeline_cpu_percent"] == {"ours": 50.0, "others": 25.0}
+    assert "Start-up" not in table, "no start-up figures, no start-up table"
+
+
+def test_the_start_up_table_gives_the_session_and_the_first_batch_and_its_parts() -> None:
+    first = {"trigger_ms": 20_000, "latest_offset_ms": 3_000, "wal_commit_ms": 100, "get_batch_ms": 0,
+             "query_planning_ms": 1_500, "add_batch_ms": 15_000, "commit_offsets_ms": 400, "input_rows": 10}
+    report = BenchReport(throughput=(), pipeline_batches=(first, {"trigger_ms": 300, "input_rows": 10}),
+                         pipeline_cpu_percent=(0.0, 0.0), spark_version="4.x",
+                         startup={"session_seconds": 7.25, "first_batch_seconds": 31.0})
+    table = report.markdown()
+    assert "| 7.2 | 31.0 | 20.0 | 3.0 | 0.1 | 0.0 | 1.5 | 15.0 | 0.4 |" in table
+    assert report.to_json()["startup"] == {"session_seconds": 7.25, "first_batch_seconds": 31.0}
+
+
+def test_the_sinks_own_cost_is_measured_part_by_part_without_spark(node: Any) -> None:
+    from bench import pipeline as bench
+
+    costs = bench._sink_costs(node.uri)
+    assert list(costs) == list(bench.SINK_COST_PARTS)
+    assert all(0.0 < figures["median_ms"] <= figures["p90_ms"] for figures in costs.values())
+    report = BenchReport(throughput=(), pipeline_batches=(), pipeline_cpu_percent=(0.0, 0.0), spark_version="4.x",
+                         sink_costs=costs)
+    table = report.markdown()
+    assert f"| merge wait | {costs['merge_wait']['median_ms']:.1f} | {costs['merge_wait']['p90_ms']:.1f} |" in table
 
 
 def measured(name: str, rows_per_second: float) -> Measurement:
@@ -68,3 +93,29 @@ def test_ratios_and_targets_come_from_the_same_run(tmp_path: Path) -> None:
     again = bench.replace_section(first + "\ntrailing\n", report.section("again"))
     assert again.count(bench.SECTION_BEGIN) == 1 and "`again`" in again and again.endswith("trailing\n")
     assert bench.plot(report, tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_the_ceilings_trivial_source_yields_its_rows_in_record_batches_and_its_sink_discards() -> None:
+    """``pipeline bench --ceiling``'s data sources, in plain Python: what Spark would ask of them."""
+    from bench import pipeline as bench
+
+    source_class, name = bench._ceiling_data_sources(rows_per_batch=25, batches=3, rows_per_record_batch=4)
+    assert name == "millstream-ceiling-4"
+    source = source_class({})
+    assert source.schema() == "value BINARY"
+    reader = source.streamReader(None)
+    offset = reader.initialOffset()
+    rows = 0
+    for _ in range(4):
+        end = reader.latestOffset(offset, reader.getDefaultReadLimit())
+        for partition in reader.partitions(offset, end):
+            batches = list(reader.read(partition))
+            assert all(batch.num_rows <= 4 for batch in batches)
+            assert all(value == b"x" * bench.CEILING_VALUE_BYTES for batch in batches
+                       for value in batch.column(0).to_pylist())
+            rows += sum(batch.num_rows for batch in batches)
+        offset = end
+    assert offset == {"batch": 3}, "three micro-batches, then no new data"
+    assert rows == 3 * 24, "two partitions of 12 rows a micro-batch"
+    writer = source.streamWriter(None, False)
+    assert writer.write(iter(list(reader.read(reader.partitions({"batch": 0}, {"batch": 1})[0])))) is not None

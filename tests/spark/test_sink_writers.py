@@ -3,20 +3,18 @@ through the class's own ``write``, Spark's task context stood in for): a batch c
 of it -- new transactions, the same batch id -- commits nothing, and the fence records the batch, for
 the row writer as for the Arrow writer and for ``df.write`` with a fence.  Beside them: rows reach the
 store a buffer at a time (never through the per-event writer), one client serves a process's tasks
-and commits, and the driver's wait for the merge polls on the client's loop at a fixed short
-interval."""
+and commits, and the driver commits, waits for the merge and aborts through the client's public API."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import millstream
 import pyarrow as pa
 import pytest
-from millstream import limits
-from millstream.client import AsyncTransaction, Transaction, TransactionStatus
+from millstream.client import AsyncClient, AsyncTransaction, Transaction
 from millstream.spark import (
     MillstreamBatchArrowWriter,
     MillstreamBatchWriter,
@@ -28,7 +26,7 @@ from millstream.spark import (
     fence_key,
     parse_sink_options,
 )
-from millstream.spark._writer import TaskIdentity, _SinkProtocol
+from millstream.spark._writer import TaskIdentity
 from pyspark.sql import Row
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
@@ -171,49 +169,31 @@ def test_one_client_serves_every_task_and_commit_of_a_process(node: Any, unique_
         _store.close_shared_clients()
 
 
-class _Statuses:
-    """A controller stand-in: each transaction is COMMITTING for its first ``polls`` status requests."""
+@pytest.mark.parametrize("writer_class", STREAMING + BATCH, ids=lambda c: c.__name__)
+def test_the_driver_commits_waits_and_aborts_through_the_public_client_api_only(
+        writer_class: type, node: Any, unique_stream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22: the driver's side of the sink -- the fenced commit, the wait until the batch is
+    merged (readable), the abort -- uses the client's public API: it reaches for no controller
+    method (``AsyncClient.controller()``) and sleeps on no thread (``time.sleep``) itself."""
+    stream = unique_stream(2)
+    streaming = writer_class in STREAMING
 
-    def __init__(self, polls: int) -> None:
-        self.polls = polls
-        self.asked: list[str] = []
+    def tasks(batch: int) -> list[MillstreamCommitMessage]:
+        return [run_task(monkeypatch, new_writer(writer_class, node, stream), rows_of(batch, p, 6), query="q",
+                         batch=batch, partition=p) for p in range(2)]
 
-    async def get_transaction(self, scope: str, stream: str, txn: str) -> Any:
-        self.asked.append(txn)
-        done = self.asked.count(txn) > self.polls
-        return type("Info", (), {"status": TransactionStatus.COMMITTED if done else TransactionStatus.COMMITTING})
+    committed, aborted = tasks(0), tasks(1)
 
+    def reached_around(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the sink's driver side went around the client's public API")
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.slept: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-def test_the_wait_for_the_merge_polls_every_transaction_at_a_fixed_short_interval() -> None:
-    """The driver's commit is on every batch's critical path: it asks for all the batch's
-    transactions at once, every ``SPARK_SINK_MERGE_POLL_SECONDS`` (no doubling delay to overshoot a
-    merge by, no ``time.sleep`` blocking a thread), and gives up waiting -- not committing -- at the
-    bound."""
-    clock = _Clock()
-    protocol = _SinkProtocol(parse_sink_options({"controller": "tcp://127.0.0.1:1", "stream": "sc/st"}), SCHEMA,
-                             clock=clock)
-    statuses_ = _Statuses(polls=4)
-    controller = type("Client", (), {"controller": lambda self: statuses_})()
-    session = type("Session", (), {"client": type("C", (), {"async_client": controller})()})()
-    assert asyncio.run(protocol._wait_merged(session, ["t1", "t2", "t3"])) is True
-    assert clock.slept == [limits.SPARK_SINK_MERGE_POLL_SECONDS] * 4
-    assert statuses_.asked == ["t1", "t2", "t3"] * 5, "each round asks for every transaction still waiting"
-    clock.slept.clear()
-    stuck = _Statuses(polls=10**9)
-    controller.controller = lambda: stuck  # type: ignore[method-assign]
-    assert asyncio.run(protocol._wait_merged(session, ["t1"])) is False
-    assert sum(clock.slept) >= limits.TRANSACTION_COMPLETION_WAIT_SECONDS and set(clock.slept) == {
-        limits.SPARK_SINK_MERGE_POLL_SECONDS}
+    with monkeypatch.context() as patched:
+        patched.setattr(AsyncClient, "controller", reached_around)
+        patched.setattr(time, "sleep", reached_around)
+        driver = new_writer(writer_class, node, stream)
+        driver.commit(committed, 0) if streaming else driver.commit(committed)
+        driver = new_writer(writer_class, node, stream)
+        driver.abort(aborted, 1) if streaming else driver.abort(aborted)
+    assert statuses(node, stream, committed) == {"committed"}, "commit returned once the batch was merged"
+    assert statuses(node, stream, aborted) <= {"aborting", "aborted"}
+    assert read_stream(node, stream) == expected(0)
