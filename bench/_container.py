@@ -153,7 +153,7 @@ class ContainerRun:
 
 
 #: How long a measurement window stays open past its duration waiting for its first acknowledgement.
-FIRST_ACKNOWLEDGEMENT_WAIT_MAX_SECONDS = 30.0
+FIRST_ACKNOWLEDGEMENT_WAIT_SECONDS_MAX = 30.0
 
 
 class _Phase:
@@ -298,7 +298,7 @@ async def _time_window(phase: _Phase, warmup_seconds: float, duration_seconds: f
         # of nothing.  Keep it open (bounded) until there is one.
         if phase.acknowledged == 0 and not phase.exhausted.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(phase.first_acknowledged.wait(), FIRST_ACKNOWLEDGEMENT_WAIT_MAX_SECONDS)
+                await asyncio.wait_for(phase.first_acknowledged.wait(), FIRST_ACKNOWLEDGEMENT_WAIT_SECONDS_MAX)
         phase.measuring = False
         end = _Counters.now(log, fdatasync)
     finally:

@@ -19,7 +19,7 @@ What it answers (issue 8's Evidence, PDP-43's requirement that large events perf
    to go, samples ``VmRSS`` every ``RSS_SAMPLE_SECONDS`` while it runs, and reads the kernel's
    ``VmHWM`` at the end.  The peak is the higher of the two (the sampled maximum alone when the reset
    was refused: the kernel's peak would include the start-up).  Target: under 64 MiB above the
-   baseline for the large event (``RSS_ABOVE_BASELINE_MAX_BYTES``); the classic events' figure is
+   baseline for the large event (``RSS_ABOVE_BASELINE_BYTES_MAX``); the classic events' figure is
    beside it for comparison (an 8 MiB event is held whole by the application and in the writer's
    window).
 
@@ -69,13 +69,13 @@ __all__ = ["LargeEventsConfig", "LargeEventsReport", "render_large_events_markdo
 SUITE_NAME: Final = "large-events"
 MIB: Final = 1024 * 1024
 #: A classic event at the classic limit: what PDP-43 compares a large event with.
-CLASSIC_EVENT_BYTES: Final = limits.EVENT_LENGTH_MAX_BYTES
+CLASSIC_EVENT_BYTES: Final = limits.EVENT_LENGTH_BYTES_MAX
 #: The application's writes and the EventReader's reads: 1 MiB at a time.
 PIECE_BYTES: Final = 1 * MIB
 #: How often the client's resident set is sampled from outside.
 RSS_SAMPLE_SECONDS: Final = 0.005
 THROUGHPUT_RATIO_TOLERANCE: Final = 0.15
-RSS_ABOVE_BASELINE_MAX_BYTES: Final = 64 * MIB
+RSS_ABOVE_BASELINE_BYTES_MAX: Final = 64 * MIB
 SCOPE: Final = "bench"
 ROUTING_KEY: Final = "large"
 #: Measurements in the order a repeat runs them (a read needs its write before it).
@@ -88,7 +88,7 @@ SECTION_END: Final = "<!-- millstream bench --suite large-events: end -->"
 class LargeEventsConfig:
     #: At least twice the inline limit (8 MiB), so the large event is streamed through a transient segment.
     event_mib: int = attrs.field(default=1024, validator=attrs.validators.and_(
-        attrs.validators.ge(16), attrs.validators.le(limits.LARGE_EVENT_LENGTH_MAX_BYTES // MIB)))
+        attrs.validators.ge(16), attrs.validators.le(limits.LARGE_EVENT_LENGTH_BYTES_MAX // MIB)))
     repeat: int = attrs.field(default=3, validator=attrs.validators.ge(1))
     quiet_idle_percent_min: float = 80.0
     quiet_timeout_seconds: float = 20.0
@@ -132,7 +132,7 @@ class Summary:
     mib_per_second: float | None
     seconds: float | None
     rss_above_baseline_mib: float | None
-    rss_above_baseline_max_mib: float | None  # the worst repeat
+    rss_above_baseline_mib_max: float | None  # the worst repeat
     rss_baseline_mib: float | None
     client_cpu_seconds: float | None
     server_cpu_seconds: float | None
@@ -401,7 +401,7 @@ def _summary(scenario: str, measurements: Sequence[Measurement]) -> Summary:
         scenario=scenario,
         mib_per_second=median_or_none([m.mib_per_second for m in measurements]),
         seconds=median_or_none([m.seconds for m in measurements]),
-        rss_above_baseline_mib=median_or_none(above), rss_above_baseline_max_mib=max(above) if above else None,
+        rss_above_baseline_mib=median_or_none(above), rss_above_baseline_mib_max=max(above) if above else None,
         rss_baseline_mib=median_or_none([m.rss_baseline_bytes / MIB for m in measurements]),
         client_cpu_seconds=median_or_none([m.client_cpu_seconds for m in measurements]),
         server_cpu_seconds=median_or_none([m.server_cpu_seconds for m in measurements]),
@@ -430,11 +430,11 @@ def render_large_events_markdown(report: LargeEventsReport, *,
             "write-classic": f"write {config.classic_events} x {classic_mib} MiB events (`write_event`, flush)",
             "read-classic": "read them (`read_next_event`)"}
     rows = [f"| {what[s.scenario]} | {fixed(s.mib_per_second, 1)} | {fixed(s.seconds, 2)} "
-            f"| {fixed(s.rss_above_baseline_mib, 1)} | {fixed(s.rss_above_baseline_max_mib, 1)} "
+            f"| {fixed(s.rss_above_baseline_mib, 1)} | {fixed(s.rss_above_baseline_mib_max, 1)} "
             f"| {fixed(s.rss_baseline_mib, 1)} | {fixed(s.client_cpu_seconds, 2)} "
             f"| {fixed(s.server_cpu_seconds, 2)} | {fixed(s.others_percent, 0)} |" for s in report.summaries]
-    large_rss = max((report.summary(s).rss_above_baseline_max_mib or 0.0) for s in ("write-large", "read-large"))
-    rss_limit = RSS_ABOVE_BASELINE_MAX_BYTES // MIB
+    large_rss = max((report.summary(s).rss_above_baseline_mib_max or 0.0) for s in ("write-large", "read-large"))
+    rss_limit = RSS_ABOVE_BASELINE_BYTES_MAX // MIB
     resets = all(m.peak_reset for r in report.repeats for m in r.measurements)
     lines = [
         SECTION_BEGIN,

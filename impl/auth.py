@@ -69,7 +69,7 @@ from millstream.naming import SegmentKind, reader_group_state_segment_name, segm
 __all__ = [
     "CLIENT_OPERATIONS",
     "SECRET_LENGTH_MIN_BYTES",
-    "TOKEN_LENGTH_MAX_BYTES",
+    "TOKEN_LENGTH_BYTES_MAX",
     "Authorizer",
     "Permission",
     "SegmentOperation",
@@ -91,7 +91,7 @@ SECRET_LENGTH_MIN_BYTES: Final = 16
 
 #: A token longer than this is refused unread (a resource name is at most two 255-character names);
 #: it also keeps the work one bad request can cost the server small.
-TOKEN_LENGTH_MAX_BYTES: Final = 2048
+TOKEN_LENGTH_BYTES_MAX: Final = 2048
 
 _PREFIX: Final = "ms1."
 
@@ -166,8 +166,8 @@ def _decode(secret: bytes, token: str) -> TokenClaims:
     """The claims of a well-formed, authentic token (expiry not checked)."""
     if not isinstance(token, str) or not token:
         raise AuthenticationError("no token was given")
-    if len(token) > TOKEN_LENGTH_MAX_BYTES:
-        raise AuthenticationError(f"the token is longer than {TOKEN_LENGTH_MAX_BYTES} characters")
+    if len(token) > TOKEN_LENGTH_BYTES_MAX:
+        raise AuthenticationError(f"the token is longer than {TOKEN_LENGTH_BYTES_MAX} characters")
     if not token.startswith(_PREFIX) or token.count(".") != 2:
         raise AuthenticationError("the token is malformed (not an ms1 token)")
     signed, _, signature = token.rpartition(".")

@@ -50,8 +50,8 @@ class MalformedFrameError(WireProtocolError):
 
 
 class FrameTooLargeError(MalformedFrameError):
-    """A frame header announces more than the decoder accepts: ``FRAME_LENGTH_MAX``, or the lower
-    ``Decoder.frame_length_max`` a server sets for a connection that has not authenticated yet.
+    """A frame header announces more than the decoder accepts: ``FRAME_BYTES_MAX``, or the lower
+    ``Decoder.frame_bytes_max`` a server sets for a connection that has not authenticated yet.
     Raised as soon as the header is complete, before a byte of the body is buffered (poisoned, as for
     any malformed frame)."""
 
@@ -79,7 +79,7 @@ class InvalidCommandError(LocalProtocolError):
 
 
 class CommandTooLargeError(InvalidCommandError, PayloadTooLargeError):
-    """``encode`` was given a command whose frame would exceed ``FRAME_LENGTH_MAX``, or
+    """``encode`` was given a command whose frame would exceed ``FRAME_BYTES_MAX``, or
     ``encode_event`` a payload that could not fit in a frame.  Nothing was encoded."""
 
 

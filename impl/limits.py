@@ -19,7 +19,7 @@ MIB: Final = 1024 * KIB
 #: One DataFrame, i.e. one Tier-1 write.  Large enough that a full frame costs about one fdatasync
 #: of 1 MiB (the disk's efficient write size, see reference/performance-baselines.md), small enough
 #: that one stuck write does not hold much.  Pravega's BookKeeper limit is 1 MiB - 1 KiB.
-DATA_FRAME_SIZE_MAX_BYTES: Final = 1 * MIB
+DATA_FRAME_SIZE_BYTES_MAX: Final = 1 * MIB
 
 #: Bytes of DataFrames handed to Tier 1 and not yet acknowledged.  Beyond this the processor stops
 #: sealing frames and waits: the log is the bottleneck, and more in flight only adds latency.
@@ -27,13 +27,13 @@ DATA_FRAME_SIZE_MAX_BYTES: Final = 1 * MIB
 DATA_LOG_IN_FLIGHT_BYTES_MAX: Final = 256 * MIB
 
 #: A FileLog ledger file rolls over at this size, so truncation can delete whole files.
-FILE_LOG_LEDGER_SIZE_MAX_BYTES: Final = 256 * MIB
+FILE_LOG_LEDGER_SIZE_BYTES_MAX: Final = 256 * MIB
 
 # --- Operations ------------------------------------------------------------------------------------
 
 #: One append's payload.  A client block of events travels as one append; the wire frame limit
 #: (16 MiB - 1) caps it in practice.  Larger appends span several DataFrames.
-APPEND_LENGTH_MAX_BYTES: Final = 16 * MIB - 1
+APPEND_LENGTH_BYTES_MAX: Final = 16 * MIB - 1
 
 #: Attribute updates carried by one operation (keeps one record's size and validation cost bounded).
 ATTRIBUTE_UPDATES_PER_OPERATION_MAX: Final = 1024
@@ -42,7 +42,7 @@ ATTRIBUTE_UPDATES_PER_OPERATION_MAX: Final = 1024
 ATTRIBUTES_PER_SEGMENT_MAX: Final = 100_000
 
 #: A segment name, encoded as UTF-8.
-SEGMENT_NAME_LENGTH_MAX_BYTES: Final = 1024
+SEGMENT_NAME_LENGTH_BYTES_MAX: Final = 1024
 
 #: Segments one container may know (active, sealed or tombstoned).  Pravega: 25,000 active.
 SEGMENTS_PER_CONTAINER_MAX: Final = 1_000_000
@@ -50,7 +50,7 @@ SEGMENTS_PER_CONTAINER_MAX: Final = 1_000_000
 # --- Tier 2 (long-term storage) -------------------------------------------------------------------
 
 #: A chunk name, encoded as UTF-8 (a segment name plus epoch, offset and a unique suffix).
-CHUNK_NAME_LENGTH_MAX_BYTES: Final = 2048
+CHUNK_NAME_LENGTH_BYTES_MAX: Final = 2048
 
 #: Longest any single Tier-2 call may take before it fails with StorageUnavailableError.
 CHUNK_STORAGE_CALL_TIMEOUT_SECONDS: Final = 60.0
@@ -78,11 +78,11 @@ STORAGE_FLUSH_AGE_SECONDS: Final = 5.0
 UNFLUSHED_BYTES_MAX: Final = 512 * MIB
 
 #: Longest one throttled append waits before checking again (it keeps waiting while Tier 2 lags).
-THROTTLE_WAIT_MAX_SECONDS: Final = 1.0
+THROTTLE_WAIT_SECONDS_MAX: Final = 1.0
 
 #: A Tier-2 call that failed is retried after this delay, doubling up to the cap ...
 STORAGE_RETRY_DELAY_SECONDS: Final = 0.05
-STORAGE_RETRY_DELAY_MAX_SECONDS: Final = 5.0
+STORAGE_RETRY_DELAY_SECONDS_MAX: Final = 5.0
 
 # --- The OperationProcessor ------------------------------------------------------------------------
 
@@ -97,7 +97,7 @@ PROCESSOR_TAKE_COUNT_MAX: Final = 1000
 
 #: Ceiling on the dynamic batching delay (Pravega: max.batching.delay.millis = 50): a blip in Tier-1
 #: latency must not become a long stall.
-BATCHING_DELAY_MAX_SECONDS: Final = 0.050
+BATCHING_DELAY_SECONDS_MAX: Final = 0.050
 
 #: Tier-1 writes whose latency and fill ratio feed the batching delay (a moving window).
 BATCHING_STATISTICS_WINDOW: Final = 32
@@ -113,10 +113,10 @@ CHECKPOINT_FRAME_BYTES_MIN: Final = 256 * MIB
 # --- Reads -----------------------------------------------------------------------------------------
 
 #: One read returns at most this much (Pravega's server caps ReadSegment at 2 MiB).
-READ_LENGTH_MAX_BYTES: Final = 2 * MIB
+READ_LENGTH_BYTES_MAX: Final = 2 * MIB
 
 #: Longest a tail read may wait for new data before returning empty.
-TAIL_READ_WAIT_MAX_SECONDS: Final = 60.0
+TAIL_READ_WAIT_SECONDS_MAX: Final = 60.0
 
 #: Tail reads waiting on one segment at once.
 TAIL_READERS_PER_SEGMENT_MAX: Final = 10_000
@@ -142,14 +142,14 @@ SHUTDOWN_TIMEOUT_SECONDS: Final = 10.0
 #: (the delay doubling from the first to the cap) before it gives up and reports the failure.
 CONTAINER_RESTARTS_MAX: Final = 8
 CONTAINER_RESTART_DELAY_SECONDS: Final = 0.1
-CONTAINER_RESTART_DELAY_MAX_SECONDS: Final = 10.0
+CONTAINER_RESTART_DELAY_SECONDS_MAX: Final = 10.0
 
 # --- Server (segment store over TCP) --------------------------------------------------------------
 
 #: One event inside an append block (the classic event API).  Large enough for any record a stream
 #: processor emits, half a wire frame so that a whole event plus its block's framing always fits one
 #: ``AppendBlock``; larger events go through the large-event API.  (Pravega: 8 MiB, the same reason.)
-EVENT_LENGTH_MAX_BYTES: Final = 8 * MIB
+EVENT_LENGTH_BYTES_MAX: Final = 8 * MIB
 
 #: A side that has sent nothing for this long sends a ``KeepAlive``; one that has received nothing
 #: for ``KEEPALIVE_MISSED_MAX`` intervals closes the connection.  Short enough that a dead peer (a
@@ -185,7 +185,7 @@ SERVER_APPEND_OVERHEAD_BYTES: Final = 2 * KIB
 SERVER_CONNECTION_REQUESTS_MAX: Final = 1024
 
 #: What the reads in flight on one connection may return together (each counts its requested length,
-#: at most ``READ_LENGTH_MAX_BYTES``).  Beyond it the connection stops reading until a read returns,
+#: at most ``READ_LENGTH_BYTES_MAX``).  Beyond it the connection stops reading until a read returns,
 #: so a peer cannot make one connection hold 1,024 x 2 MiB of replies at once.  256 MiB lets a
 #: reader follow 256 segments with 1 MiB tail reads (or 1,024 with 256 KiB ones) on one connection.
 SERVER_CONNECTION_READ_BYTES_MAX: Final = 256 * MIB
@@ -317,7 +317,7 @@ CLIENT_CONNECT_TIMEOUT_SECONDS: Final = 10.0
 
 #: A request (other than a tail read's own wait) not answered within this long fails with
 #: ``RequestTimeoutError``: the server is stuck or the reply was lost.  Generous, because the server
-#: throttles appends and administration when Tier 2 lags (``THROTTLE_WAIT_MAX_SECONDS`` per check).
+#: throttles appends and administration when Tier 2 lags (``THROTTLE_WAIT_SECONDS_MAX`` per check).
 CLIENT_REQUEST_TIMEOUT_SECONDS: Final = 30.0
 
 #: A writer whose oldest unacknowledged block has waited this long for its ``DataAppended`` (while
@@ -344,7 +344,7 @@ CLIENT_INITIAL_CONNECT_BUDGET_SECONDS: Final = 5.0
 #: in lock step.
 CLIENT_RECONNECT_DELAY_INITIAL_SECONDS: Final = 0.01
 CLIENT_RECONNECT_DELAY_MULTIPLIER: Final = 2.0
-CLIENT_RECONNECT_DELAY_MAX_SECONDS: Final = 5.0
+CLIENT_RECONNECT_DELAY_SECONDS_MAX: Final = 5.0
 
 #: A writer refused as sealed reads what the segment stores for it once the seal is visible (the
 #: seal is usually one Tier-1 write from committing): it polls after 1 ms, doubling up to the
@@ -368,13 +368,13 @@ CLIENT_WRITER_BLOCK_BYTES_MAX: Final = 512 * KIB
 
 #: The writer never waits more than this to fill a block (Pravega's batch window): the block size it
 #: aims for is what arrives in min(half a round trip, this).
-CLIENT_WRITER_BATCH_WINDOW_MAX_SECONDS: Final = 0.020
+CLIENT_WRITER_BATCH_WINDOW_SECONDS_MAX: Final = 0.020
 
 #: Distinct routing keys whose hash a writer remembers (hashing a key costs more than the rest of
 #: routing).  The memo empties when full.
 CLIENT_ROUTING_KEY_CACHE_SIZE_MAX: Final = 65_536
 
-#: A reader asks for this much per ``ReadSegment`` (the server caps it at ``READ_LENGTH_MAX_BYTES``).
+#: A reader asks for this much per ``ReadSegment`` (the server caps it at ``READ_LENGTH_BYTES_MAX``).
 CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
 
 #: How long a blocking client waits for its event-loop thread to start, and for it to end once the
@@ -442,7 +442,7 @@ CONTROLLER_COMMIT_ATTEMPTS_MAX: Final = 5
 #: up to the cap: about 30 s, longer than a container takes to recover.
 CONTROLLER_STORE_RETRY_ATTEMPTS_MAX: Final = 12
 CONTROLLER_STORE_RETRY_DELAY_SECONDS: Final = 0.02
-CONTROLLER_STORE_RETRY_DELAY_MAX_SECONDS: Final = 5.0
+CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX: Final = 5.0
 
 #: A request waits at most this long for another scale, seal, truncation or update of the same stream
 #: to finish (one at a time per stream) before it fails with ``RequestTimeoutError``.
@@ -494,7 +494,7 @@ TRANSACTION_LEASE_DEFAULT_SECONDS: Final = 120.0
 
 #: The longest lease the controller grants (``LeaseTooLargeError`` beyond it): Pravega's maximum.  A
 #: longer lease would only keep orphans longer; a long-running transaction is kept alive by pings.
-TRANSACTION_LEASE_MAX_SECONDS: Final = 600.0
+TRANSACTION_LEASE_SECONDS_MAX: Final = 600.0
 
 #: The shortest lease: the controller checks leases on its tick (``CONTROLLER_TICK_SECONDS``), so a
 #: shorter one would only be honoured to within a tick anyway; tests use leases of a few seconds.
@@ -555,7 +555,7 @@ TRANSACTION_SEAL_ROUNDS_MAX: Final = 10
 #: value up to the second, for at most the given time by default (a commit finishes within a few
 #: metadata writes and one merge per segment; a minute covers a container restarting under it).
 TRANSACTION_STATUS_POLL_INITIAL_SECONDS: Final = 0.005
-TRANSACTION_STATUS_POLL_MAX_SECONDS: Final = 0.5
+TRANSACTION_STATUS_POLL_SECONDS_MAX: Final = 0.5
 TRANSACTION_COMPLETION_WAIT_SECONDS: Final = 60.0
 #: ... but for this long from the start of the wait the delay stays at the first value: a commit
 #: usually completes within tens of milliseconds, and a doubling delay would overshoot that by up to
@@ -631,7 +631,7 @@ READER_GROUP_CHECKPOINTS_KEPT: Final = 10
 
 #: Readers online in one group at once, and segments one group holds at once (assigned, unassigned,
 #: waiting for predecessors, or read to their end): bounds on the state every reader keeps and on
-#: the full-state record (which must fit one event, ``EVENT_LENGTH_MAX_BYTES``).
+#: the full-state record (which must fit one event, ``EVENT_LENGTH_BYTES_MAX``).
 READER_GROUP_READERS_MAX: Final = 1024
 READER_GROUP_SEGMENTS_MAX: Final = 16_384
 
@@ -655,7 +655,7 @@ READER_HEARTBEAT_SECONDS: Final = 2.0
 READER_OFFLINE_TIMEOUT_SECONDS: Final = 30.0
 
 #: A reader's long poll at the tail of its segments, and on the group's state segment (a change there
-#: -- a checkpoint, a reset, a segment freed -- wakes it at once).  Below ``TAIL_READ_WAIT_MAX_SECONDS``.
+#: -- a checkpoint, a reset, a segment freed -- wakes it at once).  Below ``TAIL_READ_WAIT_SECONDS_MAX``.
 READER_TAIL_WAIT_SECONDS: Final = 30.0
 
 #: A blocking reader takes at most this many events from its event loop per hand-off (a hand-off costs
@@ -679,13 +679,13 @@ READER_TAIL_READ_LENGTH_BYTES: Final = 128 * KIB
 #: batch a device writes at once, while one event still fits a segment's life many times over and a
 #: reader streaming it at 100 MB/s finishes in about ten seconds.  The event's length travels as the
 #: i32 of its framing header, so it could not exceed 2 GiB - 1 anyway.
-LARGE_EVENT_LENGTH_MAX_BYTES: Final = 1024 * MIB
+LARGE_EVENT_LENGTH_BYTES_MAX: Final = 1024 * MIB
 
 #: An ``EventWriter`` holds what it was given in memory up to this much before it creates a transient
 #: segment: a commit at or under it is one plain append through the ordinary writer (no transient
 #: segment, no merge), as PDP-43 asks.  It is the classic event limit, so such an event is exactly
 #: one a classic writer could have written.
-LARGE_EVENT_INLINE_BYTES_MAX: Final = EVENT_LENGTH_MAX_BYTES
+LARGE_EVENT_INLINE_BYTES_MAX: Final = EVENT_LENGTH_BYTES_MAX
 
 #: One conditional append of a large event's bytes to its transient segment.  Large enough that the
 #: per-request cost (a frame, a task, an operation, an acknowledgement) is lost in the bytes, small
@@ -737,15 +737,15 @@ TRANSIENT_SEGMENT_MERGES_REMEMBERED_MAX: Final = 4096
 #: long as values and raises ``EventTooLargeError`` for longer ones, which are read through
 #: ``EventRead.stream_event()`` instead.  The classic event limit, so code written for classic events
 #: behaves exactly as before; a reader may raise it (``ReaderConfig.event_in_memory_bytes_max``) up to
-#: ``LARGE_EVENT_LENGTH_MAX_BYTES`` if it can afford the memory.
-READER_EVENT_IN_MEMORY_BYTES_MAX: Final = EVENT_LENGTH_MAX_BYTES
+#: ``LARGE_EVENT_LENGTH_BYTES_MAX`` if it can afford the memory.
+READER_EVENT_IN_MEMORY_BYTES_MAX: Final = EVENT_LENGTH_BYTES_MAX
 
 # --- Tokens (millstream.auth, `millstream token issue`) ---------------------------------------------------
 
 #: The longest lifetime `millstream token issue --ttl` gives a token.  A token cannot be revoked on
 #: its own -- only changing the node's secret revokes it, with every other token -- so a leaked one
 #: is valid until it expires: a year bounds that, and an operator issues a new one instead.
-TOKEN_TTL_MAX_SECONDS: Final = 366 * 24 * 3600.0
+TOKEN_TTL_SECONDS_MAX: Final = 366 * 24 * 3600.0
 
 #: A secret file longer than this is refused unread (`--auth-secret-file`): a secret is a few dozen
 #: bytes, and a larger file is the wrong file (a certificate, a log), not a better secret.

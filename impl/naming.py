@@ -115,11 +115,11 @@ def validate_scope_or_stream_name(name: str, *, what: str = "name", system: bool
 
 def validate_segment_name(name: object, *, what: str = "segment name") -> str:
     """Return ``name`` if it is a segment name a request may carry: a non-empty str of at most
-    ``limits.SEGMENT_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes.  Else raise ``InvalidArgumentError`` (its
+    ``limits.SEGMENT_NAME_LENGTH_BYTES_MAX`` UTF-8 bytes.  Else raise ``InvalidArgumentError`` (its
     message quotes at most a prefix).  Cheap: the length is checked before anything else."""
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError(f"a {what} must be a non-empty str, not {quote(name)}")
-    limit = limits.SEGMENT_NAME_LENGTH_MAX_BYTES
+    limit = limits.SEGMENT_NAME_LENGTH_BYTES_MAX
     if len(name) > limit // 4:  # (fewer characters than that cannot make too many bytes)
         try:
             size = len(name.encode("utf-8"))

@@ -335,7 +335,7 @@ class LeaseExpiredError(TransactionNotOpenError):
 
 
 class LeaseTooLargeError(InvalidArgumentError):
-    """A transaction's lease is longer than ``limits.TRANSACTION_LEASE_MAX_SECONDS`` (or shorter than
+    """A transaction's lease is longer than ``limits.TRANSACTION_LEASE_SECONDS_MAX`` (or shorter than
     ``limits.TRANSACTION_LEASE_MIN_SECONDS``, or not a number).  Nothing was begun."""
 
 

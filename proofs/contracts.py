@@ -22,10 +22,10 @@ from millstream.segmentstore.metadata import attribute_update_values
 __all__ = ["attribute_rules_agree", "frame_round_trip"]
 
 
-def frame_round_trip(records: list[bytes], frame_length_max: int) -> list[bytes]:
+def frame_round_trip(records: list[bytes], frame_bytes_max: int) -> list[bytes]:
     """Records packed into frames and read back come out whole, in order.
 
-    pre: 24 <= frame_length_max <= 96
+    pre: 24 <= frame_bytes_max <= 96
     pre: len(records) <= 4
     pre: all(0 < len(r) <= 200 for r in records)
     post: __return__ == records
@@ -34,13 +34,13 @@ def frame_round_trip(records: list[bytes], frame_length_max: int) -> list[bytes]
     # the record bytes are made concrete here, their lengths and the frame size stay symbolic.
     records = [deep_realize(record) for record in records]
     frames: list[SealedFrame] = []
-    builder = DataFrameBuilder(frame_length_max, frames.append)
+    builder = DataFrameBuilder(frame_bytes_max, frames.append)
     for sequence_number, record in enumerate(records, start=1):
         if builder.append(sequence_number, record):
             builder.flush()
     builder.flush()
     log = [LogRecord(LogAddress(i + 1), bytes(frame.data)) for i, frame in enumerate(frames)]
-    assert all(len(frame.data) <= frame_length_max for frame in frames)
+    assert all(len(frame.data) <= frame_bytes_max for frame in frames)
     return [bytes(record.data) for record in DataFrameReader(log)]
 
 

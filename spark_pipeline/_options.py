@@ -417,10 +417,10 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             lease = float(str(lease_raw).strip())
         except ValueError:
             raise OptionError("transactionLeaseSeconds", f"must be a number of seconds, not {lease_raw!r}") from None
-        if not limits.TRANSACTION_LEASE_MIN_SECONDS <= lease <= limits.TRANSACTION_LEASE_MAX_SECONDS:
+        if not limits.TRANSACTION_LEASE_MIN_SECONDS <= lease <= limits.TRANSACTION_LEASE_SECONDS_MAX:
             raise OptionError("transactionLeaseSeconds",
                               f"must lie in [{limits.TRANSACTION_LEASE_MIN_SECONDS}, "
-                              f"{limits.TRANSACTION_LEASE_MAX_SECONDS}] (the controller's bounds), not {lease_raw!r}")
+                              f"{limits.TRANSACTION_LEASE_SECONDS_MAX}] (the controller's bounds), not {lease_raw!r}")
     writer = _choice(options, "writer", _SINK_WRITERS, "arrow")
     fence = None
     if ("fencekey" in options) != ("fencevalue" in options):

@@ -72,7 +72,7 @@ __all__ = ["HEADER_LENGTH", "FrameBlock", "MalformedFrameError", "TransactionApp
 _HEADER: Final = struct.Struct(">ii")
 #: The bytes of an event's frame before its payload.
 HEADER_LENGTH: Final = _HEADER.size
-_EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_MAX_BYTES
+_EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_BYTES_MAX
 #: A run of equally long frames is taken as one (strided) only once this many headers agree; a
 #: shorter one is walked header by header.
 _RUN_PROBE: Final = 16
@@ -111,7 +111,7 @@ def scan_frames(data: Any) -> tuple[np.ndarray, int]:
     """The starts (an int64 array, ascending) of the whole frames at the front of ``data`` (any
     buffer), and where the last of them ends.  A partial frame at the end is left out.  Raises
     ``MalformedFrameError`` at the first header that is not an event's (type 0, a length in
-    ``[0, limits.EVENT_LENGTH_MAX_BYTES]``)."""
+    ``[0, limits.EVENT_LENGTH_BYTES_MAX]``)."""
     size = len(data)
     unpack = _HEADER.unpack_from
     pieces: list[np.ndarray] = []
@@ -357,7 +357,7 @@ def _offsets(values: pa.Array) -> np.ndarray:
 def frame_events(values: pa.Array) -> bytes | pa.Buffer:
     """The frames (``type 0 | length | payload``) of every payload of ``values`` (a binary array
     without nulls), in order, as one buffer.  Raises ``PayloadTooLargeError`` for a payload beyond
-    ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing framed)."""
+    ``limits.EVENT_LENGTH_BYTES_MAX`` (nothing framed)."""
     count = len(values)
     if count == 0:
         return b""

@@ -485,7 +485,7 @@ def read(name: str | None, group: str | None, reader_id: str | None, offset: int
 
     out = sys.stdout.buffer
     printed = 0
-    wait_seconds = limits.TAIL_READ_WAIT_MAX_SECONDS if follow else 0.0
+    wait_seconds = limits.TAIL_READ_WAIT_SECONDS_MAX if follow else 0.0
     with _client(uri, token, tls_ca) as client:
         if offset is None:
             offset = client.segments().info(name).start_offset

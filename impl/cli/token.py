@@ -55,8 +55,8 @@ def _ttl(context: click.Context, parameter: click.Parameter, value: str) -> floa
         seconds = parse_duration(value)
     except ValueError as error:
         raise click.BadParameter(str(error)) from None
-    if not 0 < seconds <= limits.TOKEN_TTL_MAX_SECONDS:
-        raise click.BadParameter(f"must be more than 0 and at most {limits.TOKEN_TTL_MAX_SECONDS / 86400:g} days "
+    if not 0 < seconds <= limits.TOKEN_TTL_SECONDS_MAX:
+        raise click.BadParameter(f"must be more than 0 and at most {limits.TOKEN_TTL_SECONDS_MAX / 86400:g} days "
                                  "(a token cannot be revoked on its own: issue a new one instead)")
     return seconds
 

@@ -34,11 +34,11 @@ class BlockSizeTracker:
 
     __slots__ = ("_block_bytes_max", "_last_close", "_rate", "_round_trip", "_window_max")
 
-    def __init__(self, *, now: float, block_bytes_max: int, window_max_seconds: float) -> None:
-        if block_bytes_max <= 0 or window_max_seconds <= 0:
+    def __init__(self, *, now: float, block_bytes_max: int, window_seconds_max: float) -> None:
+        if block_bytes_max <= 0 or window_seconds_max <= 0:
             raise InvalidArgumentError("the block size and the batch window must be positive")
         self._block_bytes_max = block_bytes_max
-        self._window_max = window_max_seconds
+        self._window_max = window_seconds_max
         self._last_close = now
         self._rate = 0.0  # bytes per second
         self._round_trip: float | None = None

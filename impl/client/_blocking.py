@@ -300,7 +300,7 @@ class SegmentReader(Generic[T]):
 
     def __iter__(self) -> Iterator[SegmentEvent[T]]:
         while True:
-            event = self.read_event(wait_seconds=limits.TAIL_READ_WAIT_MAX_SECONDS)
+            event = self.read_event(wait_seconds=limits.TAIL_READ_WAIT_SECONDS_MAX)
             if event is not None:
                 yield event
             elif self.end_of_segment:

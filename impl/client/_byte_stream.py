@@ -176,8 +176,8 @@ class ChunkPipeline(AppendSession):
         """Queue ``data`` as the next chunk (sent at once if connected); wait first while too much is
         unacknowledged.  Raises the pipeline's error, ``ObjectClosedError`` once closed."""
         size = len(data)
-        if not 0 < size <= limits.APPEND_LENGTH_MAX_BYTES:
-            raise InvalidArgumentError(f"a chunk holds 1 to {limits.APPEND_LENGTH_MAX_BYTES} bytes, not {size}")
+        if not 0 < size <= limits.APPEND_LENGTH_BYTES_MAX:
+            raise InvalidArgumentError(f"a chunk holds 1 to {limits.APPEND_LENGTH_BYTES_MAX} bytes, not {size}")
         while True:
             self._check()
             if not self._chunks or self._unacked_bytes + size <= self._unacked_bytes_max:

@@ -112,8 +112,8 @@ class ClientConfig:
         default=limits.CLIENT_RECONNECT_DELAY_INITIAL_SECONDS,
         validator=_positive_at_most(limits.CLIENT_RECONNECT_DELAY_INITIAL_SECONDS))
     reconnect_delay_max_seconds: float = attrs.field(
-        default=limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS,
-        validator=_positive_at_most(limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS))
+        default=limits.CLIENT_RECONNECT_DELAY_SECONDS_MAX,
+        validator=_positive_at_most(limits.CLIENT_RECONNECT_DELAY_SECONDS_MAX))
     writer_unacked_bytes_max: int = attrs.field(
         default=limits.CLIENT_WRITER_UNACKED_BYTES_MAX,
         validator=_positive_at_most(limits.CLIENT_WRITER_UNACKED_BYTES_MAX))
@@ -122,7 +122,7 @@ class ClientConfig:
         validator=_positive_at_most(limits.CLIENT_WRITER_BLOCK_BYTES_MAX))
     read_length_bytes: int = attrs.field(
         default=limits.CLIENT_READ_LENGTH_BYTES,
-        validator=_positive_at_most(limits.READ_LENGTH_MAX_BYTES))
+        validator=_positive_at_most(limits.READ_LENGTH_BYTES_MAX))
     #: Injection point for tests: open connections with this instead of TCP (plain connections only;
     #: a ``tls://`` endpoint is refused).  None, the default: ``loop.create_connection``.
     connector: Connector | None = attrs.field(default=None, eq=False, repr=False, validator=_callable_or_none)

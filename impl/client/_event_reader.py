@@ -132,15 +132,15 @@ class ReaderConfig:
 
     def __attrs_post_init__(self) -> None:
         limit = self.event_in_memory_bytes_max
-        if type(limit) is not int or not 0 <= limit <= limits.LARGE_EVENT_LENGTH_MAX_BYTES:
+        if type(limit) is not int or not 0 <= limit <= limits.LARGE_EVENT_LENGTH_BYTES_MAX:
             raise InvalidArgumentError(f"event_in_memory_bytes_max must be an int in [0, "
-                                       f"{limits.LARGE_EVENT_LENGTH_MAX_BYTES}], not {limit!r}")
+                                       f"{limits.LARGE_EVENT_LENGTH_BYTES_MAX}], not {limit!r}")
         _seconds(self.time_unit_seconds, "time_unit_seconds")
         _seconds(self.heartbeat_seconds, "heartbeat_seconds")
         _seconds(self.offline_timeout_seconds, "offline_timeout_seconds", zero=True)
         wait = _seconds(self.tail_wait_seconds, "tail_wait_seconds")
-        if wait > limits.TAIL_READ_WAIT_MAX_SECONDS:
-            raise InvalidArgumentError(f"tail_wait_seconds may be at most {limits.TAIL_READ_WAIT_MAX_SECONDS}")
+        if wait > limits.TAIL_READ_WAIT_SECONDS_MAX:
+            raise InvalidArgumentError(f"tail_wait_seconds may be at most {limits.TAIL_READ_WAIT_SECONDS_MAX}")
 
 
 class Position:
@@ -292,7 +292,7 @@ class _SegmentFetcher:
         size = len(raw)
         while size - position >= _HEADER.size:
             kind, length = _HEADER.unpack_from(raw, position)
-            if kind != 0 or not 0 <= length <= limits.LARGE_EVENT_LENGTH_MAX_BYTES:
+            if kind != 0 or not 0 <= length <= limits.LARGE_EVENT_LENGTH_BYTES_MAX:
                 raise MalformedEventError(f"the bytes of segment {self.name!r} at offset {self.decoded + position} "
                                           f"are not an event (type {kind}, length {length})")
             end = position + _HEADER.size + length

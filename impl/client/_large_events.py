@@ -110,8 +110,8 @@ class LargeEventConfig:
                                    validator=_size(limits.LARGE_EVENT_CHUNK_BYTES_MAX, "one conditional append"))
     unacked_bytes_max: int = attrs.field(default=limits.LARGE_EVENT_UNACKED_BYTES_MAX,
                                          validator=_size(limits.LARGE_EVENT_UNACKED_BYTES_MAX, "kept for resends"))
-    event_length_max: int = attrs.field(default=limits.LARGE_EVENT_LENGTH_MAX_BYTES,
-                                        validator=_size(limits.LARGE_EVENT_LENGTH_MAX_BYTES, "one event"))
+    event_length_max: int = attrs.field(default=limits.LARGE_EVENT_LENGTH_BYTES_MAX,
+                                        validator=_size(limits.LARGE_EVENT_LENGTH_BYTES_MAX, "one event"))
 
     def __attrs_post_init__(self) -> None:
         if self.chunk_bytes > self.unacked_bytes_max:
@@ -589,7 +589,7 @@ class AsyncEventReader:
         self.segment = segment
         self.start = start
         self.length = length
-        self._read_length = max(1, min(read_length_bytes, limits.READ_LENGTH_MAX_BYTES))
+        self._read_length = max(1, min(read_length_bytes, limits.READ_LENGTH_BYTES_MAX))
         self._end = start + length
         self._position = start  # the next byte to return
         self._fetch_offset = start  # the next byte to fetch

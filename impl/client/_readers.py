@@ -2,12 +2,12 @@
 
 Theory of operation.  Both read forward from an offset with ``ReadSegment``.  Behind the tail a read
 answers at once; at the tail of an unsealed segment the server holds the read up to the caller's wait
-(a long poll, at most ``limits.TAIL_READ_WAIT_MAX_SECONDS``) and answers as soon as data arrives, so a
+(a long poll, at most ``limits.TAIL_READ_WAIT_SECONDS_MAX``) and answers as soon as data arrives, so a
 reader following a segment neither spins nor sleeps.  A sealed segment's end is reported
 (``end_of_segment``) and nothing more is ever read.
 
 The event reader keeps the bytes after the last whole event it returned (at most one read plus one
-unfinished event, i.e. bounded by ``limits.EVENT_LENGTH_MAX_BYTES`` + one read) and splits complete
+unfinished event, i.e. bounded by ``limits.EVENT_LENGTH_BYTES_MAX`` + one read) and splits complete
 events out of them: ``type 0 | length | payload``, the framing the writer uses.  Each event comes back
 with its offset in the segment; ``offset`` is where the next event starts, so a caller that stores it
 resumes exactly after the last event it processed.  While catching up (the last read did not reach the
@@ -50,7 +50,7 @@ class SegmentEvent(NamedTuple, Generic[T]):
 def _wait(seconds: float) -> float:
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
         raise InvalidArgumentError(f"wait_seconds must be a number >= 0, not {seconds!r}")
-    return min(float(seconds), limits.TAIL_READ_WAIT_MAX_SECONDS)
+    return min(float(seconds), limits.TAIL_READ_WAIT_SECONDS_MAX)
 
 
 class AsyncByteStreamReader:
@@ -183,7 +183,7 @@ class AsyncSegmentReader(Generic[T]):
         try:
             while size - position >= _HEADER_LENGTH and len(events) < max_events:
                 kind, length = unpack(view, position)
-                if kind != 0 or not 0 <= length <= limits.EVENT_LENGTH_MAX_BYTES:
+                if kind != 0 or not 0 <= length <= limits.EVENT_LENGTH_BYTES_MAX:
                     if events:
                         break
                     raise MalformedEventError(
@@ -273,7 +273,7 @@ class AsyncSegmentReader(Generic[T]):
 
     async def __anext__(self) -> SegmentEvent[T]:
         while True:
-            event = await self.read_event(wait_seconds=limits.TAIL_READ_WAIT_MAX_SECONDS)
+            event = await self.read_event(wait_seconds=limits.TAIL_READ_WAIT_SECONDS_MAX)
             if event is not None:
                 return event
             if self.end_of_segment:

@@ -74,7 +74,7 @@ HEADER_LENGTH: Final = 8
 #: Event headers for payloads under this many bytes, made once (indexing a list beats packing a struct).
 SMALL_EVENT_LENGTH: Final = 4096
 SMALL_EVENT_HEADERS: Final = [EVENT_HEADER(0, length) for length in range(SMALL_EVENT_LENGTH)]
-EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_MAX_BYTES
+EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_BYTES_MAX
 
 #: ``SegmentWriterState.write_event`` results (bit flags): the per-event step's instructions.
 SHIPPED: Final = 1  # a block was closed: ship it (and an async caller yields once, for acknowledgements)
@@ -232,7 +232,7 @@ class SegmentWriterState:
         self._last_assigned = 0  # the last event number given to a closed block
         self._blocks_unacked = 0  # closed and not acknowledged
         self._tracker = BlockSizeTracker(now=clock.monotonic(), block_bytes_max=block_bytes_max,
-                                         window_max_seconds=limits.CLIENT_WRITER_BATCH_WINDOW_MAX_SECONDS)
+                                         window_seconds_max=limits.CLIENT_WRITER_BATCH_WINDOW_SECONDS_MAX)
         self._target_bytes = self._tracker.target()
         self._close_at = 0  # close the open block at this many bytes: 0 while nothing is in flight, else the target
         self._outbox: deque[Block] = deque()  # closed blocks on their way to _inflight (a FIFO)

@@ -69,7 +69,7 @@ __all__ = ["AsyncSegments", "SegmentProperties", "validate_segment_name"]
 
 _Reply = TypeVar("_Reply", bound=Command)
 
-_WAIT_MS_MAX: Final = int(limits.TAIL_READ_WAIT_MAX_SECONDS * 1000)
+_WAIT_MS_MAX: Final = int(limits.TAIL_READ_WAIT_SECONDS_MAX * 1000)
 
 
 @attrs.frozen
@@ -85,7 +85,7 @@ class SegmentProperties:
 
 
 def validate_segment_name(segment: str) -> str:
-    """``segment`` if it is a non-empty name within ``limits.SEGMENT_NAME_LENGTH_MAX_BYTES``; else
+    """``segment`` if it is a non-empty name within ``limits.SEGMENT_NAME_LENGTH_BYTES_MAX``; else
     ``InvalidArgumentError``."""
     if not isinstance(segment, str) or not segment:
         raise InvalidArgumentError(f"a segment name is a non-empty str, not {segment!r}")
@@ -93,9 +93,9 @@ def validate_segment_name(segment: str) -> str:
         encoded = segment.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgumentError(f"segment name {segment!r} is not valid Unicode text") from None
-    if len(encoded) > limits.SEGMENT_NAME_LENGTH_MAX_BYTES:
+    if len(encoded) > limits.SEGMENT_NAME_LENGTH_BYTES_MAX:
         raise InvalidArgumentError(
-            f"a segment name may hold {limits.SEGMENT_NAME_LENGTH_MAX_BYTES} UTF-8 bytes, not {len(encoded)}")
+            f"a segment name may hold {limits.SEGMENT_NAME_LENGTH_BYTES_MAX} UTF-8 bytes, not {len(encoded)}")
     return segment
 
 
@@ -279,15 +279,15 @@ class AsyncSegments:
     async def read(self, segment: str, offset: int, *, length: int | None = None,
                    wait_seconds: float = 0.0) -> ReadResult:
         """Up to ``length`` bytes (default: the config's read size; the server caps it at
-        ``limits.READ_LENGTH_MAX_BYTES``) from ``offset``.  At the tail of an unsealed segment the server
-        waits up to ``wait_seconds`` (at most ``limits.TAIL_READ_WAIT_MAX_SECONDS``) for data before
+        ``limits.READ_LENGTH_BYTES_MAX``) from ``offset``.  At the tail of an unsealed segment the server
+        waits up to ``wait_seconds`` (at most ``limits.TAIL_READ_WAIT_SECONDS_MAX``) for data before
         answering, maybe with no data.  Raises ``StreamSegmentTruncatedError`` below the start offset,
         ``BadOffsetError`` beyond the length, ``StreamSegmentNotExistsError``."""
         validate_segment_name(segment)
         _offset(offset)
         length = self._pool.config.read_length_bytes if length is None else length
-        if type(length) is not int or not 0 < length <= limits.READ_LENGTH_MAX_BYTES:
-            raise InvalidArgumentError(f"length must be in (0, {limits.READ_LENGTH_MAX_BYTES}], not {length!r}")
+        if type(length) is not int or not 0 < length <= limits.READ_LENGTH_BYTES_MAX:
+            raise InvalidArgumentError(f"length must be in (0, {limits.READ_LENGTH_BYTES_MAX}], not {length!r}")
         if not isinstance(wait_seconds, (int, float)) or not wait_seconds >= 0:
             raise InvalidArgumentError(f"wait_seconds must be >= 0, not {wait_seconds!r}")
         wait_ms = min(int(wait_seconds * 1000), _WAIT_MS_MAX)
@@ -310,9 +310,9 @@ class AsyncSegments:
         if isinstance(events, (bytes, bytearray, memoryview)) or not events:
             raise InvalidArgumentError("events is a non-empty sequence of bytes payloads")
         for payload in events:
-            if len(payload) > limits.EVENT_LENGTH_MAX_BYTES:
+            if len(payload) > limits.EVENT_LENGTH_BYTES_MAX:
                 raise PayloadTooLargeError(f"an event of {len(payload)} bytes exceeds "
-                                           f"{limits.EVENT_LENGTH_MAX_BYTES} bytes")
+                                           f"{limits.EVENT_LENGTH_BYTES_MAX} bytes")
         data = b"".join(codec.encode_event(payload) for payload in events)
         session = self._conditional.get(segment)
         if session is None:

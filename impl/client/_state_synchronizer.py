@@ -163,7 +163,7 @@ class StateSynchronizer(Generic[S, U]):
         size = len(pending)
         while size - position >= _HEADER.size:
             kind, length = _HEADER.unpack_from(pending, position)
-            if kind != 0 or length < 0 or length > limits.EVENT_LENGTH_MAX_BYTES:
+            if kind != 0 or length < 0 or length > limits.EVENT_LENGTH_BYTES_MAX:
                 raise DataCorruptionError(f"state segment {self.segment!r} holds no record at offset "
                                           f"{self._offset} (type {kind}, length {length})")
             end = position + _HEADER.size + length

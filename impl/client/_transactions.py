@@ -427,7 +427,7 @@ class AsyncTransaction(Generic[T]):
                                           f"{timeout_seconds} s")
             await clock.sleep(min(delay, max(0.0, deadline - clock.monotonic())))
             if clock.monotonic() - began >= limits.TRANSACTION_STATUS_POLL_STEADY_SECONDS:
-                delay = min(delay * 2, limits.TRANSACTION_STATUS_POLL_MAX_SECONDS)
+                delay = min(delay * 2, limits.TRANSACTION_STATUS_POLL_SECONDS_MAX)
 
     async def _close(self) -> None:
         """The writer closes: flush what is open (the transaction stays open for whoever commits it)."""

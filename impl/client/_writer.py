@@ -903,7 +903,7 @@ class AsyncEventStreamWriter(Generic[T]):
         """Buffer ``event`` for its segment (by ``routing_key``; None spreads keyless events evenly).
         Waits only while too much is unacknowledged.  Raises the writer's error if it has failed,
         ``InvalidArgumentError`` for an event the serializer refuses, ``PayloadTooLargeError`` for one
-        over ``limits.EVENT_LENGTH_MAX_BYTES`` (nothing is written then); a stream writer's first call
+        over ``limits.EVENT_LENGTH_BYTES_MAX`` (nothing is written then); a stream writer's first call
         raises what ``ready`` raises.  ``sequence`` is for writers with a stable writer id
         (``event_writer(stream, serializer, writer_id=...)``): given here, ``InvalidSequenceError``."""
         if sequence is not None:

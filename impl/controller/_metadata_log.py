@@ -138,7 +138,7 @@ class MetadataLog:
         start = self._length
         offset = start
         while offset < end:
-            result = await self._store.read(self.segment, offset, min(end - offset, limits.READ_LENGTH_MAX_BYTES))
+            result = await self._store.read(self.segment, offset, min(end - offset, limits.READ_LENGTH_BYTES_MAX))
             if not result.data:
                 raise DataCorruptionError(f"{self.segment}: nothing to read at {offset} below its length {end}")
             pending += result.data

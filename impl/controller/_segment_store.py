@@ -191,7 +191,7 @@ class LocalSegmentStore:
                 if attempt > self._retry_attempts_max:
                     raise
                 await self._clock.sleep(delay)
-                delay = min(delay * 2, limits.CONTROLLER_STORE_RETRY_DELAY_MAX_SECONDS)
+                delay = min(delay * 2, limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX)
 
     async def create_segment(self, name: str) -> bool:
         attributes = EVENT_SEGMENT_ATTRIBUTES if _holds_events(name) else ()

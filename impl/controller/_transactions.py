@@ -143,9 +143,9 @@ def check_lease(lease: Any) -> float:
     """A lease in seconds within the limits.  Raises ``LeaseTooLargeError``."""
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease):
         raise LeaseTooLargeError(f"a lease is a number of seconds, not {lease!r}")
-    if lease > limits.TRANSACTION_LEASE_MAX_SECONDS:
+    if lease > limits.TRANSACTION_LEASE_SECONDS_MAX:
         raise LeaseTooLargeError(f"a lease of {lease} s exceeds the maximum of "
-                                 f"{limits.TRANSACTION_LEASE_MAX_SECONDS} s")
+                                 f"{limits.TRANSACTION_LEASE_SECONDS_MAX} s")
     if lease < limits.TRANSACTION_LEASE_MIN_SECONDS:
         raise LeaseTooLargeError(f"a lease of {lease} s is below the minimum of "
                                  f"{limits.TRANSACTION_LEASE_MIN_SECONDS} s")

@@ -27,7 +27,7 @@ The contract:
   ``StorageFullError`` when there is no room, ``StorageUnavailableError`` for any other failure of
   the medium.  Every call has a bounded duration (implementations time out).
 
-Chunk names are opaque strings of up to ``limits.CHUNK_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes;
+Chunk names are opaque strings of up to ``limits.CHUNK_NAME_LENGTH_BYTES_MAX`` UTF-8 bytes;
 implementations map them to their medium (a file system escapes them).
 """
 

@@ -131,7 +131,7 @@ class SegmentContainer:
         *,
         clock: Clock | None = None,
         tracer: Tracer | None = None,
-        frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
+        frame_bytes_max: int = limits.DATA_FRAME_SIZE_BYTES_MAX,
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
         chunk_storage: ChunkStorage | None = None,
         storage_settings: StorageSettings | None = None,
@@ -154,7 +154,7 @@ class SegmentContainer:
             self._read_index.attach_tier_two(self._storage_writer)
         self._durable_log = DurableLog(
             self._metadata, data_log, clock=self._clock, on_committed=self._apply_committed, on_loaded=self._load,
-            tracer=tracer, frame_length_max=frame_length_max, checkpoint_frame_count=checkpoint_frame_count,
+            tracer=tracer, frame_bytes_max=frame_bytes_max, checkpoint_frame_count=checkpoint_frame_count,
             wall_clock=wall_clock)
         self._data_log = data_log
         self._state = ContainerState.STARTING
@@ -310,8 +310,8 @@ class SegmentContainer:
                           expected_offset: int | None) -> StreamSegmentAppendOperation:
         if type(data) is not bytes:  # (what nearly every caller passes, and needs no more checks)
             data = _byte_view(data)
-        if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
-            raise PayloadTooLargeError(f"append of {len(data)} bytes exceeds {limits.APPEND_LENGTH_MAX_BYTES}")
+        if len(data) > limits.APPEND_LENGTH_BYTES_MAX:
+            raise PayloadTooLargeError(f"append of {len(data)} bytes exceeds {limits.APPEND_LENGTH_BYTES_MAX}")
         if expected_offset is not None and not _is_offset(expected_offset):
             raise InvalidArgumentError(f"expected_offset must be a non-negative int, not {expected_offset!r}")
         payload = bytes(data) if isinstance(data, bytearray) else data
@@ -334,7 +334,7 @@ class SegmentContainer:
         while writer.unflushed_bytes > writer.unflushed_bytes_max:
             if self._state is not ContainerState.RUNNING:
                 raise ContainerUnavailableError(f"container {self.container_id} is {self._state.value}")
-            await writer.wait_for_progress(limits.THROTTLE_WAIT_MAX_SECONDS)
+            await writer.wait_for_progress(limits.THROTTLE_WAIT_SECONDS_MAX)
 
     async def seal(self, name: str) -> int:
         """Seal the segment; return its final length.  Raises ``StreamSegmentSealedError`` if sealed."""
@@ -394,7 +394,7 @@ class SegmentContainer:
             if position > base + len(buffer):  # hopped over the rest of a long event: read on from there
                 window = event_boundaries.SCAN_READ_BYTES_MIN
             elif read:
-                window = min(window * 2, limits.READ_LENGTH_MAX_BYTES)
+                window = min(window * 2, limits.READ_LENGTH_BYTES_MAX)
             buffer, base = buffer[position - base:], position  # (what is left of an event header, if any)
             want = min(offset - base - len(buffer), window)
             if read + want > budget:
@@ -568,8 +568,8 @@ def _check_name(name: str) -> str:
         encoded = name.encode()
     except UnicodeEncodeError as error:  # e.g. a lone surrogate
         raise InvalidArgumentError(f"segment name {name!r} is not valid Unicode: {error}") from None
-    if len(encoded) > limits.SEGMENT_NAME_LENGTH_MAX_BYTES:
-        raise InvalidArgumentError(f"segment name longer than {limits.SEGMENT_NAME_LENGTH_MAX_BYTES} bytes")
+    if len(encoded) > limits.SEGMENT_NAME_LENGTH_BYTES_MAX:
+        raise InvalidArgumentError(f"segment name longer than {limits.SEGMENT_NAME_LENGTH_BYTES_MAX} bytes")
     return name
 
 

@@ -75,7 +75,7 @@ class SealedFrame:
 
 
 class DataFrameBuilder:
-    """Packs records into frames of at most ``frame_length_max`` bytes.
+    """Packs records into frames of at most ``frame_bytes_max`` bytes.
 
     ``on_sealed(frame)`` is called for each frame as it is sealed: during ``append`` for frames a
     record continues beyond, and from ``flush``.
@@ -83,10 +83,10 @@ class DataFrameBuilder:
 
     __slots__ = ("_buffer", "_capacity_end", "_on_sealed")
 
-    def __init__(self, frame_length_max: int, on_sealed: Callable[[SealedFrame], None]) -> None:
-        if frame_length_max < FRAME_HEADER_LENGTH + ENTRY_HEADER_LENGTH + 1:
-            raise ValueError(f"a frame of {frame_length_max} bytes cannot hold an entry")
-        self._capacity_end = frame_length_max
+    def __init__(self, frame_bytes_max: int, on_sealed: Callable[[SealedFrame], None]) -> None:
+        if frame_bytes_max < FRAME_HEADER_LENGTH + ENTRY_HEADER_LENGTH + 1:
+            raise ValueError(f"a frame of {frame_bytes_max} bytes cannot hold an entry")
+        self._capacity_end = frame_bytes_max
         self._on_sealed = on_sealed
         self._buffer = bytearray(FRAME_HEADER_LENGTH)
 

@@ -95,7 +95,7 @@ class DurableLog:
         on_committed: Callable[[list[Operation]], None],
         on_loaded: Callable[[ContainerMetadata], None] | None = None,
         tracer: Tracer | None = None,
-        frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
+        frame_bytes_max: int = limits.DATA_FRAME_SIZE_BYTES_MAX,
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
         wall_clock: Callable[[], float] | None = None,
         in_flight_bytes_max: int = limits.DATA_LOG_IN_FLIGHT_BYTES_MAX,
@@ -111,7 +111,7 @@ class DurableLog:
         self._tracer = tracer
         self._replay = LogReplay(metadata, on_committed=on_committed, on_loaded=on_loaded, wall_clock=wall_clock)
         self.processor = OperationProcessor(
-            metadata, frame_length_max=min(frame_length_max, data_log.write_settings.max_write_length_bytes),
+            metadata, frame_bytes_max=min(frame_bytes_max, data_log.write_settings.max_write_length_bytes),
             checkpoint_frame_count=checkpoint_frame_count, tracing=tracer is not None)
         self._in_flight_bytes_max = in_flight_bytes_max
         self._space_waiters: deque[asyncio.Future[None]] = deque()
@@ -249,7 +249,7 @@ class DurableLog:
                 if processor.in_flight_frames:  # (else the delay is zero: see batching_delay_seconds)
                     delay = batching_delay_seconds(
                         processor.in_flight_frames, self._statistics.latency_seconds, self._statistics.fill_ratio,
-                        limits.BATCHING_DELAY_MAX_SECONDS)
+                        limits.BATCHING_DELAY_SECONDS_MAX)
                     if delay > 0.0:
                         await self._clock.sleep(delay)
                 while processor.in_flight_bytes >= self._in_flight_bytes_max and processor.failure is None:

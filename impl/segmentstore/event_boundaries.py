@@ -74,7 +74,7 @@ ENTRIES_MAX = limits.EVENT_BOUNDARY_INDEX_ENTRIES_MAX
 SCAN_BYTES_MAX = limits.EVENT_BOUNDARY_SCAN_BYTES_MAX
 #: The check's first read, and its read after hopping over a long event: enough for a few hundred
 #: small events' headers, little of a long event's payload (reads double from it up to
-#: ``limits.READ_LENGTH_MAX_BYTES`` while they hold whole events).
+#: ``limits.READ_LENGTH_BYTES_MAX`` while they hold whole events).
 SCAN_READ_BYTES_MIN = 64 * limits.KIB
 
 Boundaries = tuple[int, ...]

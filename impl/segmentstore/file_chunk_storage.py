@@ -31,7 +31,7 @@ file's size *is* the chunk's length, so there is no metadata to keep in step wit
 On-disk layout
 --------------
 Everything lives under ``root`` (created if missing).  A chunk name is an opaque string of up to
-``limits.CHUNK_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes; it becomes a relative path by a reversible
+``limits.CHUNK_NAME_LENGTH_BYTES_MAX`` UTF-8 bytes; it becomes a relative path by a reversible
 escaping (``chunk_path``/``chunk_name``):
 
 1. Take the name's UTF-8 bytes.  Bytes ``A-Z a-z 0-9 _ - .`` stand for themselves; every other byte
@@ -143,7 +143,7 @@ _DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 def check_chunk_name(name: object) -> None:
     """Raise ``InvalidArgumentError`` unless ``name`` is a valid chunk name: a non-empty ``str`` without
-    NUL whose UTF-8 encoding has at most ``limits.CHUNK_NAME_LENGTH_MAX_BYTES`` bytes."""
+    NUL whose UTF-8 encoding has at most ``limits.CHUNK_NAME_LENGTH_BYTES_MAX`` bytes."""
     if not isinstance(name, str):
         raise InvalidArgumentError(f"a chunk name is a str, not {type(name).__name__}")
     if not name:
@@ -154,9 +154,9 @@ def check_chunk_name(name: object) -> None:
         encoded = name.encode()
     except UnicodeEncodeError as error:
         raise InvalidArgumentError(f"a chunk name must be encodable as UTF-8: {name!r}") from error
-    if len(encoded) > limits.CHUNK_NAME_LENGTH_MAX_BYTES:
+    if len(encoded) > limits.CHUNK_NAME_LENGTH_BYTES_MAX:
         raise InvalidArgumentError(
-            f"a chunk name has at most {limits.CHUNK_NAME_LENGTH_MAX_BYTES} UTF-8 bytes, not {len(encoded)}")
+            f"a chunk name has at most {limits.CHUNK_NAME_LENGTH_BYTES_MAX} UTF-8 bytes, not {len(encoded)}")
 
 
 def check_chunk_data(offset: object, data: object) -> None:

@@ -31,7 +31,7 @@ The log is a directory.  Its records live in *ledger files*, appended in sequenc
   the wake-up itself), and the writer sends its messages through a deque and an ``eventfd`` the
   loop watches (not ``call_soon_threadsafe``, which costs a socket send, two receives and a handle
   per message).  Messages are run on the loop in the order they were sent.
-* Rollover.  A group ends where the current ledger reaches ``ledger_size_max_bytes`` (so a ledger
+* Rollover.  A group ends where the current ledger reaches ``ledger_size_bytes_max`` (so a ledger
   overshoots by less than one record); after it the writer creates the next ledger, seals the current
   one in the manifest and continues there.  Truncation deletes whole ledger files.
 * Failure is final.  A failing ``writev``/``fdatasync`` (or rollover) fails that group and everything
@@ -63,7 +63,7 @@ A record (all integers unsigned big-endian)::
     offset  size    field
     0       4       magic     0x4D534C31 (b"MSL1"); marks a record start, so that recovery can tell a
                               torn tail (nothing intact after it) from damage in the middle of a ledger
-    4       4       length    payload bytes, 0 ..= RECORD_PAYLOAD_LENGTH_MAX_BYTES
+    4       4       length    payload bytes, 0 ..= RECORD_PAYLOAD_LENGTH_BYTES_MAX
     8       8       sequence  the record's LogAddress.sequence: 1, 2, 3, ... over the log's whole life
     16      4       crc32     zlib.crc32 over bytes 4..16 (length and sequence), then the payload
     20      length  payload
@@ -136,7 +136,7 @@ __all__ = [
     "FileLog",
     "RECORD_HEADER_SIZE_BYTES",
     "RECORD_MAGIC",
-    "RECORD_PAYLOAD_LENGTH_MAX_BYTES",
+    "RECORD_PAYLOAD_LENGTH_BYTES_MAX",
     "WRITE_LENGTH_SLACK_BYTES",
 ]
 
@@ -156,14 +156,14 @@ _LENGTH_SEQUENCE: Final = struct.Struct(">IQ")
 
 #: The largest payload a record header may claim.  Recovery treats a larger length as damage (so a
 #: corrupt length cannot make it read gigabytes); a FileLog cannot be configured to write more.
-RECORD_PAYLOAD_LENGTH_MAX_BYTES: Final = 64 * limits.MIB
+RECORD_PAYLOAD_LENGTH_BYTES_MAX: Final = 64 * limits.MIB
 
-#: Room above ``DATA_FRAME_SIZE_MAX_BYTES`` in the default record limit, so that a frame builder that
+#: Room above ``DATA_FRAME_SIZE_BYTES_MAX`` in the default record limit, so that a frame builder that
 #: counts its own header or rounds slightly differently is never refused a full frame.
 WRITE_LENGTH_SLACK_BYTES: Final = 4 * limits.KIB
 
 #: The default ``max_write_length_bytes``: one full DataFrame plus slack.
-DEFAULT_MAX_WRITE_LENGTH_BYTES: Final = limits.DATA_FRAME_SIZE_MAX_BYTES + WRITE_LENGTH_SLACK_BYTES
+DEFAULT_MAX_WRITE_LENGTH_BYTES: Final = limits.DATA_FRAME_SIZE_BYTES_MAX + WRITE_LENGTH_SLACK_BYTES
 
 _MANIFEST_FORMAT_VERSION: Final = 1
 _MANIFEST_NAME: Final = "manifest"
@@ -192,7 +192,7 @@ _IOV_MAX: Final = max(16, os.sysconf("SC_IOV_MAX")) if "SC_IOV_MAX" in os.syscon
 _MANIFEST_LOCK_TIMEOUT_SECONDS = 60.0
 
 #: Longest single poll interval while waiting for that flock.
-_MANIFEST_LOCK_POLL_MAX_SECONDS: Final = 0.05
+_MANIFEST_LOCK_POLL_SECONDS_MAX: Final = 0.05
 
 #: The idle writer wakes at least this often (a bounded wait; it rechecks its state and sleeps again).
 _WRITER_IDLE_WAIT_SECONDS: Final = 1.0
@@ -367,7 +367,7 @@ def _iter_records(file: BinaryIO, start: int, end: int) -> Iterator[tuple[int, i
                 offset = base + position
                 if magic != RECORD_MAGIC:
                     raise _BadRecord(offset, "no record header (bad magic)")
-                if length > RECORD_PAYLOAD_LENGTH_MAX_BYTES:
+                if length > RECORD_PAYLOAD_LENGTH_BYTES_MAX:
                     raise _BadRecord(offset, f"implausible length {length}")
                 need = RECORD_HEADER_SIZE_BYTES + length
                 if available < need:
@@ -400,7 +400,7 @@ def _is_intact_record_at(fd: int, offset: int, end: int, sequence_min: int) -> b
     magic, length, sequence, crc = _HEADER.unpack(header)
     if (
         magic != RECORD_MAGIC
-        or length > RECORD_PAYLOAD_LENGTH_MAX_BYTES
+        or length > RECORD_PAYLOAD_LENGTH_BYTES_MAX
         or offset + RECORD_HEADER_SIZE_BYTES + length > end
         or sequence < sequence_min
     ):
@@ -582,7 +582,7 @@ class _ManifestStore:
                                 f"over {_MANIFEST_LOCK_TIMEOUT_SECONDS} s"
                             ) from None
                         time.sleep(pause)
-                        pause = min(pause * 2, _MANIFEST_LOCK_POLL_MAX_SECONDS)
+                        pause = min(pause * 2, _MANIFEST_LOCK_POLL_SECONDS_MAX)
                 yield  # closing lock_fd below releases the flock
             finally:
                 os.close(lock_fd)
@@ -873,23 +873,23 @@ class FileLog(DurableDataLog):
         self,
         directory: Path,
         *,
-        ledger_size_max_bytes: int = limits.FILE_LOG_LEDGER_SIZE_MAX_BYTES,
+        ledger_size_bytes_max: int = limits.FILE_LOG_LEDGER_SIZE_BYTES_MAX,
         max_write_length_bytes: int = DEFAULT_MAX_WRITE_LENGTH_BYTES,
         in_flight_bytes_max: int = limits.DATA_LOG_IN_FLIGHT_BYTES_MAX,
         fdatasync: Callable[[int], None] = os.fdatasync,
     ) -> None:
         """Raises ``InvalidArgumentError`` if an option is out of range.  Touches no file."""
-        if ledger_size_max_bytes < 1:
-            raise InvalidArgumentError(f"ledger_size_max_bytes must be positive, not {ledger_size_max_bytes}")
-        if not 0 <= max_write_length_bytes <= RECORD_PAYLOAD_LENGTH_MAX_BYTES:
+        if ledger_size_bytes_max < 1:
+            raise InvalidArgumentError(f"ledger_size_bytes_max must be positive, not {ledger_size_bytes_max}")
+        if not 0 <= max_write_length_bytes <= RECORD_PAYLOAD_LENGTH_BYTES_MAX:
             raise InvalidArgumentError(
-                f"max_write_length_bytes must lie in [0, {RECORD_PAYLOAD_LENGTH_MAX_BYTES}], "
+                f"max_write_length_bytes must lie in [0, {RECORD_PAYLOAD_LENGTH_BYTES_MAX}], "
                 f"not {max_write_length_bytes}"
             )
         if in_flight_bytes_max < max_write_length_bytes + RECORD_HEADER_SIZE_BYTES:
             raise InvalidArgumentError("in_flight_bytes_max must hold at least one largest record")
         self._directory = Path(directory)
-        self._ledger_size_max_bytes = ledger_size_max_bytes
+        self._ledger_size_max_bytes = ledger_size_bytes_max
         self._max_write_length_bytes = max_write_length_bytes
         self._in_flight_bytes_max = in_flight_bytes_max
         self._fdatasync = fdatasync

@@ -129,7 +129,7 @@ class ContainerHost:
                     self._finish(cause)
                     return
                 await self._clock.sleep(delay)
-                delay = min(delay * 2, limits.CONTAINER_RESTART_DELAY_MAX_SECONDS)
+                delay = min(delay * 2, limits.CONTAINER_RESTART_DELAY_SECONDS_MAX)
                 if self._closing:
                     self._finish(None)
                     return

@@ -136,7 +136,7 @@ class OperationProcessor:
         self,
         metadata: ContainerMetadata,
         *,
-        frame_length_max: int = limits.DATA_FRAME_SIZE_MAX_BYTES,
+        frame_bytes_max: int = limits.DATA_FRAME_SIZE_BYTES_MAX,
         queue_length_max: int = limits.OPERATION_QUEUE_LENGTH_MAX,
         queue_bytes_max: int = limits.OPERATION_QUEUE_BYTES_MAX,
         checkpoint_frame_count: int = limits.CHECKPOINT_FRAME_COUNT_MIN,
@@ -157,7 +157,7 @@ class OperationProcessor:
         self._in_flight_bytes = 0
         self._frame_operations: list[Operation] = []
         self._processing: Operation | None = None
-        self._builder = DataFrameBuilder(frame_length_max, self._on_frame_sealed)
+        self._builder = DataFrameBuilder(frame_bytes_max, self._on_frame_sealed)
         self._next_sequence_number = 1
         self._next_frame_number = 1
         self._highest_committed_frame = 0

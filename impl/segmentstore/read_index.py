@@ -40,7 +40,7 @@ from millstream.errors import (
     StreamSegmentTruncatedError,
     TooManyTailReadersError,
 )
-from millstream.limits import READ_LENGTH_MAX_BYTES, TAIL_READ_WAIT_MAX_SECONDS, TAIL_READERS_PER_SEGMENT_MAX
+from millstream.limits import READ_LENGTH_BYTES_MAX, TAIL_READ_WAIT_SECONDS_MAX, TAIL_READERS_PER_SEGMENT_MAX
 from millstream.values import ReadResult
 
 __all__ = ["BLOCK_LENGTH_BYTES", "SHARED_APPEND_BYTES_MIN", "ReadIndex", "ReadResult", "SegmentReadIndex", "TierTwo"]
@@ -315,10 +315,10 @@ class ReadIndex:
         waiting), ``InvalidArgumentError`` for a negative length or wait, and Tier 2's
         ``StorageError`` if it cannot be read.
         """
-        if max_length < 0 or not 0 <= wait_seconds <= TAIL_READ_WAIT_MAX_SECONDS:
+        if max_length < 0 or not 0 <= wait_seconds <= TAIL_READ_WAIT_SECONDS_MAX:
             raise InvalidArgumentError(
-                f"max_length must be >= 0 and wait_seconds within [0, {TAIL_READ_WAIT_MAX_SECONDS}]")
-        max_length = min(max_length, READ_LENGTH_MAX_BYTES)
+                f"max_length must be >= 0 and wait_seconds within [0, {TAIL_READ_WAIT_SECONDS_MAX}]")
+        max_length = min(max_length, READ_LENGTH_BYTES_MAX)
         deadline = self._clock.monotonic() + wait_seconds
         while True:
             index = self._checked(segment_id, offset)

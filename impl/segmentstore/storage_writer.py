@@ -347,7 +347,7 @@ class StorageWriter(TierTwo):
             except StorageError:
                 self.storage_failures += 1
                 await self._clock.sleep(delay)
-                delay = min(delay * 2, limits.STORAGE_RETRY_DELAY_MAX_SECONDS)
+                delay = min(delay * 2, limits.STORAGE_RETRY_DELAY_SECONDS_MAX)
 
     def _due_segments(self) -> list[int]:
         now = self._clock.monotonic()

@@ -152,8 +152,8 @@ class AppendRequests(ConnectionState):
             self._fail_protocol(f"writer {writer_id}: a block announces {event_count} events and holds {count}",
                                 InvalidEventNumber(request_id, writer_id, last_event_number))
             return
-        if longest > limits.EVENT_LENGTH_MAX_BYTES:
-            message = f"an event of {longest} bytes exceeds {limits.EVENT_LENGTH_MAX_BYTES}"
+        if longest > limits.EVENT_LENGTH_BYTES_MAX:
+            message = f"an event of {longest} bytes exceeds {limits.EVENT_LENGTH_BYTES_MAX}"
             self._fail_protocol(f"writer {writer_id}: {message}",
                                 ErrorMessage(request_id, session.segment, error_code_of(_PAYLOAD_TOO_LARGE), message))
             return
@@ -294,9 +294,9 @@ class AppendRequests(ConnectionState):
         if session is None:
             return
         held = self._parts_bytes.get(command.writer_id, 0) + len(command.data)
-        if held > limits.APPEND_LENGTH_MAX_BYTES:
+        if held > limits.APPEND_LENGTH_BYTES_MAX:
             self._fail_protocol(f"writer {session.writer_id}: a streamed block exceeds "
-                                f"{limits.APPEND_LENGTH_MAX_BYTES} bytes")
+                                f"{limits.APPEND_LENGTH_BYTES_MAX} bytes")
             return
         self._parts.setdefault(command.writer_id, []).append(command.data)
         self._parts_bytes[command.writer_id] = held
@@ -320,7 +320,7 @@ class AppendRequests(ConnectionState):
                 ErrorMessage(command.request_id, session.segment, error_code_of(ProtocolError()),
                              "the block's parts do not add up to size_of_whole_events"))
             return
-        if len(data) > limits.APPEND_LENGTH_MAX_BYTES:
+        if len(data) > limits.APPEND_LENGTH_BYTES_MAX:
             self._fail_protocol(f"writer {session.writer_id}: a streamed block exceeds the append limit")
             return
         self._accept_block(session, command.request_id, command.last_event_number, command.event_count, data, None)

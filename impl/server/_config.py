@@ -102,9 +102,9 @@ class ServerConfig:
                      "connection_receive_buffered_bytes_min", "connections_per_address_max", "connection_writers_max"):
             if not isinstance(getattr(self, name), int):
                 raise InvalidArgumentError(f"{name} must be an int, not {getattr(self, name)!r}")
-        if self.unauthenticated_frame_bytes_max > limits.APPEND_LENGTH_MAX_BYTES:
+        if self.unauthenticated_frame_bytes_max > limits.APPEND_LENGTH_BYTES_MAX:
             raise InvalidArgumentError(f"unauthenticated_frame_bytes_max must not exceed the frame limit "
-                                       f"({limits.APPEND_LENGTH_MAX_BYTES})")
+                                       f"({limits.APPEND_LENGTH_BYTES_MAX})")
         if self.connection_receive_buffered_bytes_min > self.receive_buffered_bytes_max:
             raise InvalidArgumentError(
                 "connection_receive_buffered_bytes_min must not exceed receive_buffered_bytes_max")

@@ -114,7 +114,7 @@ class Connection(Ingress, AppendRequests, SegmentRequests, ErrorReplies, asyncio
         self.peer_address = "?"  # the peer's host (connections per address are limited)
         self.adopted = False  # served by the server (not refused)
         # Receiving (see "Receiving" in the module docstring).
-        self._decoder = Decoder(frame_length_max=self._config.unauthenticated_frame_bytes_max)
+        self._decoder = Decoder(frame_bytes_max=self._config.unauthenticated_frame_bytes_max)
         self._authenticated = False
         #: Bytes received before authentication and not decoded yet (None once authenticated).
         self._unauthenticated: bytearray | None = bytearray()

@@ -19,7 +19,7 @@ Receiving.  Nothing is allocated from a length a peer announces; bytes are held 
   request whose token the server accepted (``_authorize``, or a controller call that succeeded) --
   its bytes are kept in ``_unauthenticated`` and decoded one frame at a time
   (``_drain_unauthenticated``), each frame limited to ``config.unauthenticated_frame_bytes_max``
-  (the decoder's ``frame_length_max`` says the same).  A larger frame is refused at its header and
+  (the decoder's ``frame_bytes_max`` says the same).  A larger frame is refused at its header and
   the connection closed -- unless a request that may yet authenticate it is in flight: then reading
   stops until that request is answered, and the frame is judged again.
 * A frame of at least ``_LARGE_FRAME_BYTES`` that does not arrive in one read is received straight
@@ -45,8 +45,8 @@ from millstream import limits
 from millstream.server._connection_state import ConnectionState
 from millstream.wire import (
     COMMAND_TYPES,
+    FRAME_BYTES_MAX,
     FRAME_HEADER_LENGTH,
-    FRAME_LENGTH_MAX,
     Decoder,
     WireProtocolError,
 )
@@ -238,7 +238,7 @@ class Ingress(ConnectionState):
         self._unauthenticated_blocked = False
         size = len(pending)
         position = 0
-        limit = self._decoder.frame_length_max
+        limit = self._decoder.frame_bytes_max
         with memoryview(pending) as view:
             while not self._closing and not self._authenticated and not self._backlog \
                     and size - position >= FRAME_HEADER_LENGTH:
@@ -248,7 +248,7 @@ class Ingress(ConnectionState):
                     end = position + FRAME_HEADER_LENGTH + length
                     if end > size:
                         break  # the rest of the frame has not arrived
-                elif known and limit < length <= FRAME_LENGTH_MAX and self._requests:
+                elif known and limit < length <= FRAME_BYTES_MAX and self._requests:
                     self._unauthenticated_blocked = True  # (a request in flight may authenticate us)
                     break
                 else:
@@ -270,7 +270,7 @@ class Ingress(ConnectionState):
         """A request's token was accepted (or authentication is off and the peer said Hello): frames
         up to the wire's limit are welcome from now on."""
         self._authenticated = True
-        self._decoder.frame_length_max = FRAME_LENGTH_MAX
+        self._decoder.frame_bytes_max = FRAME_BYTES_MAX
 
     def _after_read(self) -> None:
         """Count what the read left buffered, note whether a frame is in progress, and decide whether
@@ -325,7 +325,7 @@ class Ingress(ConnectionState):
         header = _HEADER.unpack_from
         while size - position >= FRAME_HEADER_LENGTH:
             _type_code, length = header(view, position)
-            if not 0 <= length <= FRAME_LENGTH_MAX:
+            if not 0 <= length <= FRAME_BYTES_MAX:
                 return None
             end = position + FRAME_HEADER_LENGTH + length
             if end > size:

@@ -93,12 +93,12 @@ class SegmentRequests(ConnectionState):
             return
         container = self._container(command.request_id, command.segment)
         if container is not None:
-            reserved = max(1, min(command.suggested_length, limits.READ_LENGTH_MAX_BYTES))
+            reserved = max(1, min(command.suggested_length, limits.READ_LENGTH_BYTES_MAX))
             self._request(self._read(container, command), read_bytes=reserved)
 
     async def _read(self, container: SegmentContainer, command: ReadSegment) -> None:
-        length = min(command.suggested_length, limits.READ_LENGTH_MAX_BYTES)
-        wait_seconds = min(max(command.wait_ms, 0) / 1000.0, limits.TAIL_READ_WAIT_MAX_SECONDS)
+        length = min(command.suggested_length, limits.READ_LENGTH_BYTES_MAX)
+        wait_seconds = min(max(command.wait_ms, 0) / 1000.0, limits.TAIL_READ_WAIT_SECONDS_MAX)
         try:
             result = await container.read(command.segment, command.offset, length, wait_seconds=wait_seconds)
         except Exception as error:

@@ -78,7 +78,7 @@ class SegmentStoreServer:
     authentication (``millstream.auth``); ``clock`` drives keep-alives and timeouts, ``wall_clock``
     (seconds since the Unix epoch) token expiry.  ``container_options`` go to every
     ``ContainerHost`` (e.g. ``restart_delay_seconds``), which passes the ones it does not know to its
-    ``SegmentContainer`` (e.g. ``frame_length_max``).  The server does not close ``chunk_storage``:
+    ``SegmentContainer`` (e.g. ``frame_bytes_max``).  The server does not close ``chunk_storage``:
     its creator does, after ``stop``.
 
     Use ``async with`` or ``start``/``stop``; everything runs on the loop that called ``start``."""
@@ -284,7 +284,7 @@ class SegmentStoreServer:
         """The running container that owns ``segment``.  Raises ``WrongHostError`` if this server
         does not own it, ``ContainerUnavailableError`` while it restarts, ``ObjectClosedError``
         once the server stopped, ``InvalidArgumentError`` for a name that is not a str of 1 to
-        ``limits.SEGMENT_NAME_LENGTH_MAX_BYTES`` UTF-8 bytes."""
+        ``limits.SEGMENT_NAME_LENGTH_BYTES_MAX`` UTF-8 bytes."""
         validate_segment_name(segment)  # (before hashing it: container_of remembers the names it saw)
         container_id = container_of(segment, self.config.container_count)
         host = self._hosts.get(container_id)

@@ -12,8 +12,8 @@ conversation is described in ``commands``; the byte layout of every frame in ``c
 
 from millstream.wire.codec import (
     EVENT_HEADER_LENGTH,
+    FRAME_BYTES_MAX,
     FRAME_HEADER_LENGTH,
-    FRAME_LENGTH_MAX,
     OLDEST_COMPATIBLE_VERSION,
     STRING_LENGTH_MAX,
     WIRE_VERSION,
@@ -83,7 +83,7 @@ __all__ = [
     "COMMAND_TYPES",
     "EVENT_HEADER_LENGTH",
     "FRAME_HEADER_LENGTH",
-    "FRAME_LENGTH_MAX",
+    "FRAME_BYTES_MAX",
     "OLDEST_COMPATIBLE_VERSION",
     "STRING_LENGTH_MAX",
     "WIRE_VERSION",

@@ -3,7 +3,7 @@
 Theory of operation.  A connection is a stream of frames.  Each frame is a fixed header -- the type
 code of its command and the length of its fields -- followed by the fields.  The ``Decoder`` keeps
 the bytes of at most one unfinished frame: as soon as a header is complete it is checked (a known
-type code, a length within the decoder's ``frame_length_max``, at most ``FRAME_LENGTH_MAX``) before a
+type code, a length within the decoder's ``frame_bytes_max``, at most ``FRAME_BYTES_MAX``) before a
 byte of the body is awaited, so a peer can neither make it buffer more than one frame's worth nor
 make it wait for a body it will reject anyway.  (The decoder buffers what arrives, never what a
 header announces.)
@@ -25,7 +25,7 @@ later frames), strings are standard UTF-8, and the fields are in the order table
 Byte layout.  All integers are big-endian; ``i32``/``i64`` are signed, ``u8``/``u16``/``u32``/``u64``
 unsigned::
 
-    frame   := type:i32 | length:i32 | fields        length = bytes of fields, 0 <= length <= FRAME_LENGTH_MAX
+    frame   := type:i32 | length:i32 | fields        length = bytes of fields, 0 <= length <= FRAME_BYTES_MAX
     i32     := 4 bytes                               sizes, counts, versions, codes, waits
     i64     := 8 bytes                               offsets, lengths, event numbers, request ids, values
     bool    := u8                                    0 or 1; any other value makes the frame malformed
@@ -123,7 +123,7 @@ from millstream.wire.commands import AppendBlock, Command, DataAppended, Segment
 __all__ = [
     "EVENT_HEADER_LENGTH",
     "FRAME_HEADER_LENGTH",
-    "FRAME_LENGTH_MAX",
+    "FRAME_BYTES_MAX",
     "OLDEST_COMPATIBLE_VERSION",
     "STRING_LENGTH_MAX",
     "WIRE_VERSION",
@@ -148,8 +148,8 @@ __all__ = [
 
 #: The fields of one frame.  A decoder buffers at most one frame, so this bounds the memory a peer can
 #: make a connection hold; a whole ``AppendBlock`` fits in one frame, which keeps every append under
-#: ``limits.APPEND_LENGTH_MAX_BYTES`` (the same 2**24 - 1 that Pravega's servers accept).
-FRAME_LENGTH_MAX: Final = 16 * limits.MIB - 1
+#: ``limits.APPEND_LENGTH_BYTES_MAX`` (the same 2**24 - 1 that Pravega's servers accept).
+FRAME_BYTES_MAX: Final = 16 * limits.MIB - 1
 
 #: A string's UTF-8 bytes (its length travels as a u16).
 STRING_LENGTH_MAX: Final = 0xFFFF
@@ -363,9 +363,9 @@ def _byte_length(data: bytes | bytearray | memoryview) -> int:
 
 
 def _frame_length(command: Command, length: int) -> int:
-    if length > FRAME_LENGTH_MAX:
+    if length > FRAME_BYTES_MAX:
         raise CommandTooLargeError(f"{type(command).__name__} needs a frame of {length} bytes; "
-                                 f"the limit is {FRAME_LENGTH_MAX}")
+                                 f"the limit is {FRAME_BYTES_MAX}")
     return length
 
 
@@ -567,7 +567,7 @@ def encode(command: Command) -> bytes:
     """One frame holding ``command``.
 
     Raises ``InvalidCommandError`` if ``command`` is not a command or a field does not fit its wire
-    type, and ``CommandTooLargeError`` if the frame would exceed ``FRAME_LENGTH_MAX``."""
+    type, and ``CommandTooLargeError`` if the frame would exceed ``FRAME_BYTES_MAX``."""
     try:
         encoder = _ENCODERS[type(command)]
     except KeyError:
@@ -600,15 +600,15 @@ def encode_into(buffer: bytearray, command: Command) -> int:
 # --- Decoding --------------------------------------------------------------------------------------
 
 
-def _reject_header(type_code: int, length: int, length_max: int = FRAME_LENGTH_MAX) -> None:
+def _reject_header(type_code: int, length: int, length_max: int = FRAME_BYTES_MAX) -> None:
     """Raise the error a bad frame header deserves (``Decoder`` calls this only for a bad one)."""
     if type_code not in _DECODERS:
         raise UnknownCommandError(f"unknown command type {type_code}")
     if length < 0:
         raise MalformedFrameError(f"a frame of type {type_code} announces a negative length ({length})")
-    if length > FRAME_LENGTH_MAX:
+    if length > FRAME_BYTES_MAX:
         raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; "
-                                 f"the limit is {FRAME_LENGTH_MAX}")
+                                 f"the limit is {FRAME_BYTES_MAX}")
     raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; the limit on this "
                              f"connection (not authenticated yet) is {length_max}")
 
@@ -616,32 +616,32 @@ def _reject_header(type_code: int, length: int, length_max: int = FRAME_LENGTH_M
 class Decoder:
     """Turns the bytes of one connection, fed in pieces of any size, into commands.
 
-    Holds the bytes of at most one unfinished frame (``pending_bytes`` < 8 + ``frame_length_max``).
-    ``frame_length_max`` (at most, and by default, ``FRAME_LENGTH_MAX``) is the longest frame it
+    Holds the bytes of at most one unfinished frame (``pending_bytes`` < 8 + ``frame_bytes_max``).
+    ``frame_bytes_max`` (at most, and by default, ``FRAME_BYTES_MAX``) is the longest frame it
     accepts; a server lowers it for a connection that has not authenticated yet, and raises it
     afterwards.  After any ``WireProtocolError`` it is poisoned: ``error`` holds the error and every
     later ``feed`` raises it again.  The server then closes the connection."""
 
     __slots__ = ("_buffer", "_error", "_frame_length_max", "_uuids")
 
-    def __init__(self, frame_length_max: int = FRAME_LENGTH_MAX) -> None:
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
         self._buffer = bytearray()  # the start of one unfinished frame (its header already checked if whole)
         self._error: WireProtocolError | None = None
         self._uuids: _UuidCache = {}
-        self._frame_length_max = FRAME_LENGTH_MAX
-        self.frame_length_max = frame_length_max
+        self._frame_length_max = FRAME_BYTES_MAX
+        self.frame_bytes_max = frame_bytes_max
 
     @property
-    def frame_length_max(self) -> int:
+    def frame_bytes_max(self) -> int:
         """The longest frame (fields, without the header) this decoder accepts."""
         return self._frame_length_max
 
-    @frame_length_max.setter
-    def frame_length_max(self, value: int) -> None:
-        """Raises ``InvalidArgumentError`` unless 0 <= ``value`` <= ``FRAME_LENGTH_MAX``, or if a frame
+    @frame_bytes_max.setter
+    def frame_bytes_max(self, value: int) -> None:
+        """Raises ``InvalidArgumentError`` unless 0 <= ``value`` <= ``FRAME_BYTES_MAX``, or if a frame
         already buffered is longer than ``value`` allows."""
-        if type(value) is not int or not 0 <= value <= FRAME_LENGTH_MAX:
-            raise InvalidArgumentError(f"frame_length_max must be an int in [0, {FRAME_LENGTH_MAX}], not {value!r}")
+        if type(value) is not int or not 0 <= value <= FRAME_BYTES_MAX:
+            raise InvalidArgumentError(f"frame_bytes_max must be an int in [0, {FRAME_BYTES_MAX}], not {value!r}")
         pending = self.pending_frame_length
         if pending is not None and pending - FRAME_HEADER_LENGTH > value:
             raise InvalidArgumentError(f"a frame of {pending} bytes is being received; it exceeds {value}")
@@ -752,7 +752,7 @@ class Decoder:
 
     def check_invariants(self) -> None:
         """The buffer holds less than one frame, and a whole header in it was checked."""
-        assert 0 <= self._frame_length_max <= FRAME_LENGTH_MAX
+        assert 0 <= self._frame_length_max <= FRAME_BYTES_MAX
         assert len(self._buffer) < FRAME_HEADER_LENGTH + self._frame_length_max, len(self._buffer)
         if self._error is not None:
             assert not self._buffer
@@ -774,8 +774,8 @@ def encode_event(payload: bytes | bytearray | memoryview) -> bytes:
         length = _byte_length(payload)
     except TypeError:
         raise InvalidArgumentError(f"an event payload is bytes-like, not {type(payload).__name__}") from None
-    if length > FRAME_LENGTH_MAX - EVENT_HEADER_LENGTH:
-        raise CommandTooLargeError(f"an event of {length} bytes does not fit in a frame ({FRAME_LENGTH_MAX} bytes)")
+    if length > FRAME_BYTES_MAX - EVENT_HEADER_LENGTH:
+        raise CommandTooLargeError(f"an event of {length} bytes does not fit in a frame ({FRAME_BYTES_MAX} bytes)")
     return _HEADER.pack(_EVENT_TYPE, length) + payload
 
 

@@ -20,7 +20,7 @@ A block of events travels in one of two ways:
 * **streamed** -- a sender that must put bytes on the wire before it knows where its block ends sends
   them in ``AppendBlockPart`` frames (bytes only, no accounting), then one ``AppendBlockEnd`` with the
   block's last bytes and its accounting.  The store holds the parts (at most
-  ``limits.APPEND_LENGTH_MAX_BYTES`` per writer) and appends parts and end together as one append.
+  ``limits.APPEND_LENGTH_BYTES_MAX`` per writer) and appends parts and end together as one append.
   ``size_of_whole_events`` is the length of the whole block (parts and end); every byte of a block is
   part of a whole event, so a block whose bytes do not add up to it, or that ends inside an event, is
   a protocol error and the store closes the connection.  (Pravega lets a partial event straddle two

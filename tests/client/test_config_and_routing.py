@@ -51,10 +51,10 @@ def test_backoff_is_a_function_of_the_seed() -> None:
 @given(st.integers(1, 200))
 def test_backoff_never_exceeds_the_cap(failures: int) -> None:
     backoff = Backoff(initial_seconds=limits.CLIENT_RECONNECT_DELAY_INITIAL_SECONDS,
-                      maximum_seconds=limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS, attempts_max=200,
+                      maximum_seconds=limits.CLIENT_RECONNECT_DELAY_SECONDS_MAX, attempts_max=200,
                       rng=random.Random(failures))
     delay = backoff.delay(failures)
-    assert delay is not None and 0 < delay < limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS
+    assert delay is not None and 0 < delay < limits.CLIENT_RECONNECT_DELAY_SECONDS_MAX
 
 
 def test_the_default_reconnect_budget_is_bounded() -> None:
@@ -64,7 +64,7 @@ def test_the_default_reconnect_budget_is_bounded() -> None:
     total = 0.0
     failures = 1
     while (delay := backoff.delay(failures, total)) is not None:
-        assert 0 < delay <= limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS
+        assert 0 < delay <= limits.CLIENT_RECONNECT_DELAY_SECONDS_MAX
         total += delay
         failures += 1
     assert total == pytest.approx(limits.CLIENT_RECONNECT_BUDGET_SECONDS)
@@ -102,7 +102,7 @@ def test_the_budgets_may_be_raised_or_unlimited_and_the_attempt_count_is_optiona
     assert ClientConfig().reconnect_attempts_max is None
     backoff = forever.backoff(random.Random(2))
     # Never gives up, however long the outage; every wait is still capped.
-    assert all(0 < (backoff.delay(n, 1e9) or 0) <= limits.CLIENT_RECONNECT_DELAY_MAX_SECONDS for n in range(1, 500))
+    assert all(0 < (backoff.delay(n, 1e9) or 0) <= limits.CLIENT_RECONNECT_DELAY_SECONDS_MAX for n in range(1, 500))
     for name in ("reconnect_budget_seconds", "initial_connect_budget_seconds"):
         for bad in (0, -1.0, float("nan"), "10", True):
             with pytest.raises(InvalidArgumentError):
@@ -234,7 +234,7 @@ def test_serializers_refuse_what_they_cannot_encode_with_a_typed_error() -> None
 
 
 def test_a_slow_writer_sends_every_event_as_it_comes() -> None:
-    tracker = BlockSizeTracker(now=0.0, block_bytes_max=512 * 1024, window_max_seconds=0.02)
+    tracker = BlockSizeTracker(now=0.0, block_bytes_max=512 * 1024, window_seconds_max=0.02)
     now = 0.0
     for _ in range(20):
         now += 0.1  # one 108-byte event every 100 ms
@@ -244,7 +244,7 @@ def test_a_slow_writer_sends_every_event_as_it_comes() -> None:
 
 
 def test_under_load_blocks_grow_toward_half_a_round_trip_of_arrivals() -> None:
-    tracker = BlockSizeTracker(now=0.0, block_bytes_max=512 * 1024, window_max_seconds=0.02)
+    tracker = BlockSizeTracker(now=0.0, block_bytes_max=512 * 1024, window_seconds_max=0.02)
     now = 0.0
     rate = 30e6  # 30 MB/s arriving
     for _ in range(50):
@@ -257,7 +257,7 @@ def test_under_load_blocks_grow_toward_half_a_round_trip_of_arrivals() -> None:
 
 
 def test_the_block_size_is_capped_by_the_window_and_the_block_limit() -> None:
-    tracker = BlockSizeTracker(now=0.0, block_bytes_max=100_000, window_max_seconds=0.02)
+    tracker = BlockSizeTracker(now=0.0, block_bytes_max=100_000, window_seconds_max=0.02)
     tracker.block_closed(1.0, 1_000_000)  # 1 MB/s
     tracker.acknowledged(2.0, 1.0)  # a 1 s round trip: the 20 ms window applies
     assert tracker.target() == 20_000

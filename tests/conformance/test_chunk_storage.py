@@ -76,14 +76,14 @@ AWKWARD_NAMES = [
     "emoji-\U0001f600",
     "tab\tnewline\n",
     "x" * 2000,
-    "€" * (limits.CHUNK_NAME_LENGTH_MAX_BYTES // 3) + "ab",  # exactly the limit: 682 * 3 + 2 bytes
+    "€" * (limits.CHUNK_NAME_LENGTH_BYTES_MAX // 3) + "ab",  # exactly the limit: 682 * 3 + 2 bytes
 ]
 
 BAD_NAMES: list[Any] = [
     "",
     "nul\0inside",
-    "x" * (limits.CHUNK_NAME_LENGTH_MAX_BYTES + 1),
-    "€" * (limits.CHUNK_NAME_LENGTH_MAX_BYTES // 3 + 1),  # 2049 bytes in 683 characters
+    "x" * (limits.CHUNK_NAME_LENGTH_BYTES_MAX + 1),
+    "€" * (limits.CHUNK_NAME_LENGTH_BYTES_MAX // 3 + 1),  # 2049 bytes in 683 characters
     "lone surrogate \ud800",
     b"bytes",
     None,

@@ -8,7 +8,7 @@ Decisions the suite pins down for every implementation:
 
 * Empty records are allowed (a 0-byte payload round-trips); the DataFrame layer never writes one,
   but the log has no reason to refuse it.
-* ``write_settings.max_write_length_bytes`` admits a full DataFrame (``DATA_FRAME_SIZE_MAX_BYTES``).
+* ``write_settings.max_write_length_bytes`` admits a full DataFrame (``DATA_FRAME_SIZE_BYTES_MAX``).
 * A fenced instance's next append *future* fails with ``DataLogFencedError`` (the log cannot know
   synchronously); after that the instance is closed and ``append`` raises ``ObjectClosedError``.
 * ``close()`` completes what is already durable and fails the rest with ``ObjectClosedError``; a
@@ -172,7 +172,7 @@ def payloads_of(seed: int, sizes: list[int]) -> list[bytes]:
 
 
 def test_full_data_frame_fits(harness: LogHarness) -> None:
-    assert harness.open().write_settings.max_write_length_bytes >= limits.DATA_FRAME_SIZE_MAX_BYTES
+    assert harness.open().write_settings.max_write_length_bytes >= limits.DATA_FRAME_SIZE_BYTES_MAX
 
 
 def test_records_of_every_size_round_trip_in_order(harness: LogHarness) -> None:

@@ -33,7 +33,7 @@ A record (big-endian), 24 bytes of header and a payload that is a pure function 
     4       4       incarnation      the writer process that made it (u32)
     8       4       segment number   N of the segment "seg-NNNN" it was meant for (u32)
     12      4       counter          per segment and incarnation, 0, 1, 2, ... (u32)
-    16      4       payload length   (u32), at most RECORD_PAYLOAD_LENGTH_MAX_BYTES
+    16      4       payload length   (u32), at most RECORD_PAYLOAD_LENGTH_BYTES_MAX
     20      4       crc32            zlib.crc32 of bytes 0..20, then the payload
     24      length  payload          shake_128(b"SEG/I/COUNTER") -- see ``payload_for``
 
@@ -69,7 +69,7 @@ _CRC = struct.Struct(">I")
 RECORD_HEADER_SIZE_BYTES = _HEADER.size + _CRC.size
 RECORD_PAYLOAD_LENGTH_MIN_BYTES = 10
 #: About 200 KB: with the writer's DataFrame sizes (below) a large record spans two to four frames.
-RECORD_PAYLOAD_LENGTH_MAX_BYTES = 200_000
+RECORD_PAYLOAD_LENGTH_BYTES_MAX = 200_000
 #: The attribute every append accumulates by one.
 COUNT_ATTRIBUTE = 1
 
@@ -85,7 +85,7 @@ ROTATE_PROBABILITY = 0.004
 #: of up to 200 KB span several frames (and a kill can cut a record between frames).
 FRAME_LENGTHS_BYTES = (1024 * 1024, 64 * 1024)
 #: Small ledgers, so that rollovers (a manifest rewrite) happen during the campaign and kills hit them.
-LEDGER_SIZE_MAX_BYTES = 4 * 1024 * 1024
+LEDGER_SIZE_BYTES_MAX = 4 * 1024 * 1024
 #: Checkpoint every few frames, so that recovery checks many checkpoints against its replay.
 CHECKPOINT_FRAME_COUNTS = (5, 40)
 #: The writer's pace when none is given: about 12 MB/s, in bursts of up to ``CONCURRENCY`` appends.
@@ -156,7 +156,7 @@ def parse_segment(name: str, data: bytes, start: int = 0) -> Iterator[ParsedReco
         magic, incarnation, number, counter, length = _HEADER.unpack_from(view, position)
         if magic != RECORD_MAGIC or number != segment_number(name):
             raise GarbageError(f"{name} @ {offset}: no record header here (magic {magic!r}, segment {number})")
-        if not RECORD_PAYLOAD_LENGTH_MIN_BYTES <= length <= RECORD_PAYLOAD_LENGTH_MAX_BYTES:
+        if not RECORD_PAYLOAD_LENGTH_MIN_BYTES <= length <= RECORD_PAYLOAD_LENGTH_BYTES_MAX:
             raise GarbageError(f"{name} @ {offset}: implausible payload length {length}")
         end = position + RECORD_HEADER_SIZE_BYTES + length
         if end > len(data):
@@ -266,15 +266,15 @@ class Writer:
     def payload_length(self) -> int:
         """Log-uniform between the limits (most records small, some large), and now and then the largest."""
         if self.rng.random() < 0.02:
-            return RECORD_PAYLOAD_LENGTH_MAX_BYTES
-        low, high = math.log(RECORD_PAYLOAD_LENGTH_MIN_BYTES), math.log(RECORD_PAYLOAD_LENGTH_MAX_BYTES)
+            return RECORD_PAYLOAD_LENGTH_BYTES_MAX
+        low, high = math.log(RECORD_PAYLOAD_LENGTH_MIN_BYTES), math.log(RECORD_PAYLOAD_LENGTH_BYTES_MAX)
         return int(math.exp(self.rng.uniform(low, high)))
 
     async def run(self) -> None:
         self.container = SegmentContainer(
             0,
-            FileLog(self.data_dir / "log", ledger_size_max_bytes=LEDGER_SIZE_MAX_BYTES),
-            frame_length_max=self.rng.choice(FRAME_LENGTHS_BYTES),
+            FileLog(self.data_dir / "log", ledger_size_bytes_max=LEDGER_SIZE_BYTES_MAX),
+            frame_bytes_max=self.rng.choice(FRAME_LENGTHS_BYTES),
             checkpoint_frame_count=self.rng.choice(CHECKPOINT_FRAME_COUNTS),
         )
         await self.container.start()

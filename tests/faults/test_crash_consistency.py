@@ -48,7 +48,7 @@ from pathlib import Path
 import attrs
 import pytest
 from millstream.errors import ContainerUnavailableError, WriteFailedError
-from millstream.limits import READ_LENGTH_MAX_BYTES
+from millstream.limits import READ_LENGTH_BYTES_MAX
 from millstream.model.types import AttributeUpdate, AttributeUpdateType
 from millstream.segmentstore.container import ContainerState, SegmentContainer
 from millstream.segmentstore.file_log import FileLog
@@ -193,7 +193,7 @@ async def read_all(container: SegmentContainer, name: str, start: int, length: i
     data = bytearray()
     offset = start
     while offset < length:
-        result = await container.read(name, offset, READ_LENGTH_MAX_BYTES)
+        result = await container.read(name, offset, READ_LENGTH_BYTES_MAX)
         assert result.data, f"{name}: empty read at {offset} of {length}"
         data += result.data
         offset += len(result.data)
@@ -555,7 +555,7 @@ def test_a_failing_fdatasync_stops_the_container_and_loses_nothing_acknowledged(
 
     async def scenario() -> None:
         fdatasync = FailingFdatasync(fail_at)
-        container = SegmentContainer(0, FileLog(tmp_path / "log", fdatasync=fdatasync), frame_length_max=64 * 1024)
+        container = SegmentContainer(0, FileLog(tmp_path / "log", fdatasync=fdatasync), frame_bytes_max=64 * 1024)
         await container.start()
         for segment in segments:
             await container.create_segment(segment)
@@ -590,7 +590,7 @@ def test_a_log_failing_while_the_next_frame_is_sealed_stops_the_container() -> N
 
     async def scenario() -> None:
         log = SimulatedDurableDataLog(SimulatedLogStorage(), auto_complete=False)
-        container = SegmentContainer(0, log, clock=ManualClock(), frame_length_max=200)
+        container = SegmentContainer(0, log, clock=ManualClock(), frame_bytes_max=200)
         await container.start()
 
         async def turns() -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from millstream.client import AsyncClient
 from millstream.server._memory import trimming_available
-from millstream.wire import FRAME_LENGTH_MAX, AppendBlockPart, CreateSegment, encode
+from millstream.wire import FRAME_BYTES_MAX, AppendBlockPart, CreateSegment, encode
 
 from tests.hostile.node import HELLO, Node, NormalClient, client_config, node, open_connection, raise_open_files_limit
 
@@ -70,9 +70,9 @@ def first_bytes(kind: str) -> bytes:
     if kind == "silent":
         return b""
     if kind == "announcing":
-        return HELLO + HEADER.pack(AppendBlockPart.TYPE, FRAME_LENGTH_MAX) + bytes(100)
+        return HELLO + HEADER.pack(AppendBlockPart.TYPE, FRAME_BYTES_MAX) + bytes(100)
     if kind == "announcing-before-hello":
-        return HEADER.pack(AppendBlockPart.TYPE, FRAME_LENGTH_MAX) + bytes(100)
+        return HEADER.pack(AppendBlockPart.TYPE, FRAME_BYTES_MAX) + bytes(100)
     if kind == "dripping":
         return HELLO + DRIP_FRAME[:5]
     assert kind == "sending"

@@ -18,7 +18,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from millstream.wire import FRAME_LENGTH_MAX, AppendBlockPart
+from millstream.wire import FRAME_BYTES_MAX, AppendBlockPart
 
 from tests.hostile.node import HELLO, Node, NormalClient, node, open_connection, raise_open_files_limit
 
@@ -68,7 +68,7 @@ def test_frames_announcing_16_mib_do_not_make_the_node_allocate_them(warm_node: 
         writers = []
         for index in range(connections):
             _reader, writer = await open_connection(started.port, index)
-            writer.write(HELLO + HEADER.pack(AppendBlockPart.TYPE, FRAME_LENGTH_MAX) + bytes(100))
+            writer.write(HELLO + HEADER.pack(AppendBlockPart.TYPE, FRAME_BYTES_MAX) + bytes(100))
             await writer.drain()
             writers.append(writer)
         await settled(normal)
@@ -83,7 +83,7 @@ def test_frames_announcing_16_mib_do_not_make_the_node_allocate_them(warm_node: 
     finally:
         loop.close()
     growth = during - before
-    print(f"\n{connections} connections announcing {FRAME_LENGTH_MAX + 8} bytes each: RSS {before / MIB:.1f} MiB "
+    print(f"\n{connections} connections announcing {FRAME_BYTES_MAX + 8} bytes each: RSS {before / MIB:.1f} MiB "
           f"-> {during / MIB:.1f} MiB ({growth / MIB:+.1f} MiB; allocating the announced lengths would be "
           f"+{connections * 16} MiB)")
     assert growth < 16 * MIB, f"the node grew by {growth / MIB:.1f} MiB"
@@ -100,7 +100,7 @@ def test_a_frame_too_large_before_authentication_is_refused_at_its_header(
     async def scenario() -> None:
         for index in range(8):
             reader, writer = await open_connection(started.port, index)
-            writer.write(HEADER.pack(AppendBlockPart.TYPE, FRAME_LENGTH_MAX) + bytes(100))  # no Hello
+            writer.write(HEADER.pack(AppendBlockPart.TYPE, FRAME_BYTES_MAX) + bytes(100))  # no Hello
             await writer.drain()
             assert await closed_by_peer(reader), "the node closes the connection"
             writer.close()

@@ -48,7 +48,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from millstream.auth import Permission, issue_token
 from millstream.wire import (
-    FRAME_LENGTH_MAX,
+    FRAME_BYTES_MAX,
     AppendBlock,
     AppendBlockEnd,
     AppendBlockPart,
@@ -128,7 +128,7 @@ SCOPES = ["fuzz", "fuzz2", "elsewhere", "", "_fuzz", "x" * 300]
 WRITERS = [uuid.UUID(int=n) for n in (1, 2, 3)]
 KNOWN_TYPES = [-127, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 20, 21, 28, 29, 30, 31, 34, 35, 36, 37, 38, 39, 40,
                50, 51, 52, 53, 55, 56, 57, 58, 59, 60, 61, 89, 200, 201]
-ABSURD_LENGTHS = [-1, -(2**31), 0, 1, 7, 65_535, 65_536, 65_537, 1 << 20, FRAME_LENGTH_MAX, FRAME_LENGTH_MAX + 1,
+ABSURD_LENGTHS = [-1, -(2**31), 0, 1, 7, 65_535, 65_536, 65_537, 1 << 20, FRAME_BYTES_MAX, FRAME_BYTES_MAX + 1,
                   2**31 - 1]
 
 i64 = st.integers(-(2**63), 2**63 - 1)

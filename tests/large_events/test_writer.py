@@ -169,7 +169,7 @@ def test_bad_input_gets_typed_errors_and_merges_nothing(tmp_path: Path) -> None:
             await create_stream(client, "le/bad")
             writer = client.large_event_writer("le/bad", config=SMALL)
             # Over 1 GiB in one write (the default limit; the memory is never touched, let alone sent).
-            huge = mmap.mmap(-1, limits.LARGE_EVENT_LENGTH_MAX_BYTES + 1)
+            huge = mmap.mmap(-1, limits.LARGE_EVENT_LENGTH_BYTES_MAX + 1)
             try:
                 over = writer.stream_event("k")
                 await over.write(b"x" * 5_000)

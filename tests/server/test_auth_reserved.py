@@ -111,7 +111,7 @@ class Setup:
             self.group_state = info.state_segment
             # (The longest lease: the transaction stays open however slowly the tables run.)
             transaction = client.run(client.async_client.controller().create_transaction(
-                "iot", "s", limits.TRANSACTION_LEASE_MAX_SECONDS))
+                "iot", "s", limits.TRANSACTION_LEASE_SECONDS_MAX))
             (self.transaction,) = (s.name for s in transaction.transaction_segments)
             for name in (USER_SOURCE, USER_TARGET):
                 client.segments().create(name)

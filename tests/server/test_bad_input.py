@@ -12,7 +12,7 @@ from millstream.errors import PayloadTooLargeError, ProtocolError
 from millstream.naming import container_of
 from millstream.server import ServerConfig
 from millstream.wire import (
-    FRAME_LENGTH_MAX,
+    FRAME_BYTES_MAX,
     AppendBlock,
     AppendSetup,
     CreateSegment,
@@ -88,7 +88,7 @@ def test_broken_frames_close_only_their_connection(tiers: Tiers, caplog: pytest.
             bystander = await Bystander.start(server.port)
             cases = [
                 ("unknown command type", HEADER.pack(4242, 0), "UnknownCommandError"),
-                ("length over the limit", HEADER.pack(CreateSegment.TYPE, FRAME_LENGTH_MAX + 1), "FrameTooLargeError"),
+                ("length over the limit", HEADER.pack(CreateSegment.TYPE, FRAME_BYTES_MAX + 1), "FrameTooLargeError"),
                 ("negative length", HEADER.pack(CreateSegment.TYPE, -5), "MalformedFrameError"),
                 # A SegmentRead whose at_tail bool is 7.
                 ("bad bool", HEADER.pack(10, 8 + 2 + 8 + 2 + 4) + struct.pack(">qH", 1, 0) + struct.pack(">q", 0)
@@ -166,7 +166,7 @@ def test_bad_appends_close_the_writers_connection_with_a_typed_reply(
             replies = await closed_once(client, caplog, before, "malformed events")
             assert len(replies) == 1 and isinstance(replies[0], ErrorMessage)
             await bystander.still_works()
-            # An event over EVENT_LENGTH_MAX_BYTES (8 MiB).
+            # An event over EVENT_LENGTH_BYTES_MAX (8 MiB).
             before = len(closing_warnings(caplog))
             client, writer = await writer_connection()
             await client.send(AppendBlock(writer, 9, 1, 6, encode_event(bytes(8 * 1024 * 1024 + 1))))

@@ -25,7 +25,7 @@ from millstream.server import ServerConfig
 from millstream.server._config import FramePool, ReceiveBudget
 from millstream.testing.clock import ManualClock
 from millstream.wire import (
-    FRAME_LENGTH_MAX,
+    FRAME_BYTES_MAX,
     OLDEST_COMPATIBLE_VERSION,
     WIRE_VERSION,
     AppendBlock,
@@ -85,7 +85,7 @@ def test_an_announced_length_is_not_allocated_before_its_bytes_arrive(tiers: Tie
             clients = []
             for _ in range(8):
                 client = await RawClient.connect(server.port)
-                await client.send_bytes(HEADER.pack(AppendBlockPart.TYPE, FRAME_LENGTH_MAX) + bytes(100))
+                await client.send_bytes(HEADER.pack(AppendBlockPart.TYPE, FRAME_BYTES_MAX) + bytes(100))
                 clients.append(client)
             await until(lambda: all(c.receive_buffered_bytes > 0 for c in server.connections), "all started")
             held = sum(c.receive_buffered_bytes for c in server.connections)
@@ -439,7 +439,7 @@ def test_a_closed_connection_leaves_nothing_behind(tmp_path: Path) -> None:
             for kind in ("idle", "huge", "half", "unauthenticated"):
                 client = await RawClient.connect(server.port, hello=kind != "unauthenticated")
                 if kind == "huge":
-                    await client.send_bytes(HEADER.pack(AppendBlockPart.TYPE, FRAME_LENGTH_MAX) + bytes(300_000))
+                    await client.send_bytes(HEADER.pack(AppendBlockPart.TYPE, FRAME_BYTES_MAX) + bytes(300_000))
                 elif kind == "half":
                     await client.send_bytes(encode(CreateSegment(1, "sc/x", ""))[:7])
                 elif kind == "unauthenticated":

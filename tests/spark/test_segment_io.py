@@ -60,7 +60,7 @@ def test_a_long_run_of_equal_events_and_a_mixed_tail() -> None:
 
 
 @pytest.mark.parametrize(("header", "position"), [((1, 5), 0), ((0, -1), 13),
-                                                   ((0, limits.EVENT_LENGTH_MAX_BYTES + 1), 13)])
+                                                   ((0, limits.EVENT_LENGTH_BYTES_MAX + 1), 13)])
 def test_a_header_that_is_not_an_events_is_named_by_its_position(header: tuple[int, int], position: int) -> None:
     good = frames([b"hello"])  # 13 bytes
     bad = struct.pack(">ii", *header) + b"abcde"
@@ -100,7 +100,7 @@ def test_frame_events_frames_as_the_writer_does(payloads: list[bytes], skip: int
 
 
 def test_a_payload_beyond_the_event_limit_is_refused() -> None:
-    array = pa.array([b"ok", b"x" * (limits.EVENT_LENGTH_MAX_BYTES + 1)], type=pa.binary())
+    array = pa.array([b"ok", b"x" * (limits.EVENT_LENGTH_BYTES_MAX + 1)], type=pa.binary())
     with pytest.raises(PayloadTooLargeError, match="exceeds the limit"):
         frame_events(array)
 

@@ -36,7 +36,7 @@ from millstream.testing.tracing import TraceRecorder
 
 SEGMENTS = ("a", "b", "c")
 #: Small frames, so that records span frames often.
-FRAME_LENGTH_MAX = 160
+FRAME_BYTES_MAX = 160
 #: Frequent checkpoints, so recovery meets several.
 CHECKPOINT_FRAME_COUNT = 5
 ATTRIBUTE_IDS = (1, 2, 2**127 + 5)
@@ -71,7 +71,7 @@ class ContainerMachine(RuleBasedStateMachine):
         self.recorder = TraceRecorder()
         self.storage = SimulatedLogStorage(on_persisted=self.recorder.persisted)
         self.clock = ManualClock()
-        self.model = dl.initial_state(dl.FrameLayout(FRAME_LENGTH_MAX - FRAME_HEADER_LENGTH, ENTRY_HEADER_LENGTH))
+        self.model = dl.initial_state(dl.FrameLayout(FRAME_BYTES_MAX - FRAME_HEADER_LENGTH, ENTRY_HEADER_LENGTH))
         self.issued: deque[Issued] = deque()
         self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.pending_calls: deque[asyncio.Task[Any]] = deque()
@@ -100,7 +100,7 @@ class ContainerMachine(RuleBasedStateMachine):
 
         async def start() -> None:
             self.container = SegmentContainer(
-                0, self.log, clock=self.clock, tracer=self.recorder, frame_length_max=FRAME_LENGTH_MAX,
+                0, self.log, clock=self.clock, tracer=self.recorder, frame_bytes_max=FRAME_BYTES_MAX,
                 checkpoint_frame_count=CHECKPOINT_FRAME_COUNT)
             await self.container.start()
 

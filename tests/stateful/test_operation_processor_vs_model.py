@@ -48,7 +48,7 @@ from millstream.segmentstore.operations import (
 
 SEGMENTS = ("a", "b", "c")
 #: Small frames, so that records span frames often.
-FRAME_LENGTH_MAX = 160
+FRAME_BYTES_MAX = 160
 #: Frequent checkpoints, so recovery meets several.
 CHECKPOINT_FRAME_COUNT = 5
 
@@ -82,7 +82,7 @@ def operation_for(request: Request) -> Operation:
 class ProcessorMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        layout = dl.FrameLayout(FRAME_LENGTH_MAX - FRAME_HEADER_LENGTH, ENTRY_HEADER_LENGTH)
+        layout = dl.FrameLayout(FRAME_BYTES_MAX - FRAME_HEADER_LENGTH, ENTRY_HEADER_LENGTH)
         self.model = dl.initial_state(layout)
         #: Tier 1: frames in flight (number, bytes) in order; durable ones; durable ones whose notice is due.
         self.in_flight: list[tuple[int, bytes]] = []
@@ -107,7 +107,7 @@ class ProcessorMachine(RuleBasedStateMachine):
         replay = LogReplay(self.metadata, on_committed=lambda operations: None, on_loaded=None, wall_clock=None)
         reader = DataFrameReader(LogRecord(LogAddress(number), data) for number, data in self.durable)
         found_checkpoint = replay.replay(reader)
-        self.processor = OperationProcessor(self.metadata, frame_length_max=FRAME_LENGTH_MAX,
+        self.processor = OperationProcessor(self.metadata, frame_bytes_max=FRAME_BYTES_MAX,
                                             checkpoint_frame_count=CHECKPOINT_FRAME_COUNT, tracing=True)
         self.carry_out(self.processor.recover(
             reader.highest_sequence_number + 1, (reader.last_address.sequence if reader.last_address else 0) + 1,

@@ -70,7 +70,7 @@ RUN_NOW_TURNS_MAX = 2000
 #: See the module docstring.
 GIVE_UP_FAULTS_MIN = 2
 #: Small frames and frequent checkpoints, so events span frames and recovery meets checkpoints.
-FRAME_LENGTH_MAX = 2048
+FRAME_BYTES_MAX = 2048
 CHECKPOINT_FRAME_COUNT = 8
 
 #: Timeouts chosen against the faults below: a delay's round trip (2 x 0.4 s) and a Tier-1 stall
@@ -141,7 +141,7 @@ class WriterMachine(RuleBasedStateMachine):
             config=ServerConfig(container_count=1, keepalive_interval_seconds=1.0, hello_timeout_seconds=2.0,
                                 shutdown_drain_seconds=0.5),
             container_options={"restart_delay_seconds": 0.01, "stable_seconds": 0.0,
-                               "frame_length_max": FRAME_LENGTH_MAX, "checkpoint_frame_count": CHECKPOINT_FRAME_COUNT})
+                               "frame_bytes_max": FRAME_BYTES_MAX, "checkpoint_frame_count": CHECKPOINT_FRAME_COUNT})
         self.run_now(self.server.start())
         self.network.listen(HOST, PORT, self.server.protocol_factory)
         self.run_now(self.container().create_segment(SEGMENT))

@@ -44,9 +44,9 @@ from millstream.testing.clock import ManualClock
 from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedLogStorage
 from millstream.testing.tracing import TraceEvent, TraceRecorder
 
-__all__ = ["FRAME_LENGTH_MAX", "file_log_run", "machine_run", "simulated_run"]
+__all__ = ["FRAME_BYTES_MAX", "file_log_run", "machine_run", "simulated_run"]
 
-FRAME_LENGTH_MAX = 200
+FRAME_BYTES_MAX = 200
 SEGMENTS = ("a", "b")
 SETTLE_TURNS = 60
 
@@ -156,7 +156,7 @@ def simulated_run(seed: int, steps: int = 40,
     clock = ManualClock()  # time stands still: no batching delays, so the seed alone decides the run
 
     def default_factory(log: SimulatedDurableDataLog, recorder: TraceRecorder) -> SegmentContainer:
-        return SegmentContainer(0, log, clock=clock, tracer=recorder, frame_length_max=FRAME_LENGTH_MAX,
+        return SegmentContainer(0, log, clock=clock, tracer=recorder, frame_bytes_max=FRAME_BYTES_MAX,
                                 checkpoint_frame_count=4)
 
     return asyncio.run(_simulated(seed, steps, container_factory or default_factory))
@@ -166,7 +166,7 @@ async def _file(directory: Path, seed: int, rounds: int) -> list[TraceEvent]:
     rng = random.Random(seed)
     recorder = TraceRecorder()
     for _ in range(rounds):
-        container = SegmentContainer(0, FileLog(directory), tracer=recorder, frame_length_max=FRAME_LENGTH_MAX,
+        container = SegmentContainer(0, FileLog(directory), tracer=recorder, frame_bytes_max=FRAME_BYTES_MAX,
                                      checkpoint_frame_count=4)
         await container.start()
         for _ in range(rng.randrange(5, 15)):
@@ -226,7 +226,7 @@ class _MachineRun:
         reader = DataFrameReader(LogRecord(LogAddress(number), data) for number, data in self.durable)
         found_checkpoint = LogReplay(metadata, on_committed=lambda operations: None, on_loaded=None,
                                      wall_clock=None).replay(reader)
-        processor = OperationProcessor(metadata, frame_length_max=FRAME_LENGTH_MAX, checkpoint_frame_count=4,
+        processor = OperationProcessor(metadata, frame_bytes_max=FRAME_BYTES_MAX, checkpoint_frame_count=4,
                                        tracing=True)
         self.carry_out(processor.recover(
             reader.highest_sequence_number + 1, (reader.last_address.sequence if reader.last_address else 0) + 1,

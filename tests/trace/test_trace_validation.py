@@ -14,7 +14,7 @@ from millstream.segmentstore.metadata_transaction import ContainerMetadataUpdate
 from millstream.testing.tracing import TraceEvent
 
 from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
-from tests.trace.driver import FRAME_LENGTH_MAX, file_log_run, machine_run, simulated_run
+from tests.trace.driver import FRAME_BYTES_MAX, file_log_run, machine_run, simulated_run
 from tests.trace.tla_trace import TRACE_CFG, trace_module
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
@@ -26,7 +26,7 @@ def check(traces: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
     for path in SPEC_DIR.glob("*.tla"):
         shutil.copy(path, workdir / path.name)
     (workdir / "TraceData.tla").write_text(
-        trace_module(traces, frame_capacity=FRAME_LENGTH_MAX - FRAME_HEADER_LENGTH, entry_header=ENTRY_HEADER_LENGTH))
+        trace_module(traces, frame_capacity=FRAME_BYTES_MAX - FRAME_HEADER_LENGTH, entry_header=ENTRY_HEADER_LENGTH))
     (workdir / "trace.cfg").write_text(TRACE_CFG)
     return run_tlc(workdir, "TraceDurableLog", "trace.cfg", check_deadlock=True)
 

@@ -48,6 +48,6 @@ def test_the_wait_asks_at_the_short_delay_first_and_doubles_only_after_the_stead
     assert len(steady) * initial >= limits.TRANSACTION_STATUS_POLL_STEADY_SECONDS - initial, (
         "the delay stays at its first value for the steady stretch")
     after = clock.slept[len(steady):]
-    assert after and all(b == min(2 * a, limits.TRANSACTION_STATUS_POLL_MAX_SECONDS)
+    assert after and all(b == min(2 * a, limits.TRANSACTION_STATUS_POLL_SECONDS_MAX)
                          for a, b in zip([initial, *after], after, strict=False)), "then it doubles, bounded"
     assert len(clock.slept) == answers

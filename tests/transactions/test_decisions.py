@@ -120,9 +120,9 @@ def test_transaction_ids_are_32_lower_case_hex_digits() -> None:
 
 
 def test_leases_within_the_limits_and_nothing_else() -> None:
-    assert check_lease(limits.TRANSACTION_LEASE_MAX_SECONDS) == limits.TRANSACTION_LEASE_MAX_SECONDS
+    assert check_lease(limits.TRANSACTION_LEASE_SECONDS_MAX) == limits.TRANSACTION_LEASE_SECONDS_MAX
     assert check_lease(limits.TRANSACTION_LEASE_MIN_SECONDS) == limits.TRANSACTION_LEASE_MIN_SECONDS
-    for bad in (limits.TRANSACTION_LEASE_MAX_SECONDS + 0.001, 0, -1, math.inf, math.nan, True, "10", None):
+    for bad in (limits.TRANSACTION_LEASE_SECONDS_MAX + 0.001, 0, -1, math.inf, math.nan, True, "10", None):
         with pytest.raises(LeaseTooLargeError):
             check_lease(bad)
 
@@ -160,7 +160,7 @@ def test_expiry_takes_exactly_the_open_transactions_whose_deadline_passed() -> N
     assert expired(table(late, fresh, done), 109.9) == []
 
 
-@given(st.floats(limits.TRANSACTION_LEASE_MIN_SECONDS, limits.TRANSACTION_LEASE_MAX_SECONDS))
+@given(st.floats(limits.TRANSACTION_LEASE_MIN_SECONDS, limits.TRANSACTION_LEASE_SECONDS_MAX))
 def test_the_pinger_renews_a_lease_at_least_three_times_per_lease(lease: float) -> None:
     interval = ping_interval_seconds(lease)
     assert 0 < interval <= lease / 3

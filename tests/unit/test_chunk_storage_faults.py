@@ -249,8 +249,8 @@ WEIRD_NAMES = [
     "日本/語",
     "x" * 2000,
     "x" * 2000 + "/2",  # shares its first directories with the name above
-    "/" * limits.CHUNK_NAME_LENGTH_MAX_BYTES,  # 6144 escaped characters: longer than PATH_MAX
-    "é" * (limits.CHUNK_NAME_LENGTH_MAX_BYTES // 2),
+    "/" * limits.CHUNK_NAME_LENGTH_BYTES_MAX,  # 6144 escaped characters: longer than PATH_MAX
+    "é" * (limits.CHUNK_NAME_LENGTH_BYTES_MAX // 2),
 ]
 
 

@@ -223,17 +223,17 @@ OTHER_CASES = [
     Case("too-many-updates-on-create", lambda c: c.create_segment("fresh", TOO_MANY_UPDATES), PayloadTooLargeError,
          "argument"),
     # Payloads and names.
-    Case("append-too-large", lambda c: c.append("active", bytes(limits.APPEND_LENGTH_MAX_BYTES + 1)),
+    Case("append-too-large", lambda c: c.append("active", bytes(limits.APPEND_LENGTH_BYTES_MAX + 1)),
          PayloadTooLargeError, "argument"),
-    Case("append-too-large-to-sealed", lambda c: c.append("sealed", bytes(limits.APPEND_LENGTH_MAX_BYTES + 1)),
+    Case("append-too-large-to-sealed", lambda c: c.append("sealed", bytes(limits.APPEND_LENGTH_BYTES_MAX + 1)),
          PayloadTooLargeError, "argument"),
     Case("append-str", lambda c: c.append("active", "text"), InvalidArgumentError, "argument"),
     Case("append-int", lambda c: c.append("active", 5), InvalidArgumentError, "argument"),
     Case("append-list", lambda c: c.append("active", [1, 2]), InvalidArgumentError, "argument"),
     Case("name-empty", lambda c: c.create_segment(""), InvalidArgumentError, "argument"),
-    Case("name-too-long", lambda c: c.create_segment("n" * (limits.SEGMENT_NAME_LENGTH_MAX_BYTES + 1)),
+    Case("name-too-long", lambda c: c.create_segment("n" * (limits.SEGMENT_NAME_LENGTH_BYTES_MAX + 1)),
          InvalidArgumentError, "argument"),
-    Case("name-too-long-in-utf8", lambda c: c.create_segment("é" * (limits.SEGMENT_NAME_LENGTH_MAX_BYTES // 2 + 1)),
+    Case("name-too-long-in-utf8", lambda c: c.create_segment("é" * (limits.SEGMENT_NAME_LENGTH_BYTES_MAX // 2 + 1)),
          InvalidArgumentError, "argument"),
     Case("name-not-str", lambda c: c.create_segment(5), InvalidArgumentError, "argument"),
     Case("name-bytes", lambda c: c.append(b"active", b"x"), InvalidArgumentError, "argument"),
@@ -248,7 +248,7 @@ OTHER_CASES = [
     Case("read-merged", lambda c: c.read("merged", 0, 10), StreamSegmentMergedError, "read"),
     Case("read-negative-length", lambda c: c.read("active", 0, -1), InvalidArgumentError, "read"),
     Case("read-negative-offset", lambda c: c.read("active", -1, 10), InvalidArgumentError, "read"),
-    Case("read-wait-too-long", lambda c: c.read("active", 0, 1, wait_seconds=limits.TAIL_READ_WAIT_MAX_SECONDS + 1),
+    Case("read-wait-too-long", lambda c: c.read("active", 0, 1, wait_seconds=limits.TAIL_READ_WAIT_SECONDS_MAX + 1),
          InvalidArgumentError, "read"),
     Case("read-offset-str", lambda c: c.read("active", "0", 10), InvalidArgumentError, "read"),
     Case("read-length-float", lambda c: c.read("active", 0, 1.5), InvalidArgumentError, "read"),
@@ -438,14 +438,14 @@ def test_operations_after_stop_are_unavailable(how: str) -> None:
 
 
 def test_a_large_but_allowed_append_still_fits() -> None:
-    """The boundary of append-too-large: exactly APPEND_LENGTH_MAX_BYTES is accepted (it spans frames)."""
+    """The boundary of append-too-large: exactly APPEND_LENGTH_BYTES_MAX is accepted (it spans frames)."""
 
     async def scenario() -> None:
         storage = SimulatedLogStorage()
         container = await running_container(storage)
         await container.create_segment("big")
-        data = bytes(range(256)) * (limits.APPEND_LENGTH_MAX_BYTES // 256) + bytes(limits.APPEND_LENGTH_MAX_BYTES % 256)
-        assert len(data) == limits.APPEND_LENGTH_MAX_BYTES
+        data = bytes(range(256)) * (limits.APPEND_LENGTH_BYTES_MAX // 256) + bytes(limits.APPEND_LENGTH_BYTES_MAX % 256)
+        assert len(data) == limits.APPEND_LENGTH_BYTES_MAX
         assert await container.append("big", data) == 0
         assert container.get_info("big").length == len(data)
         assert (await container.read("big", len(data) - 5, 10)).data == data[-5:]

@@ -146,7 +146,7 @@ def test_orphan_ledger_files_are_removed(tmp_path: Path) -> None:
 
 def test_rollover_spreads_records_over_small_ledgers_and_truncate_deletes_them(tmp_path: Path) -> None:
     async def scenario() -> None:
-        log = FileLog(tmp_path, ledger_size_max_bytes=300)
+        log = FileLog(tmp_path, ledger_size_bytes_max=300)
         await log.initialize()
         payloads = [bytes([i]) * 50 for i in range(40)]
         addresses: list[LogAddress] = []
@@ -164,7 +164,7 @@ def test_rollover_spreads_records_over_small_ledgers_and_truncate_deletes_them(t
         numbers = [ledger["number"] for ledger in ledgers]
         assert used == numbers or used == numbers[:-1]  # the last rollover may leave an empty ledger
 
-        log, records = await recover(tmp_path, ledger_size_max_bytes=300)
+        log, records = await recover(tmp_path, ledger_size_bytes_max=300)
         assert [record.data for record in records] == payloads
         assert [record.address.locator for record in records] == [address.locator for address in addresses]
         await log.truncate(records[29].address)
@@ -179,7 +179,7 @@ def test_rollover_spreads_records_over_small_ledgers_and_truncate_deletes_them(t
 
 def test_truncate_at_a_ledgers_last_record_deletes_that_ledger(tmp_path: Path) -> None:
     async def scenario() -> None:
-        log = FileLog(tmp_path, ledger_size_max_bytes=1)  # every group rolls over
+        log = FileLog(tmp_path, ledger_size_bytes_max=1)  # every group rolls over
         await log.initialize()
         first = await log.append(b"a")
         second = await log.append(b"b")
@@ -281,9 +281,9 @@ def test_appending_beyond_the_in_flight_limit_is_a_caller_bug(tmp_path: Path) ->
 
 def test_options_are_validated() -> None:
     with pytest.raises(InvalidArgumentError):
-        FileLog(Path("unused"), ledger_size_max_bytes=0)
+        FileLog(Path("unused"), ledger_size_bytes_max=0)
     with pytest.raises(InvalidArgumentError):
-        FileLog(Path("unused"), max_write_length_bytes=file_log.RECORD_PAYLOAD_LENGTH_MAX_BYTES + 1)
+        FileLog(Path("unused"), max_write_length_bytes=file_log.RECORD_PAYLOAD_LENGTH_BYTES_MAX + 1)
     with pytest.raises(InvalidArgumentError):
         FileLog(Path("unused"), max_write_length_bytes=100, in_flight_bytes_max=100)
 

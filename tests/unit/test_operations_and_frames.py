@@ -145,17 +145,17 @@ def test_an_unknown_type_or_version_is_corruption() -> None:
 
 # --- DataFrames ---------------------------------------------------------------------------------------
 
-FRAME_LENGTH_MAX = 64
-CAPACITY = FRAME_LENGTH_MAX - FRAME_HEADER_LENGTH  # content bytes per frame
+FRAME_BYTES_MAX = 64
+CAPACITY = FRAME_BYTES_MAX - FRAME_HEADER_LENGTH  # content bytes per frame
 FIRST, LAST = 1, 2
 
 
 class Frames:
     """A builder and the frames it sealed."""
 
-    def __init__(self, frame_length_max: int = FRAME_LENGTH_MAX) -> None:
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
         self.sealed: list[SealedFrame] = []
-        self.builder = DataFrameBuilder(frame_length_max, self.sealed.append)
+        self.builder = DataFrameBuilder(frame_bytes_max, self.sealed.append)
 
     def append(self, sequence_number: int, record: bytes) -> bool:
         needs_flush = self.builder.append(sequence_number, record[:3], record[3:])  # head + tail, as appends do
@@ -204,7 +204,7 @@ def test_a_record_that_exactly_fills_a_frame() -> None:
     assert frames.append(1, record(1, exact)) is True  # full: the caller must flush (done by the helper)
     assert frames.append(2, record(2, 5)) is False
     frames.builder.flush()
-    assert [len(frame) for frame in frames.data] == [FRAME_LENGTH_MAX, FRAME_HEADER_LENGTH + ENTRY_HEADER_LENGTH + 5]
+    assert [len(frame) for frame in frames.data] == [FRAME_BYTES_MAX, FRAME_HEADER_LENGTH + ENTRY_HEADER_LENGTH + 5]
     assert entries(frames.data[0]) == [(1, FIRST | LAST, exact)]
     assert read_back(frames.data)[0] == [(1, record(1, exact), 1), (2, record(2, 5), 2)]
 
@@ -242,7 +242,7 @@ def test_a_record_spanning_several_frames(frame_count: int) -> None:
     assert layout[0] == [(1, FIRST | LAST, 10), (2, FIRST, CAPACITY - 2 * ENTRY_HEADER_LENGTH - 10)]
     assert all(frame == [(2, 0, CAPACITY - ENTRY_HEADER_LENGTH)] for frame in layout[1:-1])
     assert layout[-1][0][:2] == (2, LAST) and layout[-1][1] == (3, FIRST | LAST, 4)
-    assert all(len(frame) <= FRAME_LENGTH_MAX for frame in frames.data)
+    assert all(len(frame) <= FRAME_BYTES_MAX for frame in frames.data)
     assert read_back(frames.data)[0] == [(1, record(1, 10), 1), (2, record(2, length), frame_count),
                                          (3, record(3, 4), frame_count)]
 
@@ -392,11 +392,11 @@ def test_an_entry_header_cut_inside_a_frame_is_corruption() -> None:
 
 
 @given(st.lists(st.integers(1, 5 * CAPACITY), min_size=1, max_size=12), st.integers(0, 3),
-       st.sampled_from([FRAME_HEADER_LENGTH + ENTRY_HEADER_LENGTH + 1, 40, FRAME_LENGTH_MAX, 1000]))
-def test_any_records_round_trip_through_frames(lengths: list[int], flush_every: int, frame_length_max: int) -> None:
+       st.sampled_from([FRAME_HEADER_LENGTH + ENTRY_HEADER_LENGTH + 1, 40, FRAME_BYTES_MAX, 1000]))
+def test_any_records_round_trip_through_frames(lengths: list[int], flush_every: int, frame_bytes_max: int) -> None:
     """Whatever the sizes and flushes: every frame is within its limit with a valid CRC, no frame is
     empty, and reading the frames back yields exactly the records, in order."""
-    frames = Frames(frame_length_max)
+    frames = Frames(frame_bytes_max)
     written = []
     for index, length in enumerate(lengths, start=1):
         data = record(index, length)
@@ -405,7 +405,7 @@ def test_any_records_round_trip_through_frames(lengths: list[int], flush_every: 
         if flush_every and index % flush_every == 0:
             frames.builder.flush()
     frames.builder.flush()
-    assert all(FRAME_HEADER_LENGTH < len(frame) <= frame_length_max for frame in frames.data)
+    assert all(FRAME_HEADER_LENGTH < len(frame) <= frame_bytes_max for frame in frames.data)
     for frame in frames.data:
         entries(frame)  # header, CRC and entry layout as documented
     records, reader = read_back(frames.data)

@@ -291,11 +291,11 @@ def test_a_frame_with_a_bad_crc_inside_an_intact_log_record_is_refused(tmp_path:
     run(scenario())
 
 
-def crafted_frames(operations: list[Operation], frame_length_max: int = 4096) -> list[bytes]:
+def crafted_frames(operations: list[Operation], frame_bytes_max: int = 4096) -> list[bytes]:
     """Frames holding ``operations`` (their sequence numbers set), built by the real builder: both
     CRCs will be right, so only the replay can object."""
     frames: list[SealedFrame] = []
-    builder = DataFrameBuilder(frame_length_max, frames.append)
+    builder = DataFrameBuilder(frame_bytes_max, frames.append)
     for operation in operations:
         if builder.append(operation.sequence_number, operation.serialize()):
             builder.flush()

@@ -24,7 +24,7 @@ from millstream import errors, limits
 from millstream.wire import codec, commands
 from millstream.wire import commands as c
 from millstream.wire.codec import (
-    FRAME_LENGTH_MAX,
+    FRAME_BYTES_MAX,
     OLDEST_COMPATIBLE_VERSION,
     STRING_LENGTH_MAX,
     WIRE_VERSION,
@@ -355,7 +355,7 @@ def header(type_code: int, length: int) -> bytes:
     (header(c.AppendBlockPart.TYPE, 21) + bytes(16) + b"\x00\x00\x00\x02" + b"x", MalformedFrameError),
     (header(c.SegmentRead.TYPE, 24) + bytes(10) + b"\x00" * 8 + b"\x00\x03" + bytes(4), MalformedFrameError),
     (header(c.Hello.TYPE, -1), MalformedFrameError),  # negative length
-    (header(c.Hello.TYPE, FRAME_LENGTH_MAX + 1), FrameTooLargeError),
+    (header(c.Hello.TYPE, FRAME_BYTES_MAX + 1), FrameTooLargeError),
     (header(12345, 0), UnknownCommandError),
     (header(0, 0), UnknownCommandError),  # an event's type is not a command
 ])
@@ -374,7 +374,7 @@ def test_malformed_frames_are_rejected_and_poison_the_decoder(frame: bytes, erro
 
 @pytest.mark.parametrize("type_code", [c.AppendBlock.TYPE, 12345])
 def test_a_bad_header_is_rejected_before_its_body_arrives(type_code: int) -> None:
-    too_long = header(type_code, FRAME_LENGTH_MAX + 1)
+    too_long = header(type_code, FRAME_BYTES_MAX + 1)
     decoder = Decoder()
     assert decoder.feed(encode(c.KeepAlive()) + too_long[:5]) == [c.KeepAlive()]
     with pytest.raises(UnknownCommandError if type_code == 12345 else FrameTooLargeError):
@@ -383,10 +383,10 @@ def test_a_bad_header_is_rejected_before_its_body_arrives(type_code: int) -> Non
 
 
 def test_the_longest_frame_is_awaited_and_decoded() -> None:
-    data = bytes(FRAME_LENGTH_MAX - 20)  # AppendBlockPart: 16 (writer) + 4 (length) + data
+    data = bytes(FRAME_BYTES_MAX - 20)  # AppendBlockPart: 16 (writer) + 4 (length) + data
     command = c.AppendBlockPart(WRITER, data)
     frame = encode(command)
-    assert len(frame) == codec.FRAME_HEADER_LENGTH + FRAME_LENGTH_MAX
+    assert len(frame) == codec.FRAME_HEADER_LENGTH + FRAME_BYTES_MAX
     decoder = Decoder()
     assert decoder.feed(frame[:100]) == []
     decoder.check_invariants()
@@ -405,7 +405,7 @@ def test_errors_split_by_whose_fault() -> None:
     assert not issubclass(InvalidCommandError, errors.PeerError)
     assert issubclass(codec.CommandTooLargeError, InvalidCommandError)
     assert issubclass(codec.CommandTooLargeError, errors.PayloadTooLargeError)
-    assert FRAME_LENGTH_MAX == limits.APPEND_LENGTH_MAX_BYTES
+    assert FRAME_BYTES_MAX == limits.APPEND_LENGTH_BYTES_MAX
 
 
 # --- Encoding errors -------------------------------------------------------------------------------
@@ -446,7 +446,7 @@ def test_unencodable_commands_are_refused(command: c.Command) -> None:
     lambda data: c.AppendBlockPart(WRITER, data),
 ])
 def test_a_frame_over_the_limit_is_refused(make) -> None:  # type: ignore[no-untyped-def]
-    command = make(bytes(FRAME_LENGTH_MAX))
+    command = make(bytes(FRAME_BYTES_MAX))
     with pytest.raises(codec.CommandTooLargeError):
         encode(command)
     buffer = bytearray()
@@ -530,5 +530,5 @@ def test_event_argument_errors() -> None:
     with pytest.raises(errors.InvalidArgumentError):
         count_events(12)  # type: ignore[arg-type]
     with pytest.raises(codec.CommandTooLargeError):
-        encode_event(bytes(FRAME_LENGTH_MAX - codec.EVENT_HEADER_LENGTH + 1))
-    assert len(encode_event(bytes(FRAME_LENGTH_MAX - codec.EVENT_HEADER_LENGTH))) == FRAME_LENGTH_MAX
+        encode_event(bytes(FRAME_BYTES_MAX - codec.EVENT_HEADER_LENGTH + 1))
+    assert len(encode_event(bytes(FRAME_BYTES_MAX - codec.EVENT_HEADER_LENGTH))) == FRAME_BYTES_MAX

@@ -6,7 +6,7 @@ header), and valid streams that are then damaged the way a broken or hostile pee
 bits flipped, the stream cut short, a frame's length or type code overwritten with an edge value,
 bytes inserted or removed.  The damaged stream is fed in pieces cut at drawn points.  After every
 ``feed`` the decoder's invariants hold and it holds no more bytes than it was given; after an error
-it is poisoned and re-raises the same error.  Lengths are checked against ``FRAME_LENGTH_MAX`` before
+it is poisoned and re-raises the same error.  Lengths are checked against ``FRAME_BYTES_MAX`` before
 anything is buffered, so no input here can make the decoder wait for (or allocate) 16 MiB.
 
 ``tests/unit/wire_atheris.py`` runs the same property under atheris (coverage-guided), when installed.
@@ -19,11 +19,11 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 from millstream.wire import commands as c
-from millstream.wire.codec import FRAME_HEADER_LENGTH, FRAME_LENGTH_MAX, Decoder, WireProtocolError, encode
+from millstream.wire.codec import FRAME_BYTES_MAX, FRAME_HEADER_LENGTH, Decoder, WireProtocolError, encode
 
 from tests.unit.test_wire_codec import any_command
 
-EDGE_INT32S = [0, 1, -1, 7, 8, 16, 0x7F, 0xFF, 0xFFFF, FRAME_LENGTH_MAX, FRAME_LENGTH_MAX + 1, 2**31 - 1, -(2**31)]
+EDGE_INT32S = [0, 1, -1, 7, 8, 16, 0x7F, 0xFF, 0xFFFF, FRAME_BYTES_MAX, FRAME_BYTES_MAX + 1, 2**31 - 1, -(2**31)]
 KNOWN_TYPES = sorted(c.COMMAND_TYPES)
 
 
