@@ -315,10 +315,14 @@ class SegmentWriterState:
 
     def close_block(self) -> None:
         """Number the open block's events (by its last) and queue the block for the session."""
-        count = self._open_count
-        self._last_assigned += count
-        block = Block(b"".join(self._parts), self._keys, self._open_charge, count,
-                      self._last_assigned, self._open_future, self._sequences)
+        self._queue_open_block(self._last_assigned + self._open_count, None)
+
+    def _queue_open_block(self, last_event_number: int, application_sequences: list[int] | None) -> None:
+        """The open block leaves as one ``Block`` numbered up to ``last_event_number`` (a writer with a
+        stable id passes its events' application sequences), and a new open block starts."""
+        self._last_assigned = last_event_number
+        block = Block(b"".join(self._parts), self._keys, self._open_charge, self._open_count, last_event_number,
+                      self._open_future, self._sequences, application_sequences)
         self._parts = []
         self._keys = []
         self._sequences = []

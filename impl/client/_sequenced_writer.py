@@ -326,20 +326,8 @@ class SequencedSegmentWriter(SegmentWriter):
     def close_block(self) -> None:
         """The open block leaves, numbered by its last event's sequence.  Caller holds the lock."""
         sequences = self._application_sequences
-        self._last_assigned = sequences[-1]
-        block = Block(b"".join(self._parts), self._keys, self._open_charge, self._open_count, sequences[-1],
-                       self._open_future, self._sequences, sequences)
-        self._parts = []
-        self._keys = []
-        self._sequences = []
         self._application_sequences = []
-        self._open_charge = 0
-        self._open_count = 0
-        self._open_future = None
-        self._blocks_unacked += 1
-        self._tracker.block_closed(self._clock.monotonic(), len(block.data))
-        self._target_bytes = self._close_at = self._tracker.target()
-        self._outbox.append(block)
+        self._queue_open_block(sequences[-1], sequences)
 
     def lowest_unacknowledged_locked(self) -> int | None:
         """(Lock held.)  The lowest sequence this writer holds unacknowledged (None: none)."""
