@@ -30,15 +30,23 @@ import math
 import types
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+from uuid import UUID
 
 import attrs
 from millstream import limits
-from millstream.errors import InvalidArgumentError
-from millstream.naming import segment_id_parts, stream_segment_name, validate_scope_or_stream_name
+from millstream.errors import InvalidArgumentError, ProtocolError
+from millstream.naming import (
+    segment_id_parts,
+    stream_segment_name,
+    transaction_segment_name,
+    validate_scope_or_stream_name,
+)
 
 __all__ = [
     "EVENT_SEGMENT",
     "EVENT_SEGMENT_ATTRIBUTE_ID",
+    "CommitOutcome",
+    "MultiCommitResult",
     "ReadResult",
     "ReaderGroupConfig",
     "ReaderGroupInfo",
@@ -51,6 +59,7 @@ __all__ = [
     "StreamDescription",
     "StreamSegments",
     "SuccessorSegment",
+    "TransactionInfo",
     "TransactionStatus",
     "canonical_json",
     "split_stream_name",
@@ -402,6 +411,14 @@ class SegmentWithRange:
         """Whether a routing key hashed to ``key`` belongs here (the last segment also owns 1.0)."""
         return self.key_start <= key < self.key_end or key == self.key_end == 1.0
 
+    def to_json_object(self) -> dict[str, Any]:
+        """The controller's wire form (``from_json_object``'s): ``uri`` only when known."""
+        value: dict[str, Any] = {"id": self.segment_id, "key_start": self.key_start, "key_end": self.key_end,
+                                 "name": self.name}
+        if self.uri:
+            value["uri"] = self.uri
+        return value
+
     @classmethod
     def from_json_object(cls, value: Any) -> SegmentWithRange:
         value = _object(value, "a segment")
@@ -595,6 +612,67 @@ class TransactionStatus(enum.Enum):
 
     def __repr__(self) -> str:
         return f"TransactionStatus.{self.name}"
+
+
+class CommitOutcome(enum.Enum):
+    """The answer to ``commit_transactions``."""
+
+    COMMITTED = "committed"
+    """Every listed transaction is committing (or committed) and the fence value is recorded."""
+    ALREADY_COMMITTED = "already_committed"
+    """The fence key's recorded value was not lower: nothing was committed by this call; the listed
+    transactions that were still open are aborted."""
+
+    def __repr__(self) -> str:
+        return f"CommitOutcome.{self.name}"
+
+
+@attrs.frozen
+class MultiCommitResult:
+    """``commit_transactions``' outcome and the value recorded for the fence key afterwards (None
+    without a fence)."""
+
+    outcome: CommitOutcome
+    recorded: int | None
+
+
+@attrs.frozen
+class TransactionInfo:
+    """What the controller records of a transaction: its stream, id, status, the epoch it began in and
+    that epoch's segments (their own names; ``transaction_segments`` gives the hidden ones), its lease
+    and deadline (seconds on the controller's clock), its commit order (0 until it commits) and when it
+    began (``opened``; 0.0 where a reply did not say).  The controller returns it; ``to_json_object``
+    and ``from_json_object`` are the wire form, without ``stream`` (the request names it)."""
+
+    stream: str
+    txn_id: UUID
+    status: TransactionStatus
+    epoch: int
+    segments: tuple[SegmentWithRange, ...]
+    lease_seconds: float
+    deadline: float
+    order: int
+    opened: float = 0.0
+
+    @property
+    def transaction_segments(self) -> tuple[SegmentWithRange, ...]:
+        """The transaction's hidden segments, one per segment of its epoch (same ids and key ranges)."""
+        return tuple(attrs.evolve(s, name=transaction_segment_name(s.name, self.txn_id)) for s in self.segments)
+
+    @classmethod
+    def from_json_object(cls, stream: str, value: Mapping[str, Any]) -> TransactionInfo:
+        try:
+            return cls(stream, UUID(hex=value["txn"]), TransactionStatus(value["status"]), int(value["epoch"]),
+                       tuple(SegmentWithRange.from_json_object(s) for s in value["segments"]),
+                       float(value["lease"]), float(value["deadline"]), int(value["order"]),
+                       float(value.get("opened", 0.0)))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ProtocolError(f"the controller described a transaction as {value!r}: {error}") from None
+
+    def to_json_object(self) -> dict[str, Any]:
+        return {"txn": self.txn_id.hex, "status": self.status.value, "epoch": self.epoch,
+                "segments": [s.to_json_object() for s in self.segments], "lease": self.lease_seconds,
+                "opened": self.opened, "deadline": self.deadline, "order": self.order}
 
 
 # --- Reads and the segments that hold events -------------------------------------------------------

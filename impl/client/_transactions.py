@@ -37,7 +37,6 @@ raise ``TransactionNotOpenError`` and store nothing.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import math
 import weakref
@@ -51,7 +50,7 @@ from millstream.client._config import ClientConfig, RandomSource
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import StreamRouter
 from millstream.client._serializers import Serializer
-from millstream.client._streams import SegmentWithRange, split_stream_name
+from millstream.client._streams import split_stream_name
 from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter
 from millstream.clock import Clock
 from millstream.errors import (
@@ -59,15 +58,13 @@ from millstream.errors import (
     InvalidArgumentError,
     MillstreamError,
     ObjectClosedError,
-    ProtocolError,
     RequestTimeoutError,
     StreamSegmentNotExistsError,
     StreamSegmentSealedError,
     TransactionNotFoundError,
     TransactionNotOpenError,
 )
-from millstream.naming import transaction_segment_name
-from millstream.values import TransactionStatus
+from millstream.values import CommitOutcome, MultiCommitResult, TransactionInfo, TransactionStatus
 
 if TYPE_CHECKING:
     from millstream.client._controller import ControllerClient
@@ -101,58 +98,6 @@ LIFECYCLE: Mapping[TransactionStatus, Mapping[str, TransactionStatus]] = {
     TransactionStatus.COMMITTED: {},
     TransactionStatus.ABORTED: {},
 }
-
-
-class CommitOutcome(enum.Enum):
-    """The answer to ``commit_transactions``."""
-
-    COMMITTED = "committed"
-    """Every listed transaction is committing (or committed) and the fence value is recorded."""
-    ALREADY_COMMITTED = "already_committed"
-    """The fence key's recorded value was not lower: nothing was committed by this call; the listed
-    transactions that were still open are aborted."""
-
-    def __repr__(self) -> str:
-        return f"CommitOutcome.{self.name}"
-
-
-@attrs.frozen
-class MultiCommitResult:
-    """``commit_transactions``' outcome and the value recorded for the fence key afterwards (None
-    without a fence)."""
-
-    outcome: CommitOutcome
-    recorded: int | None
-
-
-@attrs.frozen
-class TransactionInfo:
-    """What the controller records of a transaction: its stream, id, status, the epoch it began in and
-    that epoch's segments (their own names; ``transaction_segments`` gives the hidden ones), its lease
-    and deadline (seconds on the controller's clock) and its commit order (0 until it commits)."""
-
-    stream: str
-    txn_id: UUID
-    status: TransactionStatus
-    epoch: int
-    segments: tuple[SegmentWithRange, ...]
-    lease_seconds: float
-    deadline: float
-    order: int
-
-    @property
-    def transaction_segments(self) -> tuple[SegmentWithRange, ...]:
-        """The transaction's hidden segments, one per segment of its epoch (same ids and key ranges)."""
-        return tuple(attrs.evolve(s, name=transaction_segment_name(s.name, self.txn_id)) for s in self.segments)
-
-    @classmethod
-    def from_json_object(cls, stream: str, value: Mapping[str, Any]) -> TransactionInfo:
-        try:
-            return cls(stream, UUID(hex=value["txn"]), TransactionStatus(value["status"]), int(value["epoch"]),
-                       tuple(SegmentWithRange.from_json_object(s) for s in value["segments"]),
-                       float(value["lease"]), float(value["deadline"]), int(value["order"]))
-        except (KeyError, TypeError, ValueError) as error:
-            raise ProtocolError(f"the controller described a transaction as {value!r}: {error}") from None
 
 
 def transaction_id(value: UUID | str | AsyncTransaction[Any] | Transaction[Any]) -> UUID:

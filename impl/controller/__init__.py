@@ -6,7 +6,9 @@ Theory of operation.  The controller runs inside a node next to its segment stor
 ``SegmentStore`` protocol (``_segment_store``).  Clients reach it over the segment store's own
 connections: a ``ControllerRequest(request_id, method, body)`` carries a method name and its request
 as canonical JSON; ``ControllerRpc`` (``_rpc``) checks the body and calls the ``Controller``
-(``_controller``), whose reply goes back as ``ControllerReply``.  The client side is
+(``_controller``), whose methods return typed values (``millstream.values``: ``StreamDescription``,
+``StreamCut``, ``TransactionInfo`` ...); ``_rpc`` encodes each as the JSON object the reply carries
+(``ControllerReply``), the wire format the client stub decodes.  The client side is
 ``millstream.client.ControllerClient`` and the ``StreamManager`` built on it.
 
 Where to read on:

@@ -93,7 +93,17 @@ from millstream.naming import (
 )
 from millstream.randomness import RandomSource, SystemRandomSource
 from millstream.segmentstore.tracing import Tracer
-from millstream.values import ReaderGroupConfig, StreamConfig
+from millstream.values import (
+    ReaderGroupConfig,
+    ReaderGroupInfo,
+    SegmentSlice,
+    SegmentWithRange,
+    StreamConfig,
+    StreamCut,
+    StreamDescription,
+    StreamSegments,
+    SuccessorSegment,
+)
 
 __all__ = ["READER_GROUP_STATE_PREFIX", "Controller", "ControllerConfig", "reader_group_state_segment"]
 
@@ -337,16 +347,14 @@ class Controller(TransactionWorkflows):
             lengths[identifier] = known
         return lengths
 
-    def _segment_json(self, stream: StreamRecord, segment: Any, *, uri: bool = False) -> dict[str, Any]:
+    def _segment(self, stream: StreamRecord, segment: Any, *, uri: bool = False) -> SegmentWithRange:
         name = self._name(stream, segment.segment_id)
-        value = {"id": segment.segment_id, "key_start": segment.key_start, "key_end": segment.key_end, "name": name}
-        if uri:
-            value["uri"] = self._store.uri_of(name)
-        return value
+        return SegmentWithRange(segment.segment_id, segment.key_start, segment.key_end, name,
+                                self._store.uri_of(name) if uri else "")
 
     # --- Scopes ------------------------------------------------------------------------------------
 
-    async def create_scope(self, scope: str) -> dict[str, Any]:
+    async def create_scope(self, scope: str) -> None:
         validate_scope_or_stream_name(scope, what="scope")
 
         def plan(state: ControllerState) -> dict[str, Any]:
@@ -356,9 +364,8 @@ class Controller(TransactionWorkflows):
                 raise InvalidArgumentError(f"there are {limits.CONTROLLER_SCOPES_MAX} scopes already (the limit)")
             return {"type": "scope_created", "scope": scope}
         await self._commit(plan)
-        return {}
 
-    async def delete_scope(self, scope: str) -> dict[str, Any]:
+    async def delete_scope(self, scope: str) -> None:
         validate_scope_or_stream_name(scope, what="scope")
 
         def plan(state: ControllerState) -> dict[str, Any]:
@@ -370,15 +377,14 @@ class Controller(TransactionWorkflows):
                                          "reader groups")
             return {"type": "scope_deleted", "scope": scope}
         await self._commit(plan)
-        return {}
 
-    async def list_scopes(self) -> dict[str, Any]:
+    async def list_scopes(self) -> list[str]:
         self._check_open()
-        return {"scopes": sorted(self._state.scopes)}
+        return sorted(self._state.scopes)
 
     # --- Streams -----------------------------------------------------------------------------------
 
-    async def create_stream(self, scope: str, stream: str, config: StreamConfig) -> dict[str, Any]:
+    async def create_stream(self, scope: str, stream: str, config: StreamConfig) -> None:
         validate_scope_or_stream_name(scope, what="scope")
         validate_scope_or_stream_name(stream, what="stream")
         if not isinstance(config, StreamConfig):
@@ -409,9 +415,8 @@ class Controller(TransactionWorkflows):
         finally:
             if key not in self._state.streams:
                 self._stream_locks.pop(key, None)
-        return {}
 
-    async def update_stream(self, scope: str, stream: str, config: StreamConfig) -> dict[str, Any]:
+    async def update_stream(self, scope: str, stream: str, config: StreamConfig) -> None:
         if not isinstance(config, StreamConfig):
             raise InvalidArgumentError(f"config must be a StreamConfig, not {config!r}")
         key = (scope, self._stream(scope, stream).name)
@@ -426,42 +431,38 @@ class Controller(TransactionWorkflows):
             await self._commit(plan)
         await self._locked(key, work)
         self._rates.pop(key, None)  # the policy's target may differ: measure afresh
-        return {}
 
-    async def get_stream(self, scope: str, stream: str) -> dict[str, Any]:
+    async def get_stream(self, scope: str, stream: str) -> StreamDescription:
         self._check_open()
         record = self._stream(scope, stream)
-        return {"config": record.config.to_json_object(), "sealed": record.sealed, "epoch": record.current.epoch,
-                "state": record.describe_state(),
-                "segments": [self._segment_json(record, s) for s in record.current.segments]}
+        return StreamDescription(scope, stream, record.config, record.sealed, record.current.epoch,
+                                 tuple(self._segment(record, s) for s in record.current.segments),
+                                 record.describe_state())
 
-    async def list_streams(self, scope: str) -> dict[str, Any]:
+    async def list_streams(self, scope: str) -> list[str]:
         self._check_open()
         if scope not in self._state.scopes:
             raise ScopeNotFoundError(f"scope {scope!r} does not exist")
-        return {"streams": [s.name for s in self._state.streams_of(scope)]}
+        return [s.name for s in self._state.streams_of(scope)]
 
-    async def get_current_segments(self, scope: str, stream: str) -> dict[str, Any]:
+    async def get_current_segments(self, scope: str, stream: str) -> StreamSegments:
         self._check_open()
         record = self._stream(scope, stream)
-        return {"epoch": record.current.epoch,
-                "segments": [self._segment_json(record, s, uri=True) for s in record.current.segments]}
+        return StreamSegments(record.current.epoch,
+                              tuple(self._segment(record, s, uri=True) for s in record.current.segments))
 
-    async def get_successors(self, scope: str, stream: str, segment_id: int) -> dict[str, Any]:
+    async def get_successors(self, scope: str, stream: str, segment_id: int) -> list[SuccessorSegment]:
         self._check_open()
         record = self._stream(scope, stream)
         history = record.history
         if history.segment(segment_id) is None:
             raise InvalidArgumentError(f"segment {segment_id} is not a segment of {scope}/{stream} "
                                        "(or it was truncated away)")
-        successors = []
-        for successor in history.successors(segment_id):
-            value = self._segment_json(record, successor)
-            value["predecessors"] = sorted(p.segment_id for p in history.predecessors(successor.segment_id))
-            successors.append(value)
-        return {"successors": successors}
+        return [SuccessorSegment(self._segment(record, successor),
+                                 frozenset(p.segment_id for p in history.predecessors(successor.segment_id)))
+                for successor in history.successors(segment_id)]
 
-    async def seal_stream(self, scope: str, stream: str) -> dict[str, Any]:
+    async def seal_stream(self, scope: str, stream: str) -> None:
         key = (scope, self._stream(scope, stream).name)
 
         async def work() -> None:
@@ -474,9 +475,8 @@ class Controller(TransactionWorkflows):
             if await self._seal_with_transactions(key, plan) is not None:
                 await self._finish_pending(key)
         await self._locked(key, work)
-        return {}
 
-    async def delete_stream(self, scope: str, stream: str) -> dict[str, Any]:
+    async def delete_stream(self, scope: str, stream: str) -> None:
         key = (scope, self._stream(scope, stream).name)
 
         async def work() -> None:
@@ -491,13 +491,12 @@ class Controller(TransactionWorkflows):
         self._stream_locks.pop(key, None)
         self._rates.pop(key, None)
         self._muted_until.pop(key, None)
-        return {}
 
     async def scale_stream(self, scope: str, stream: str, seal: Sequence[int],
-                           new_ranges: Sequence[tuple[float, float]], *, manual: bool = True) -> dict[str, Any]:
-        """Seal ``seal`` and replace them by segments owning ``new_ranges``; returns ``{"epoch": n}``."""
+                           new_ranges: Sequence[tuple[float, float]], *, manual: bool = True) -> int:
+        """Seal ``seal`` and replace them by segments owning ``new_ranges``; returns the new epoch."""
         key = (scope, self._stream(scope, stream).name)
-        result: dict[str, Any] = {}
+        result: dict[str, int] = {}
 
         async def work() -> None:
             def plan(state: ControllerState) -> dict[str, Any]:
@@ -518,7 +517,7 @@ class Controller(TransactionWorkflows):
             await self._finish_pending(key)
             result["epoch"] = record["epoch"]["epoch"]
         await self._locked(key, work)
-        return result
+        return result["epoch"]
 
     # --- Workflows ---------------------------------------------------------------------------------
 
@@ -658,11 +657,11 @@ class Controller(TransactionWorkflows):
                     raise InvalidStreamCutError(f"the cut's offset {offset} in segment {identifier} of "
                                                 f"{stream.qualified_name} is not an event boundary: {error}") from error
 
-    async def get_head_cut(self, scope: str, stream: str) -> dict[str, Any]:
+    async def get_head_cut(self, scope: str, stream: str) -> StreamCut:
         self._check_open()
-        return {"cut": _cut_json(self._stream(scope, stream).head)}
+        return StreamCut(f"{scope}/{stream}", self._stream(scope, stream).head)
 
-    async def get_tail_cut(self, scope: str, stream: str) -> dict[str, Any]:
+    async def get_tail_cut(self, scope: str, stream: str) -> StreamCut:
         self._check_open()
         record = self._stream(scope, stream)
         if record.state is StreamState.SCALING and record.pending is not None and record.pending["epoch_created"] \
@@ -678,9 +677,9 @@ class Controller(TransactionWorkflows):
         else:
             epoch = record.current
         lengths = await self._active_lengths(record, [s.segment_id for s in epoch.segments])
-        return {"cut": _cut_json(lengths)}
+        return StreamCut(f"{scope}/{stream}", lengths)
 
-    async def get_cut_at(self, scope: str, stream: str, time: float) -> dict[str, Any]:
+    async def get_cut_at(self, scope: str, stream: str, time: float) -> StreamCut:
         """The newest recorded tail cut made at or before ``time`` (seconds since the Unix epoch), else
         the head.  Raises ``InvalidArgumentError`` unless ``time`` is a finite number >= 0."""
         self._check_open()
@@ -693,15 +692,14 @@ class Controller(TransactionWorkflows):
                     and is_at_or_after(record.history, recorded.cut, record.head):
                 chosen = recorded.cut
                 break
-        return {"cut": _cut_json(chosen)}
+        return StreamCut(f"{scope}/{stream}", chosen)
 
-    async def check_stream_cut(self, scope: str, stream: str, cut: Mapping[int, int]) -> dict[str, Any]:
+    async def check_stream_cut(self, scope: str, stream: str, cut: Mapping[int, int]) -> None:
         self._check_open()
         await self._validated_cut(self._stream(scope, stream), cut, after_head=True)
-        return {}
 
     async def truncate_stream(self, scope: str, stream: str, cut: Mapping[int, int], *,
-                              manual: bool = True) -> dict[str, Any]:
+                              manual: bool = True) -> None:
         key = (scope, self._stream(scope, stream).name)
 
         async def work() -> None:
@@ -719,10 +717,9 @@ class Controller(TransactionWorkflows):
             await self._commit(plan)
             await self._finish_pending(key)
         await self._locked(key, work)
-        return {}
 
     async def get_segments_between(self, scope: str, stream: str, from_cut: Mapping[int, int] | None,
-                                   to_cut: Mapping[int, int] | None) -> dict[str, Any]:
+                                   to_cut: Mapping[int, int] | None) -> list[SegmentSlice]:
         self._check_open()
         record = self._stream(scope, stream)
         start = record.head if from_cut is None else dict(from_cut)
@@ -734,8 +731,8 @@ class Controller(TransactionWorkflows):
         if to_cut is not None:
             await self._validated_cut(record, to_cut, after_head=True, boundaries=False)
         slices = segments_between(record.history, start, to_cut, record.sealed_lengths)
-        return {"segments": [{**self._segment_json(record, s.segment), "start_offset": s.start_offset,
-                              "end_offset": s.end_offset, "predecessors": list(s.predecessors)} for s in slices]}
+        return [SegmentSlice(self._segment(record, s.segment), s.start_offset,
+                             None if s.end_offset < 0 else s.end_offset, frozenset(s.predecessors)) for s in slices]
 
     # --- Reader groups -----------------------------------------------------------------------------
 
@@ -760,7 +757,7 @@ class Controller(TransactionWorkflows):
                 if start is not None and not is_at_or_after(record.history, end.positions, start.positions):
                     raise InvalidStreamCutError(f"the end cut of {name} lies before its start cut")
 
-    async def create_reader_group(self, scope: str, group: str, config: ReaderGroupConfig) -> dict[str, Any]:
+    async def create_reader_group(self, scope: str, group: str, config: ReaderGroupConfig) -> str:
         validate_scope_or_stream_name(scope, what="scope")
         validate_scope_or_stream_name(group, what="reader group")
         self._check_open()
@@ -783,22 +780,21 @@ class Controller(TransactionWorkflows):
             return {"type": "reader_group_created", "scope": scope, "group": group,
                     "config": config.to_json_object(), "state_segment": state_segment}
         await self._commit(plan)
-        return {"state_segment": state_segment}
+        return state_segment
 
-    async def get_reader_group(self, scope: str, group: str) -> dict[str, Any]:
+    async def get_reader_group(self, scope: str, group: str) -> ReaderGroupInfo:
         self._check_open()
         found = self._group(scope, group)
-        return {"config": found.config.to_json_object(), "state_segment": found.state_segment,
-                "generation": found.generation}
+        return ReaderGroupInfo(scope, group, found.config, found.state_segment, found.generation)
 
-    async def list_reader_groups(self, scope: str) -> dict[str, Any]:
+    async def list_reader_groups(self, scope: str) -> list[str]:
         self._check_open()
         if scope not in self._state.scopes:
             raise ScopeNotFoundError(f"scope {scope!r} does not exist")
-        return {"groups": [g.name for g in self._state.groups_of(scope)]}
+        return [g.name for g in self._state.groups_of(scope)]
 
     async def update_reader_group(self, scope: str, group: str, config: ReaderGroupConfig,
-                                  expected_generation: int | None = None) -> dict[str, Any]:
+                                  expected_generation: int | None = None) -> int:
         self._check_open()
         self._group(scope, group)
         await self._check_group_config(config)
@@ -812,9 +808,9 @@ class Controller(TransactionWorkflows):
                     "config": config.to_json_object(), "generation": found.generation + 1}
         record = await self._commit(plan)
         assert record is not None
-        return {"generation": record["generation"]}
+        return int(record["generation"])
 
-    async def delete_reader_group(self, scope: str, group: str) -> dict[str, Any]:
+    async def delete_reader_group(self, scope: str, group: str) -> None:
         self._check_open()
         found = self._group(scope, group)
         await self._store.delete(found.state_segment)  # first the state: a group recorded has its segment
@@ -823,10 +819,9 @@ class Controller(TransactionWorkflows):
             self._group(scope, group)
             return {"type": "reader_group_deleted", "scope": scope, "group": group}
         await self._commit(plan)
-        return {}
 
     async def update_subscriber_cut(self, scope: str, group: str, stream: str,
-                                    cut: Mapping[int, int]) -> dict[str, Any]:
+                                    cut: Mapping[int, int]) -> None:
         self._check_open()
         found = self._group(scope, group)
         if stream not in found.config.streams:
@@ -841,13 +836,12 @@ class Controller(TransactionWorkflows):
             return {"type": "subscriber_cut_updated", "scope": scope, "group": group, "stream": stream,
                     "cut": _cut_json(cut)}
         await self._commit(plan)
-        return {}
 
     # --- Where segments are served -----------------------------------------------------------------
 
-    async def get_segment_uri(self, segment: str) -> dict[str, Any]:
+    async def get_segment_uri(self, segment: str) -> str:
         self._check_open()
-        return {"uri": self._store.uri_of(segment)}
+        return self._store.uri_of(segment)
 
     # --- Periodic work -----------------------------------------------------------------------------
 
@@ -927,7 +921,7 @@ class Controller(TransactionWorkflows):
         stream = self._state.streams.get(key)
         if stream is None or stream.state is not StreamState.IDLE or self._lock(key).locked():
             return
-        tail = _cut_of((await self.get_tail_cut(*key))["cut"])
+        tail = dict((await self.get_tail_cut(*key)).positions)
         if stream.recorded_cuts and stream.recorded_cuts[-1].cut == tail:
             return  # nothing changed since the last recording
 
@@ -945,7 +939,7 @@ class Controller(TransactionWorkflows):
             return
         subscribers = [g.subscriber_cuts.get(stream.qualified_name) for g in self._state.subscribers_of(
             stream.qualified_name)]
-        tail = _cut_of((await self.get_tail_cut(*key))["cut"])
+        tail = dict((await self.get_tail_cut(*key)).positions)
         chosen = choose_truncation(stream.config.retention, history=stream.history, head=stream.head, tail=tail,
                                    recorded=stream.recorded_cuts, sealed_lengths=stream.sealed_lengths, now=now,
                                    subscriber_cuts=subscribers)

@@ -47,6 +47,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from millstream import limits
 from millstream.controller._epochs import EpochRecord
@@ -77,6 +78,7 @@ from millstream.errors import (
 )
 from millstream.naming import transaction_segment_name
 from millstream.randomness import random_uuid
+from millstream.values import CommitOutcome, MultiCommitResult, SegmentWithRange, TransactionInfo, TransactionStatus
 
 if TYPE_CHECKING:
     from millstream.controller._controller import ControllerConfig
@@ -134,11 +136,12 @@ class TransactionWorkflows:
         parent = self._name(stream, record.segments[position - 1].segment_id)
         return transaction_segment_name(parent, record.uuid)
 
-    def _transaction_json(self, stream: StreamRecord, record: TransactionRecord) -> dict[str, Any]:
-        return {"txn": record.txn_id, "status": record.status.value, "epoch": record.epoch,
-                "segments": [{"id": s.segment_id, "key_start": s.key_start, "key_end": s.key_end,
-                              "name": self._name(stream, s.segment_id)} for s in record.segments],
-                "lease": record.lease, "opened": record.opened, "deadline": record.deadline, "order": record.order}
+    def _transaction_info(self, stream: StreamRecord, record: TransactionRecord) -> TransactionInfo:
+        return TransactionInfo(stream.qualified_name, UUID(hex=record.txn_id), TransactionStatus(record.status.value),
+                               record.epoch,
+                               tuple(SegmentWithRange(s.segment_id, s.key_start, s.key_end,
+                                                      self._name(stream, s.segment_id)) for s in record.segments),
+                               record.lease, record.deadline, record.order, record.opened)
 
     def _colocation(self, stream: StreamRecord) -> Callable[[int, int], bool]:
         def colocated(a: int, b: int) -> bool:
@@ -196,7 +199,7 @@ class TransactionWorkflows:
 
     # --- Requests ----------------------------------------------------------------------------------
 
-    async def create_transaction(self, scope: str, stream: str, lease: float | None = None) -> dict[str, Any]:
+    async def create_transaction(self, scope: str, stream: str, lease: float | None = None) -> TransactionInfo:
         """Begin a transaction on the stream's current epoch with ``lease`` seconds (default
         ``limits.TRANSACTION_LEASE_DEFAULT_SECONDS``).  Raises ``LeaseTooLargeError``,
         ``StreamSealedError``, ``StreamNotFoundError``; ``InvalidArgumentError`` beyond the limits on
@@ -233,9 +236,9 @@ class TransactionWorkflows:
             for position in range(1, len(record.segments) + 1):
                 await self._store.delete(self._transaction_segment(record_stream, record, position))
             raise TransactionNotOpenError(f"transaction {txn_id} was {record.status.value} before it began")
-        return self._transaction_json(record_stream, record)
+        return self._transaction_info(record_stream, record)
 
-    async def ping_transaction(self, scope: str, stream: str, txn: str) -> dict[str, Any]:
+    async def ping_transaction(self, scope: str, stream: str, txn: str) -> float:
         """Renew an open transaction's lease (``Ping``): its deadline becomes now + lease (never past the
         maximum execution time).  Raises ``TransactionNotFoundError``, ``TransactionNotOpenError``,
         ``LeaseExpiredError``."""
@@ -248,9 +251,9 @@ class TransactionWorkflows:
                 return None
             return {"type": "txn_pinged", "scope": scope, "stream": stream, "txn": txn_id, "deadline": deadline}
         await self._commit(plan)
-        return {"deadline": self._transaction(scope, stream, txn_id).deadline}
+        return self._transaction(scope, stream, txn_id).deadline
 
-    async def commit_transaction(self, scope: str, stream: str, txn: str) -> dict[str, Any]:
+    async def commit_transaction(self, scope: str, stream: str, txn: str) -> TransactionStatus:
         """Commit an open transaction (``Commit``): it is COMMITTING, with the stream's next commit order,
         when this returns; the worker makes it visible.  Raises ``TransactionNotFoundError``,
         ``TransactionNotOpenError`` (committing twice), ``StreamSealedError``."""
@@ -266,9 +269,9 @@ class TransactionWorkflows:
         await self._commit(plan)
         key = (scope, stream)
         self._kick(key)
-        return {"status": self._transaction(scope, stream, txn_id).status.value}
+        return TransactionStatus(self._transaction(scope, stream, txn_id).status.value)
 
-    async def abort_transaction(self, scope: str, stream: str, txn: str) -> dict[str, Any]:
+    async def abort_transaction(self, scope: str, stream: str, txn: str) -> TransactionStatus:
         """Abort an open transaction (``Abort``): ABORTING when this returns; the worker deletes its
         segments.  Aborting an aborting or aborted one changes nothing.  Raises
         ``TransactionNotFoundError``, ``TransactionNotOpenError`` (it is committing or committed)."""
@@ -284,28 +287,28 @@ class TransactionWorkflows:
             return {"type": "txns_aborting", "scope": scope, "stream": stream, "txns": [txn_id], "reason": "client"}
         await self._commit(plan)
         self._kick((scope, stream))
-        return {"status": self._transaction(scope, stream, txn_id).status.value}
+        return TransactionStatus(self._transaction(scope, stream, txn_id).status.value)
 
-    async def get_transaction(self, scope: str, stream: str, txn: str) -> dict[str, Any]:
+    async def get_transaction(self, scope: str, stream: str, txn: str) -> TransactionInfo:
         """The transaction's record: status, epoch and segments, lease, deadline, commit order."""
         self._check_open()
         txn_id = check_transaction_id(txn)
-        return self._transaction_json(self._stream(scope, stream), self._transaction(scope, stream, txn_id))
+        return self._transaction_info(self._stream(scope, stream), self._transaction(scope, stream, txn_id))
 
-    async def list_transactions(self, scope: str, stream: str) -> dict[str, Any]:
+    async def list_transactions(self, scope: str, stream: str) -> dict[UUID, TransactionStatus]:
         """Every transaction the stream knows (the live ones and the latest finished), with its status."""
         self._check_open()
         record = self._stream(scope, stream)
-        return {"transactions": [{"txn": t, "status": r.status.value} for t, r in sorted(record.transactions.items())]}
+        return {UUID(hex=t): TransactionStatus(r.status.value) for t, r in sorted(record.transactions.items())}
 
     async def commit_transactions(self, scope: str, stream: str, txns: Sequence[str],
-                                  fence: tuple[str, int] | None = None) -> dict[str, Any]:
+                                  fence: tuple[str, int] | None = None) -> MultiCommitResult:
         """The fenced multi-commit (``RequestFencedCommit`` + ``DecideFencedCommit``): commit every listed
         transaction and record ``fence = (key, value)`` if the value recorded for ``key`` is lower (or
         none is); otherwise abort the listed transactions that are open and answer
         ``already_committed``.  One record decides, so a retry -- after a lost reply, a crash of the
-        caller or of the controller -- finds the value recorded and commits nothing twice.  Returns
-        ``{"outcome", "recorded"}``.  Raises (recording nothing) ``FenceValueError``,
+        caller or of the controller -- finds the value recorded and commits nothing twice.  Returns the
+        outcome and the value recorded for the fence key.  Raises (recording nothing) ``FenceValueError``,
         ``InvalidArgumentError``, ``TransactionNotFoundError``, ``TransactionNotOpenError``,
         ``StreamSealedError``."""
         self._check_open()
@@ -332,7 +335,7 @@ class TransactionWorkflows:
             return None if decision.record is None else {"scope": scope, "stream": stream, **decision.record}
         await self._commit(plan)
         self._kick((scope, stream))
-        return {"outcome": outcome[0].value, "recorded": recorded[0]}
+        return MultiCommitResult(CommitOutcome(outcome[0].value), recorded[0])
 
     def _trace_fenced_request(self, scope: str, stream: str, txn_ids: list[str], fence: tuple[str, int] | None,
                               ) -> Callable[[str, StreamRecord, bool], None] | None:
@@ -353,13 +356,13 @@ class TransactionWorkflows:
                    recorded=recorded)
         return decided
 
-    async def get_fence(self, scope: str, stream: str, key: str) -> dict[str, Any]:
+    async def get_fence(self, scope: str, stream: str, key: str) -> int | None:
         """The value recorded for fence ``key`` on the stream (None: none yet)."""
         self._check_open()
         if not isinstance(key, str) or not key or len(key) > limits.FENCE_KEY_LENGTH_MAX:
             raise InvalidArgumentError(f"a fence key is a non-empty str of at most {limits.FENCE_KEY_LENGTH_MAX} "
                                        f"characters, not {key!r}")
-        return {"value": self._stream(scope, stream).fences.get(key)}
+        return self._stream(scope, stream).fences.get(key)
 
     # --- The steps (the worker runs them; in stepping mode the owner does, one by one) ---------------
 

@@ -52,7 +52,7 @@ def test_scopes_and_streams_with_typed_errors_that_change_nothing() -> None:
         async with harness() as test:
             controller = await test.controller()
             check = Unchanged(controller)
-            assert await controller.create_scope("iot") == {}
+            assert await controller.create_scope("iot") is None
             await check.fails(ScopeExistsError, controller.create_scope("iot"))
             await check.fails(InvalidArgumentError, controller.create_scope("_system"))
             await check.fails(ScopeNotFoundError, controller.create_stream("nope", "s", FIXED2))
@@ -60,17 +60,16 @@ def test_scopes_and_streams_with_typed_errors_that_change_nothing() -> None:
             await check.fails(StreamExistsError, controller.create_stream("iot", "s", StreamConfig()))
             await check.fails(StreamNotFoundError, controller.get_stream("iot", "t"))
             await check.fails(ScopeNotFoundError, controller.list_streams("nope"))
-            assert (await controller.list_scopes())["scopes"] == ["iot"]
-            assert (await controller.list_streams("iot"))["streams"] == ["s"]
+            assert await controller.list_scopes() == ["iot"]
+            assert await controller.list_streams("iot") == ["s"]
             described = await controller.get_stream("iot", "s")
-            assert described["epoch"] == 0 and described["sealed"] is False and described["state"] == "active"
-            assert [s["id"] for s in described["segments"]] == [0, 1]
-            for segment in described["segments"]:
-                assert test.segment(segment["name"]).length == 0, "epoch 0's segments exist in the store"
+            assert described.epoch == 0 and described.sealed is False and described.state == "active"
+            assert [s.segment_id for s in described.segments] == [0, 1]
+            for segment in described.segments:
+                assert test.segment(segment.name).length == 0, "epoch 0's segments exist in the store"
             await controller.update_stream("iot", "s", StreamConfig(scaling=ScalingPolicy.fixed(2),
                                                                     retention=RetentionPolicy.by_size(10)))
-            assert (await controller.get_stream("iot", "s"))["config"]["retention"] == {"type": "size",
-                                                                                     "limit": 10.0}
+            assert (await controller.get_stream("iot", "s")).config.retention == RetentionPolicy.by_size(10)
             await check.fails(ScopeNotEmptyError, controller.delete_scope("iot"))
             await check.fails(StreamNotSealedError, controller.delete_stream("iot", "s"))
             await controller.seal_stream("iot", "s")
@@ -104,27 +103,27 @@ def test_manual_split_and_merge_with_successors_predecessors_and_validation() ->
                               match="exactly the same keys")
             await check.fails(InvalidScaleError, controller.scale_stream("sc", "st", [5], [(0.0, 0.5)]),
                               match="not in the stream's current epoch")
-            assert await controller.scale_stream("sc", "st", [0], [(0.0, 0.25), (0.25, 0.5)]) == {"epoch": 1}
+            assert await controller.scale_stream("sc", "st", [0], [(0.0, 0.25), (0.25, 0.5)]) == 1
             a, b = segment_id(1, 2), segment_id(1, 3)
             current = await controller.get_current_segments("sc", "st")
-            assert current["epoch"] == 1 and [s["id"] for s in current["segments"]] == [a, b, 1]
-            assert all(s["uri"] == test.server.uri for s in current["segments"])
+            assert current.epoch == 1 and [s.segment_id for s in current.segments] == [a, b, 1]
+            assert all(s.uri == test.server.uri for s in current.segments)
             assert test.segment(stream_segment_name("sc", "st", 0)).sealed
             assert test.segment(stream_segment_name("sc", "st", 0)).length == 3 * 18
             await check.fails(InvalidScaleError, controller.scale_stream("sc", "st", [0], [(0.0, 0.5)]),
                               match="not in the stream's current epoch")  # sealed already
-            assert await controller.scale_stream("sc", "st", [b, 1], [(0.25, 1.0)]) == {"epoch": 2}
+            assert await controller.scale_stream("sc", "st", [b, 1], [(0.25, 1.0)]) == 2
             c = segment_id(2, 4)
-            successors = (await controller.get_successors("sc", "st", 0))["successors"]
-            assert [(s["id"], s["predecessors"]) for s in successors] == [(a, [0]), (b, [0])]
-            successors = (await controller.get_successors("sc", "st", 1))["successors"]
-            assert [(s["id"], s["predecessors"]) for s in successors] == [(c, [1, b])]
-            assert (await controller.get_successors("sc", "st", c))["successors"] == []  # active
+            successors = await controller.get_successors("sc", "st", 0)
+            assert [(s.segment.segment_id, sorted(s.predecessors)) for s in successors] == [(a, [0]), (b, [0])]
+            successors = await controller.get_successors("sc", "st", 1)
+            assert [(s.segment.segment_id, sorted(s.predecessors)) for s in successors] == [(c, [1, b])]
+            assert await controller.get_successors("sc", "st", c) == []  # active
             await check.fails(InvalidArgumentError, controller.get_successors("sc", "st", 77))
             stream = controller.state.streams[("sc", "st")]
             assert stream.sealed_lengths == {0: 54, b: 0, 1: 0} and stream.state is StreamState.IDLE
             await controller.seal_stream("sc", "st")
-            assert (await controller.get_successors("sc", "st", c))["successors"] == [], "sealed with the stream"
+            assert await controller.get_successors("sc", "st", c) == [], "sealed with the stream"
     run(scenario)
 
 
@@ -138,15 +137,15 @@ def test_stream_cuts_truncation_and_segments_between() -> None:
             s0, s1 = (stream_segment_name("sc", "st", i) for i in (0, 1))
             await append_events(test, s0, 2)
             await append_events(test, s1, 4)
-            assert (await controller.get_head_cut("sc", "st"))["cut"] == {"0": 0, "1": 0}
-            assert (await controller.get_tail_cut("sc", "st"))["cut"] == {"0": 36, "1": 72}
+            assert (await controller.get_head_cut("sc", "st")).to_wire() == {"0": 0, "1": 0}
+            assert (await controller.get_tail_cut("sc", "st")).to_wire() == {"0": 36, "1": 72}
             await controller.scale_stream("sc", "st", [0, 1], [(0.0, 1.0)])
             merged = segment_id(1, 2)
             await append_events(test, stream_segment_name("sc", "st", merged), 1)
-            assert (await controller.get_tail_cut("sc", "st"))["cut"] == {str(merged): 18}
-            between = (await controller.get_segments_between("sc", "st", None, None))["segments"]
-            assert [(s["id"], s["start_offset"], s["end_offset"], s["predecessors"]) for s in between] == [
-                (0, 0, 36, []), (1, 0, 72, []), (merged, 0, -1, [0, 1])]
+            assert (await controller.get_tail_cut("sc", "st")).to_wire() == {str(merged): 18}
+            between = await controller.get_segments_between("sc", "st", None, None)
+            assert [(s.segment.segment_id, s.start_offset, s.end_offset, sorted(s.predecessors)) for s in between] == [
+                (0, 0, 36, []), (1, 0, 72, []), (merged, 0, None, [0, 1])]
             await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {0: 18}),
                               match="exactly once")
             await check.fails(InvalidStreamCutError, controller.truncate_stream("sc", "st", {0: 99, 1: 0}),
@@ -192,8 +191,8 @@ def test_tail_cuts_are_recorded_on_the_clock_and_found_by_time() -> None:
             await controller.tick()  # nothing was written: nothing new recorded
             assert len(controller.state.streams[("sc", "st")].recorded_cuts) == 3
             at = await controller.get_cut_at("sc", "st", start + 150.0)
-            assert at["cut"] == {"0": 36}
-            assert (await controller.get_cut_at("sc", "st", start))["cut"] == {"0": 0}, "before any: the head"
+            assert at.to_wire() == {"0": 36}
+            assert (await controller.get_cut_at("sc", "st", start)).to_wire() == {"0": 0}, "before any: the head"
             for bad in (-5, -0.5, float("nan"), float("inf"), "1", True):
                 with pytest.raises(InvalidArgumentError, match="a time is a finite number"):
                     await controller.get_cut_at("sc", "st", bad)  # type: ignore[arg-type]
@@ -247,16 +246,15 @@ def test_reader_group_registry() -> None:
             await check.fails(InvalidStreamCutError, controller.create_reader_group("sc", "g", ReaderGroupConfig(
                 {"sc/a": (other, None)})))
             reply = await controller.create_reader_group("sc", "g", config)
-            assert reply == {"state_segment": reader_group_state_segment("sc", "g")} \
-                == {"state_segment": "sc/_RGg"}
-            assert test.segment(reply["state_segment"]).length == 0
+            assert reply == reader_group_state_segment("sc", "g") == "sc/_RGg"
+            assert test.segment(reply).length == 0
             await check.fails(ReaderGroupExistsError, controller.create_reader_group("sc", "g", config))
             described = await controller.get_reader_group("sc", "g")
-            assert described["generation"] == 0 and ReaderGroupConfig.from_json_object(described["config"]) == config
-            assert (await controller.list_reader_groups("sc"))["groups"] == ["g"]
+            assert described.generation == 0 and described.config == config
+            assert await controller.list_reader_groups("sc") == ["g"]
             start = StreamCut("sc/a", {0: 0, 1: 0})
             assert (await controller.update_reader_group("sc", "g", ReaderGroupConfig(
-                {"sc/a": (start, None)}), expected_generation=0))["generation"] == 1
+                {"sc/a": (start, None)}), expected_generation=0)) == 1
             await check.fails(InvalidArgumentError, controller.update_reader_group("sc", "g", config,
                                                                                 expected_generation=0))
             await check.fails(InvalidStreamCutError, controller.update_subscriber_cut("sc", "g", "sc/b", {0: 0}))
@@ -265,7 +263,7 @@ def test_reader_group_registry() -> None:
             await check.fails(ScopeNotEmptyError, controller.delete_scope("sc"))
             await controller.delete_reader_group("sc", "g")
             with pytest.raises(StreamSegmentNotExistsError):
-                test.segment(reply["state_segment"])
+                test.segment(reply)
             await check.fails(ReaderGroupNotFoundError, controller.get_reader_group("sc", "g"))
             await check.fails(ReaderGroupNotFoundError, controller.delete_reader_group("sc", "g"))
     run(scenario)
@@ -295,7 +293,7 @@ def test_a_restarted_controller_replays_everything() -> None:
             await first.stop()
             second = await test.controller()
             assert second.state.to_snapshot() == before
-            assert (await second.get_stream("one", "a"))["epoch"] == 2
+            assert (await second.get_stream("one", "a")).epoch == 2
     run(scenario)
 
 
@@ -349,7 +347,7 @@ def test_a_scale_interrupted_anywhere_resumes_when_the_node_restarts(
             assert stream.sealed_lengths[0] == 36
             for new in (segment_id(1, 2), segment_id(1, 3)):
                 assert test.segment(stream_segment_name("sc", "st", new)).length == 0
-            assert await second.scale_stream("sc", "st", [segment_id(1, 2)], [(0.0, 0.25)]) == {"epoch": 2}
+            assert await second.scale_stream("sc", "st", [segment_id(1, 2)], [(0.0, 0.25)]) == 2
     run(scenario)
 
 
@@ -397,7 +395,7 @@ def test_a_record_whose_append_landed_but_looked_failed_is_recognised() -> None:
             # As after a container restart: the store re-sent the append and found the log longer --
             # by the record itself.  The controller reads it back and knows it succeeded.
             flaky.arm("append", 1, landed_then=BadOffsetError)
-            assert await controller.create_scope("a") == {}
+            assert await controller.create_scope("a") is None
             assert list(controller.state.scopes) == ["a"]
             # An error with an unknown outcome reaches the caller; the next change catches up.
             flaky.arm("append", 1, landed_then=ContainerUnavailableError)
@@ -466,7 +464,7 @@ def test_a_change_that_waits_too_long_for_its_streams_lock_times_out_and_changes
             await check.fails(RequestTimeoutError, controller.scale_stream("sc", "st", [1], [(0.5, 0.75), (0.75, 1.0)]),
                               match="busy with another change")
             store.gate.set()
-            assert await asyncio.wait_for(scaling, 5) == {"epoch": 1}
+            assert await asyncio.wait_for(scaling, 5) == 1
             await controller.seal_stream("sc", "st")
             assert controller.state.streams[("sc", "st")].sealed
 

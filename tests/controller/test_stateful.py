@@ -111,7 +111,7 @@ class ControllerMachine(RuleBasedStateMachine):
         if stream.sealed:
             return
         epoch = stream.current.epoch
-        assert self.run(self.controller.scale_stream("sc", name, seal, ranges)) == {"epoch": epoch + 1}
+        assert self.run(self.controller.scale_stream("sc", name, seal, ranges)) == epoch + 1
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())
@@ -129,9 +129,9 @@ class ControllerMachine(RuleBasedStateMachine):
             except InvalidStreamCutError:
                 return
             return
-        tail = self.run(self.controller.get_tail_cut("sc", name))["cut"]
-        self.run(self.controller.truncate_stream("sc", name, {int(k): v for k, v in tail.items()}))
-        assert self.stream(name).head == {int(k): v for k, v in tail.items()}
+        tail = dict(self.run(self.controller.get_tail_cut("sc", name)).positions)
+        self.run(self.controller.truncate_stream("sc", name, tail))
+        assert self.stream(name).head == tail
 
     @rule()
     def restart_controller(self) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 import millstream
 import pyarrow as pa
 import pytest
-from millstream.client import TransactionStatus
 from millstream.errors import InternalError, TransactionNotOpenError
 from millstream.spark import (
     FenceAheadError,
@@ -80,10 +79,10 @@ def read_stream(node: Any, stream: str, serializer: str = "raw", spark_schema: S
     return rows if spark_schema is not None else sorted(r["value"].decode() for r in rows)
 
 
-def status(node: Any, stream: str, txn: str | None) -> TransactionStatus:
+def status(node: Any, stream: str, txn: str | None) -> str:
     assert txn is not None
     scope, name = stream.split("/")
-    return node.run(node.controller.get_transaction(scope, name, uuid.UUID(txn).hex))["status"]
+    return str(node.run(node.controller.get_transaction(scope, name, uuid.UUID(txn).hex)).status.value)
 
 
 def statuses(node: Any, stream: str, messages: Sequence[MillstreamCommitMessage | None]) -> set[str]:

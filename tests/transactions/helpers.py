@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from uuid import UUID
 
 import attrs
 from millstream.client import routing_key_fraction
@@ -14,6 +13,7 @@ from millstream.controller import Controller, LocalSegmentStore
 from millstream.controller._segment_store import AppendCounts, SegmentState
 from millstream.naming import stream_segment_name, transaction_segment_name
 from millstream.segmentstore.read_index import ReadResult
+from millstream.values import TransactionInfo
 from millstream.wire import encode_event
 from millstream.wire.codec import iter_events
 
@@ -130,11 +130,11 @@ def keys_in(low: float, high: float, count: int = 1, prefix: str = "key") -> lis
     raise AssertionError(f"no {count} keys in [{low}, {high})")
 
 
-async def write_txn(test: Harness, info: dict[str, Any], events: Sequence[Ev]) -> None:
+async def write_txn(test: Harness, info: TransactionInfo, events: Sequence[Ev]) -> None:
     """Append ``events`` to the transaction ``info`` (``create_transaction``'s answer) by key."""
     for event in events:
-        parent = owner(info["segments"], event.key)["name"]
-        name = transaction_segment_name(parent, UUID(hex=info["txn"]))
+        parent = owner(info.segments, event.key).name
+        name = transaction_segment_name(parent, info.txn_id)
         await test.container(name).append(name, encode_event(event.payload()))
 
 
@@ -168,8 +168,8 @@ async def read_key(test: Harness, controller: Controller, key: str, *, epochs: i
     return events
 
 
-def transaction_segments(info: dict[str, Any]) -> list[str]:
-    return [transaction_segment_name(s["name"], UUID(hex=info["txn"])) for s in info["segments"]]
+def transaction_segments(info: TransactionInfo) -> list[str]:
+    return [s.name for s in info.transaction_segments]
 
 
 def exists(test: Harness, name: str) -> bool:

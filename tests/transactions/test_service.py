@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from uuid import UUID
 
 import pytest
 from millstream import limits
@@ -25,6 +25,7 @@ from millstream.errors import (
     TransactionNotOpenError,
 )
 from millstream.naming import stream_segment_name
+from millstream.values import CommitOutcome, MultiCommitResult, TransactionInfo, TransactionStatus
 from millstream.wire import encode_event
 
 from tests.controller.helpers import Crash, Harness, harness, run
@@ -64,8 +65,8 @@ def of(source: str, key: str, count: int = 2) -> list[Ev]:
     return [Ev(source, key, n) for n in range(1, count + 1)]
 
 
-def status(controller: Controller, info: dict[str, Any]) -> TxnStatus:
-    return controller.state.streams[(SCOPE, STREAM)].transactions[info["txn"]].status
+def status(controller: Controller, info: TransactionInfo) -> TxnStatus:
+    return controller.state.streams[(SCOPE, STREAM)].transactions[info.txn_id.hex].status
 
 
 async def split(controller: Controller) -> None:
@@ -92,11 +93,12 @@ def test_commits_land_whole_in_commit_order_and_aborted_transactions_vanish() ->
             for info, name in ((first, "first"), (second, "second"), (dropped, "dropped")):
                 await write_txn(test, info, events(name))
             assert await read_key(test, controller, LOW) == of("plain", LOW, 1), "transactions stay invisible"
-            assert (await controller.commit_transaction(SCOPE, STREAM, second["txn"]))["status"] == "committing"
-            await controller.commit_transaction(SCOPE, STREAM, first["txn"])
-            await controller.abort_transaction(SCOPE, STREAM, dropped["txn"])
+            assert await controller.commit_transaction(SCOPE, STREAM, second.txn_id.hex) is TransactionStatus.COMMITTING
+            await controller.commit_transaction(SCOPE, STREAM, first.txn_id.hex)
+            await controller.abort_transaction(SCOPE, STREAM, dropped.txn_id.hex)
             assert await read_key(test, controller, LOW) == of("plain", LOW, 1), "decided, not merged yet"
-            orders = [controller.state.streams[(SCOPE, STREAM)].transactions[i["txn"]].order for i in (second, first)]
+            orders = [controller.state.streams[(SCOPE, STREAM)].transactions[i.txn_id.hex].order
+                      for i in (second, first)]
             assert orders == [1, 2]
             assert await controller.drive_transactions(SCOPE, STREAM) == 3  # an abort, then two commits
             for key in (LOW, HIGH):
@@ -127,8 +129,8 @@ def test_a_transaction_begun_before_a_scale_rolls_between_the_writes_before_and_
             direct = await controller.create_transaction(SCOPE, STREAM, 30)
             await write_txn(test, direct, events("direct"))
             await write_plain(test, controller, [Ev("plain", LOW, 2), Ev("plain", HIGH, 2)])
-            await controller.commit_transaction(SCOPE, STREAM, rolled["txn"])
-            assert await controller.start_commit(SCOPE, STREAM) == rolled["txn"]
+            await controller.commit_transaction(SCOPE, STREAM, rolled.txn_id.hex)
+            assert await controller.start_commit(SCOPE, STREAM) == rolled.txn_id.hex
             record = controller.state.streams[(SCOPE, STREAM)]
             assert record.state is StreamState.COMMITTING and record.pending["roll"] is not None
             assert await controller.merge_transaction_segment(SCOPE, STREAM, 1) is True
@@ -136,7 +138,7 @@ def test_a_transaction_begun_before_a_scale_rolls_between_the_writes_before_and_
             await write_plain(test, controller, [Ev("plain", LOW, 3)])  # during the roll: still epoch 1
             assert await read_key(test, controller, LOW) == of("plain", LOW, 3), "the duplicate is not readable"
             tail = await controller.get_tail_cut(SCOPE, STREAM)
-            assert await controller.finish_commit(SCOPE, STREAM) == rolled["txn"]  # (merges what is left)
+            assert await controller.finish_commit(SCOPE, STREAM) == rolled.txn_id.hex  # (merges what is left)
             assert [e.epoch for e in record.history.epochs] == [0, 1, 2, 3]
             assert record.state is StreamState.IDLE and status(controller, rolled) is TxnStatus.COMMITTED
             await write_plain(test, controller, [Ev("plain", LOW, 4), Ev("plain", HIGH, 3)])
@@ -144,15 +146,15 @@ def test_a_transaction_begun_before_a_scale_rolls_between_the_writes_before_and_
                                                             Ev("plain", LOW, 4)]
             assert await read_key(test, controller, HIGH) == [*of("plain", HIGH, 2), *of("rolled", HIGH),
                                                              Ev("plain", HIGH, 3)]
-            assert set(tail["cut"]) == {str(s.segment_id) for s in record.history.epoch(1).segments}
+            assert set(tail.positions) == {s.segment_id for s in record.history.epoch(1).segments}
             # Begun in epoch 1; the active epoch 3 is its duplicate, in the same containers: no roll.
-            await controller.commit_transaction(SCOPE, STREAM, direct["txn"])
+            await controller.commit_transaction(SCOPE, STREAM, direct.txn_id.hex)
             await controller.drive_transactions(SCOPE, STREAM)
             assert [e.epoch for e in record.history.epochs] == [0, 1, 2, 3]
             assert await read_key(test, controller, LOW) == [*of("plain", LOW, 3), *of("rolled", LOW),
                                                             Ev("plain", LOW, 4), *of("direct", LOW)]
             successors = await controller.get_successors(SCOPE, STREAM, record.history.epoch(1).segments[0].segment_id)
-            assert [s["id"] for s in successors["successors"]] == [
+            assert [s.segment.segment_id for s in successors] == [
                 s.segment_id for s in record.history.epoch(2).segments if s.key_start < 0.5]
             replayed = await test.controller()
             assert replayed.state.to_snapshot() == controller.state.to_snapshot()
@@ -168,7 +170,7 @@ def test_a_merge_back_to_one_segment_rolls_a_split_transaction_into_two_duplicat
             await write_txn(test, info, events("t", 3, (LOW, MIDDLE, HIGH)))
             await merge_all(controller)
             await write_plain(test, controller, [Ev("plain", MIDDLE, 1)])
-            await controller.commit_transaction(SCOPE, STREAM, info["txn"])
+            await controller.commit_transaction(SCOPE, STREAM, info.txn_id.hex)
             await controller.drive_transactions(SCOPE, STREAM)
             record = controller.state.streams[(SCOPE, STREAM)]
             assert [len(e.segments) for e in record.history.epochs] == [2, 1, 2, 1]
@@ -188,9 +190,9 @@ def test_a_lease_lapses_on_the_manual_clock_unless_pinged_and_the_controller_abo
             await stream(controller)
             kept, lapsed = [await controller.create_transaction(SCOPE, STREAM, 10) for _ in range(2)]
             await write_txn(test, lapsed, events("lapsed"))
-            assert kept["deadline"] == test.clock.monotonic() + 10
+            assert kept.deadline == test.clock.monotonic() + 10
             test.clock.advance(6)
-            assert (await controller.ping_transaction(SCOPE, STREAM, kept["txn"]))["deadline"] == \
+            assert await controller.ping_transaction(SCOPE, STREAM, kept.txn_id.hex) == \
                 test.clock.monotonic() + 10
             test.clock.advance(4)  # lapsed's deadline, exactly
             await controller.tick()
@@ -200,12 +202,12 @@ def test_a_lease_lapses_on_the_manual_clock_unless_pinged_and_the_controller_abo
             assert status(controller, lapsed) is TxnStatus.ABORTED
             assert not any(exists(test, name) for name in transaction_segments(lapsed))
             with pytest.raises(TransactionNotOpenError):
-                await controller.ping_transaction(SCOPE, STREAM, lapsed["txn"])
+                await controller.ping_transaction(SCOPE, STREAM, lapsed.txn_id.hex)
             test.clock.advance(7)  # past kept's deadline, before a tick noticed
             with pytest.raises(LeaseExpiredError):
-                await controller.ping_transaction(SCOPE, STREAM, kept["txn"])
+                await controller.ping_transaction(SCOPE, STREAM, kept.txn_id.hex)
             # The spec lets a lapsed but not yet expired transaction commit; the controller does too.
-            await controller.commit_transaction(SCOPE, STREAM, kept["txn"])
+            await controller.commit_transaction(SCOPE, STREAM, kept.txn_id.hex)
             await controller.tick()
             await drain_worker(controller)
             assert status(controller, kept) is TxnStatus.COMMITTED
@@ -228,12 +230,12 @@ def test_pings_stop_extending_at_the_maximum_execution_time() -> None:
             controller = await test.controller(transaction_workflows=False)
             await stream(controller)
             info = await controller.create_transaction(SCOPE, STREAM, 1)
-            cap = info["opened"] + min(limits.TRANSACTION_EXECUTION_LEASES_MAX * 1.0,
+            cap = info.opened + min(limits.TRANSACTION_EXECUTION_LEASES_MAX * 1.0,
                                        limits.TRANSACTION_EXECUTION_SECONDS_MAX)
-            for _ in range(int((cap - info["opened"]) / 0.9) + 5):
+            for _ in range(int((cap - info.opened) / 0.9) + 5):
                 test.clock.advance(0.9)
                 try:
-                    deadline = (await controller.ping_transaction(SCOPE, STREAM, info["txn"]))["deadline"]
+                    deadline = await controller.ping_transaction(SCOPE, STREAM, info.txn_id.hex)
                 except LeaseExpiredError:
                     break
                 assert deadline <= cap
@@ -255,7 +257,7 @@ def test_sealing_commits_the_committing_and_aborts_the_open_transactions_first()
             committing, still_open = [await controller.create_transaction(SCOPE, STREAM, 30) for _ in range(2)]
             await write_txn(test, committing, events("committing"))
             await write_txn(test, still_open, events("open"))
-            await controller.commit_transaction(SCOPE, STREAM, committing["txn"])
+            await controller.commit_transaction(SCOPE, STREAM, committing.txn_id.hex)
             await controller.seal_stream(SCOPE, STREAM)
             assert controller.state.streams[(SCOPE, STREAM)].sealed
             assert status(controller, committing) is TxnStatus.COMMITTED
@@ -282,26 +284,26 @@ def test_a_replayed_batch_commits_nothing_and_its_new_transactions_are_aborted()
             batch = [await controller.create_transaction(SCOPE, STREAM, 30) for _ in range(2)]
             for n, info in enumerate(batch):
                 await write_txn(test, info, events(f"task{n}"))
-            reply = await controller.commit_transactions(SCOPE, STREAM, [i["txn"] for i in batch], ("query", 7))
-            assert reply == {"outcome": "committed", "recorded": 7}
+            reply = await controller.commit_transactions(SCOPE, STREAM, [i.txn_id.hex for i in batch], ("query", 7))
+            assert reply == MultiCommitResult(CommitOutcome.COMMITTED, 7)
             replay = [await controller.create_transaction(SCOPE, STREAM, 30) for _ in range(2)]
             for n, info in enumerate(replay):
                 await write_txn(test, info, events(f"replay{n}"))
-            again = await controller.commit_transactions(SCOPE, STREAM, [i["txn"] for i in replay], ("query", 7))
-            assert again == {"outcome": "already_committed", "recorded": 7}
-            retried = await controller.commit_transactions(SCOPE, STREAM, [i["txn"] for i in batch], ("query", 7))
-            assert retried == {"outcome": "already_committed", "recorded": 7}, "a retry after a lost reply"
+            again = await controller.commit_transactions(SCOPE, STREAM, [i.txn_id.hex for i in replay], ("query", 7))
+            assert again == MultiCommitResult(CommitOutcome.ALREADY_COMMITTED, 7)
+            retried = await controller.commit_transactions(SCOPE, STREAM, [i.txn_id.hex for i in batch], ("query", 7))
+            assert retried == MultiCommitResult(CommitOutcome.ALREADY_COMMITTED, 7), "a retry after a lost reply"
             later = await controller.create_transaction(SCOPE, STREAM, 30)
             await write_txn(test, later, events("batch8"))
-            assert (await controller.commit_transactions(SCOPE, STREAM, [later["txn"]], ("query", 8)))["outcome"] == \
-                "committed"
+            assert (await controller.commit_transactions(SCOPE, STREAM, [later.txn_id.hex], ("query", 8))).outcome is \
+                CommitOutcome.COMMITTED
             await controller.drive_transactions(SCOPE, STREAM)
             assert [status(controller, i) for i in batch + replay + [later]] == [
                 TxnStatus.COMMITTED] * 2 + [TxnStatus.ABORTED] * 2 + [TxnStatus.COMMITTED]
             assert await read_key(test, controller, LOW) == [*of("task0", LOW), *of("task1", LOW),
                                                             *of("batch8", LOW)]
-            assert await controller.get_fence(SCOPE, STREAM, "query") == {"value": 8}
-            assert await controller.get_fence(SCOPE, STREAM, "other") == {"value": None}
+            assert await controller.get_fence(SCOPE, STREAM, "query") == 8
+            assert await controller.get_fence(SCOPE, STREAM, "other") is None
     run(scenario)
 
 
@@ -322,11 +324,11 @@ async def _prepare(test: Harness, store: CrashingStore, rolled: bool, fenced: bo
 
 async def _decide(controller: Controller, infos: list[dict], fenced: bool) -> None:
     if fenced:
-        reply = await controller.commit_transactions(SCOPE, STREAM, [i["txn"] for i in infos], ("q", 1))
-        assert reply["outcome"] == "committed"
+        reply = await controller.commit_transactions(SCOPE, STREAM, [i.txn_id.hex for i in infos], ("q", 1))
+        assert reply.outcome is CommitOutcome.COMMITTED
     else:
         for info in infos:
-            await controller.commit_transaction(SCOPE, STREAM, info["txn"])
+            await controller.commit_transaction(SCOPE, STREAM, info.txn_id.hex)
 
 
 async def _check_committed_once(test: Harness, controller: Controller, infos: list[dict]) -> None:
@@ -375,15 +377,15 @@ def test_a_controller_that_dies_at_any_step_of_a_commit_finishes_it_once_after_a
             restarted = await test.controller(store=store.inner)  # resumes a commit left pending on start
             if not answered:  # the caller never got an answer: it sends the request again
                 if fenced:
-                    reply = await restarted.commit_transactions(SCOPE, STREAM, [i["txn"] for i in infos], ("q", 1))
-                    assert reply["recorded"] == 1
+                    reply = await restarted.commit_transactions(SCOPE, STREAM, [i.txn_id.hex for i in infos], ("q", 1))
+                    assert reply.recorded == 1
                 else:
                     for info in infos:
                         if status(restarted, info) is TxnStatus.OPEN:
-                            await restarted.commit_transaction(SCOPE, STREAM, info["txn"])
+                            await restarted.commit_transaction(SCOPE, STREAM, info.txn_id.hex)
                         else:
                             with pytest.raises(TransactionNotOpenError):  # committing twice is refused
-                                await restarted.commit_transaction(SCOPE, STREAM, info["txn"])
+                                await restarted.commit_transaction(SCOPE, STREAM, info.txn_id.hex)
             await drain_worker(restarted)
             await restarted.drive_transactions(SCOPE, STREAM)
             await _check_committed_once(test, restarted, infos)
@@ -429,22 +431,25 @@ def test_bad_requests_raise_typed_errors_and_change_nothing() -> None:
             await stream(controller)
             info = await controller.create_transaction(SCOPE, STREAM, 30)
             done = await controller.create_transaction(SCOPE, STREAM, 30)
-            await controller.commit_transaction(SCOPE, STREAM, done["txn"])
+            await controller.commit_transaction(SCOPE, STREAM, done.txn_id.hex)
             await controller.drive_transactions(SCOPE, STREAM)
             unknown = "0" * 32
             same = Unchanged(controller)
-            await same.fails(TransactionNotOpenError, controller.commit_transaction(SCOPE, STREAM, done["txn"]),
+            await same.fails(TransactionNotOpenError, controller.commit_transaction(SCOPE, STREAM, done.txn_id.hex),
                              "committed")
             await same.fails(TransactionNotFoundError, controller.commit_transaction(SCOPE, STREAM, unknown))
-            await same.fails(TransactionNotOpenError, controller.abort_transaction(SCOPE, STREAM, done["txn"]))
+            await same.fails(TransactionNotOpenError, controller.abort_transaction(SCOPE, STREAM, done.txn_id.hex))
             await same.fails(LeaseTooLargeError, controller.create_transaction(SCOPE, STREAM, 10_000))
             await same.fails(LeaseTooLargeError, controller.create_transaction(SCOPE, STREAM, 0.5))
-            await same.fails(FenceValueError, controller.commit_transactions(SCOPE, STREAM, [info["txn"]], ("q", 1.5)))
-            await same.fails(FenceValueError, controller.commit_transactions(SCOPE, STREAM, [info["txn"]], ("q", "2")))
+            await same.fails(FenceValueError,
+                             controller.commit_transactions(SCOPE, STREAM, [info.txn_id.hex], ("q", 1.5)))
+            await same.fails(FenceValueError,
+                             controller.commit_transactions(SCOPE, STREAM, [info.txn_id.hex], ("q", "2")))
             await same.fails(TransactionNotOpenError,
-                             controller.commit_transactions(SCOPE, STREAM, [info["txn"], done["txn"]], ("q", 1)))
+                             controller.commit_transactions(SCOPE, STREAM, [info.txn_id.hex, done.txn_id.hex],
+                                                            ("q", 1)))
             await same.fails(TransactionNotFoundError,
-                             controller.commit_transactions(SCOPE, STREAM, [info["txn"], unknown], ("q", 1)))
+                             controller.commit_transactions(SCOPE, STREAM, [info.txn_id.hex, unknown], ("q", 1)))
             await same.fails(InvalidArgumentError, controller.commit_transactions(SCOPE, STREAM, [], ("q", 1)))
             await same.fails(InvalidArgumentError, controller.commit_transaction(SCOPE, STREAM, "not-an-id"))
             assert status(controller, info) is TxnStatus.OPEN
@@ -452,12 +457,12 @@ def test_bad_requests_raise_typed_errors_and_change_nothing() -> None:
             name = transaction_segments(done)[0]
             with pytest.raises(StreamSegmentNotExistsError):
                 await test.container(name).append(name, encode_event(b"late"))
-            parent = stream_segment_name(SCOPE, STREAM, done["segments"][0]["id"])
+            parent = stream_segment_name(SCOPE, STREAM, done.segments[0].segment_id)
             assert test.segment(parent).length == 0
             # Aborting twice is harmless: the second time records nothing.
-            await controller.abort_transaction(SCOPE, STREAM, info["txn"])
+            await controller.abort_transaction(SCOPE, STREAM, info.txn_id.hex)
             before, length = controller.state.to_snapshot(), controller._log.length
-            assert await controller.abort_transaction(SCOPE, STREAM, info["txn"]) == {"status": "aborting"}
+            assert await controller.abort_transaction(SCOPE, STREAM, info.txn_id.hex) is TransactionStatus.ABORTING
             assert (controller.state.to_snapshot(), controller._log.length) == (before, length)
     run(scenario)
 
@@ -473,15 +478,15 @@ def test_the_limits_on_live_and_remembered_transactions(monkeypatch: pytest.Monk
             await Unchanged(controller).fails(InvalidArgumentError, controller.create_transaction(SCOPE, STREAM, 30),
                                               "live transactions")
             for info in infos:
-                await controller.abort_transaction(SCOPE, STREAM, info["txn"])
+                await controller.abort_transaction(SCOPE, STREAM, info.txn_id.hex)
             await controller.drive_transactions(SCOPE, STREAM)
             record = controller.state.streams[(SCOPE, STREAM)]
-            finished = sorted(i["txn"] for i in infos)  # (aborts finish in the order of their ids)
+            finished = sorted(i.txn_id.hex for i in infos)  # (aborts finish in the order of their ids)
             assert record.finished_transactions == finished[1:], "the first to finish is forgotten"
             with pytest.raises(TransactionNotFoundError):
                 await controller.get_transaction(SCOPE, STREAM, finished[0])
             listed = await controller.list_transactions(SCOPE, STREAM)
-            assert listed == {"transactions": [{"txn": t, "status": "aborted"} for t in finished[1:]]}
+            assert listed == {UUID(hex=t): TransactionStatus.ABORTED for t in finished[1:]}
             replayed = await test.controller()
             assert replayed.state.to_snapshot() == controller.state.to_snapshot()
     run(scenario)
@@ -495,9 +500,9 @@ def test_snapshots_carry_transactions_fences_and_a_commit_in_progress() -> None:
             infos = [await controller.create_transaction(SCOPE, STREAM, 30) for _ in range(3)]
             await write_txn(test, infos[0], events("a"))
             await split(controller)
-            await controller.commit_transactions(SCOPE, STREAM, [infos[0]["txn"]], ("q", 3))
+            await controller.commit_transactions(SCOPE, STREAM, [infos[0].txn_id.hex], ("q", 3))
             await controller.start_commit(SCOPE, STREAM)
-            await controller.abort_transaction(SCOPE, STREAM, infos[1]["txn"])
+            await controller.abort_transaction(SCOPE, STREAM, infos[1].txn_id.hex)
             before = controller.state.to_snapshot()
             await controller.stop()
             replayed = await test.controller(transaction_workflows=False, snapshot_records=3)
