@@ -38,15 +38,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+
+from bench._stats import Latency, LatencySamples
+from bench._system import CpuSample, CpuUsage, QuietWait
+from bench.scenarios import Mode, Scenario
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
 from millstream.segmentstore.container import SegmentContainer
 from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord, OnDone, WriteSettings
 from millstream.segmentstore.file_log import FileLog
 from millstream.wire.codec import encode_event
-
-from bench._stats import Latency, LatencySamples
-from bench._system import CpuSample, CpuUsage, QuietWait
-from bench.scenarios import Mode, Scenario
 
 __all__ = [
     "ContainerRun",

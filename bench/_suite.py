@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import attrs
-from millstream.errors import InternalError
 
 from bench import limits as bench_limits
 from bench._processes import ServerProcess, module_environment, process_cpu_seconds
 from bench._system import CpuSample, CpuUsage
+from millstream.errors import InternalError
 
 __all__ = [
     "CpuMeter",

@@ -17,10 +17,10 @@ from pathlib import Path
 import attrs
 import click
 from click.core import ParameterSource
-from millstream.cli._progress import Progress
 
 from bench import HARNESS_SUITE_NAMES, SUITE_NAMES
 from bench.scenarios import SCENARIOS
+from millstream.cli._progress import Progress
 
 __all__ = ["Invocation", "bench", "run"]
 
@@ -335,14 +335,13 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
                    data_dir: Path | None, quiet_idle_percent_min: float, quiet_timeout_seconds: float | None,
                    progress: bool) -> None:
     """The peers harness (``bench.harness``): workloads x systems x offered rates."""
-    from millstream.errors import InvalidArgumentError
-
     from bench._system import choose_data_root, filesystem_of
     from bench.benchmarks_md import render_markdown
     from bench.drivers import all_drivers
     from bench.harness import HarnessConfig, run_harness, write_json
     from bench.plots import plot_report
     from bench.workload import SYSTEM_NAMES, load_workload, suite_workloads
+    from millstream.errors import InvalidArgumentError
 
     unknown = [name for name in system_names if name not in SYSTEM_NAMES]
     if unknown:

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from millstream.limits import MIB
 
 from bench._disk import FdatasyncRun, GroupCommitRun, measure_fdatasync, measure_group_commit
 from bench._system import QuietWait
 from bench.limits import BENCH_FIO_GRACE_SECONDS
+from millstream.limits import MIB
 
 __all__ = ["DiskLimit", "FioRun", "measure_disk_limit", "measure_raw_loop", "parse_fio_output", "run_fio"]
 

@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import millstream
 
+import millstream
 from bench._disk import GroupCommitRun
 from bench._keys import KeySpace
 from bench._load import OfferPlan, StepRecorder, offer

@@ -53,15 +53,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import millstream
-from millstream import limits
 
+import millstream
 from bench import _suite
 from bench import limits as bench_limits
 from bench._processes import free_port, module_environment
 from bench._stats import median_or_none
 from bench._suite import CpuMeter, Progress, Repeat, Steps, bounded, fixed, standalone_server
 from bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
+from millstream import limits
 
 __all__ = ["LargeEventsConfig", "LargeEventsReport", "render_large_events_markdown", "replace_section",
            "run_large_events", "section_of", "write_large_events_json"]

@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+
 from millstream.clock import SystemClock
 from millstream.spark.pipeline import PipelineConfig, build_session, start_query
 
@@ -593,14 +594,15 @@ def _sink_costs(uri: str) -> dict[str, dict[str, float]]:
     transaction (a controller round trip) and writing and flushing its rows (durable in the
     transaction); per batch, the driver's fenced multi-commit and its wait until the store has merged
     the transactions -- the same calls ``_writer`` makes, timed one by one.  part -> median/p90 ms."""
-    import millstream
     import pyarrow as pa
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    import millstream
     from millstream.client import ScalingPolicy, StreamConfig, StreamRouter
     from millstream.spark import parse_sink_options
     from millstream.spark._segment_io import TransactionAppender, frame_events, route
     from millstream.spark._store import StoreSession
     from millstream.spark._writer import _SinkProtocol
-    from pyspark.sql.types import StringType, StructField, StructType
 
     stream = "bench/sink-cost"
     with millstream.connect(uri) as client:
@@ -846,8 +848,9 @@ def run_ceiling(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
 
 
 def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
-    import millstream
     import pyspark
+
+    import millstream
 
     workdir = config.data_dir or Path(tempfile.mkdtemp(prefix="millstream-spark-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import millstream
 
+import millstream
 from bench import _suite
 from bench._keys import KeySpace
 from bench._processes import free_port

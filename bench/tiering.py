@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import millstream
-from millstream.segmentstore.container import SegmentContainer, StorageSettings
-from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
 
+import millstream
 from bench import _suite
 from bench._stats import Latency, LatencySamples, median_or_none
 from bench._suite import Progress, Steps, fixed
 from bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
+from millstream.segmentstore.container import SegmentContainer, StorageSettings
+from millstream.segmentstore.file_chunk_storage import FileChunkStorage
+from millstream.segmentstore.file_log import FileLog
 
 __all__ = ["TieringConfig", "TieringReport", "render_tiering_markdown", "run_tiering", "write_tiering_json"]
 

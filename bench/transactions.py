@@ -48,14 +48,14 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import millstream
-from millstream import limits
 
+import millstream
 from bench import _suite
 from bench._processes import free_port
 from bench._stats import Latency, LatencySamples, median_or_none
 from bench._suite import CpuMeter, Progress, Repeat, Steps, Window, bounded, fixed, standalone_server
 from bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
+from millstream import limits
 
 __all__ = ["TransactionsConfig", "TransactionsReport", "render_transactions_markdown", "replace_section",
            "run_transactions", "section_of", "write_transactions_json"]

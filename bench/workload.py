@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-from millstream.errors import InvalidArgumentError
 
 from bench.limits import (
     BENCH_DURATION_SECONDS_MAX,
@@ -54,6 +53,7 @@ from bench.limits import (
     BENCH_ROUTING_KEYS_MAX,
     BENCH_SEGMENTS_MAX,
 )
+from millstream.errors import InvalidArgumentError
 
 __all__ = [
     "SUITES",

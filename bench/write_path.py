@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-import millstream
 
+import millstream
 from bench._container import ContainerRun, FloorRun, measure_per_append_floor, run_container_scenario
 from bench._disk import FdatasyncRun, GroupCommitRun, measure_fdatasync, measure_group_commit
 from bench._stats import median_or_none

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.model import container_failover as cf
-
 from proofs.tla_values import Function, Record, record
 
 __all__ = ["CONSTANTS", "Configuration", "check", "initial_states", "project", "successors"]

@@ -11,6 +11,7 @@ The batching delay's own contracts live in its docstring (``millstream.segmentst
 from __future__ import annotations
 
 from crosshair import deep_realize
+
 from millstream.errors import BadAttributeUpdateError
 from millstream.model.frozen_map import FrozenMap
 from millstream.model.segment import apply_attribute_updates

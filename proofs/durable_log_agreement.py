@@ -25,7 +25,6 @@ from millstream.model.errors import (
 )
 from millstream.model.segment import ContainerMetadata, Request
 from millstream.model.types import NO_OFFSET, OperationKind
-
 from proofs.tla_values import Record, record
 
 __all__ = ["CONSTANTS", "Configuration", "check", "initial_states", "project", "successors"]

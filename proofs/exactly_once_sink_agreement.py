@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.model import exactly_once_sink as eos
-
 from proofs.tla_values import record
 
 __all__ = ["CONSTANTS", "Configuration", "check", "initial_states", "project", "successors"]

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.model import large_events as le
-
 from proofs.tla_values import Record, record
 
 __all__ = ["CONSTANTS", "Configuration", "check", "initial_states", "project", "successors"]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.model import stream_ordering as so
-
 from proofs.tla_values import Function, Record, record
 
 __all__ = ["CONSTANTS", "Configuration", "Instance", "check", "initial_states", "instances", "project", "successors"]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.model import transactions as tx
-
 from proofs.tla_values import Record, record
 
 __all__ = ["CONSTANTS", "Configuration", "check", "initial_states", "project", "successors"]

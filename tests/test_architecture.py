@@ -1,8 +1,8 @@
 """The import graph of the package: no cycles, and each layer talks only to the ones below it.
 
 The graph is read from the source files with ``ast`` (no import runs), through the same mapping of
-import names onto folders that ``pyproject.toml`` gives setuptools (``millstream`` -> ``impl/``, ...),
-so it sees what an editable install hides from static tools.  Two graphs:
+import names onto source roots that ``pyproject.toml`` gives setuptools (``impl/millstream/``,
+``model/millstream/model/``, ``spark_pipeline/millstream/spark/``).  Two graphs:
 
 * modules, counting only the imports that run when a module is imported (top level, outside
   ``if TYPE_CHECKING:``): a cycle there makes import order matter;
@@ -67,10 +67,10 @@ def _modules() -> dict[str, pathlib.Path]:
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            name = ".".join([package, *parts])
-            # A folder mapped to a subpackage of its own (impl/../model) is not also part of its parent.
+            name = ".".join(part for part in (package, *parts) if part)
+            # A folder mapped to a subpackage of its own (millstream.model) is not also part of its parent.
             if any(name == other or name.startswith(other + ".") for other in package_dirs
-                   if other != package and other.startswith(package + ".")):
+                   if other != package and (package == "" or other.startswith(package + "."))):
                 continue
             modules[name] = path
     return modules

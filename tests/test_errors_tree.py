@@ -8,9 +8,10 @@ import importlib
 import inspect
 import pkgutil
 
+import pytest
+
 import millstream
 import millstream.model
-import pytest
 from millstream import errors
 from millstream.model import errors as model_errors
 

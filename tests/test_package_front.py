@@ -10,8 +10,9 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
-import millstream
 import pytest
+
+import millstream
 from millstream import lowlevel
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "model"
-IMPL = ROOT / "impl"
-SPARK = ROOT / "spark_pipeline"
+MODEL = ROOT / "model" / "millstream" / "model"
+IMPL = ROOT / "impl" / "millstream"
+SPARK = ROOT / "spark_pipeline" / "millstream" / "spark"
 BENCH = ROOT / "bench"
 
 

@@ -26,8 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from millstream.limits import CLIENT_CONNECTIONS_PER_ENDPOINT_MAX
-
 from bench._keys import KeySpace
 from bench._load import Batch, StepRecorder, send_time_of
 from bench._processes import ServerProcess
@@ -39,6 +37,7 @@ from bench.limits import (
     BENCH_TICK_EVENTS_MAX,
 )
 from bench.workload import Workload
+from millstream.limits import CLIENT_CONNECTIONS_PER_ENDPOINT_MAX
 
 __all__ = ["RedisStreamsDriver"]
 

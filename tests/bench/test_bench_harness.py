@@ -19,8 +19,6 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
-from millstream.cli import main
-from millstream.errors import InvalidArgumentError
 
 from bench import SUITE_NAMES
 from bench._histogram import LatencyHistogram
@@ -63,6 +61,8 @@ from bench.harness import (
 )
 from bench.limits import BENCH_PACING_TICK_SECONDS
 from bench.workload import SUITES, SYSTEM_NAMES, Rate, Workload, parse_workload, suite_workloads
+from millstream.cli import main
+from millstream.errors import InvalidArgumentError
 
 # --- workloads ---------------------------------------------------------------------------------------------
 

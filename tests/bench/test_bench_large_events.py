@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from millstream.cli import main
 
 from bench import large_events
 from bench.large_events import SCENARIOS, SECTION_BEGIN, SECTION_END, replace_section, section_of
+from millstream.cli import main
 
 OTHERS = "# millstream benchmarks\n\n## quick-100B\n\nthe peers harness's tables\n"
 

@@ -10,11 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from millstream import __version__
-from millstream.cli import main
-from millstream.segmentstore.container import SegmentContainer
-from millstream.segmentstore.file_log import FileLog
-from millstream.wire.codec import count_events, iter_events
 
 from bench._container import WRITER_ID, _keep_blocks_in_flight, _Phase, block_of_events
 from bench._report import render_markdown
@@ -29,6 +24,11 @@ from bench.write_path import (
     steps_per_repeat,
     write_json,
 )
+from millstream import __version__
+from millstream.cli import main
+from millstream.segmentstore.container import SegmentContainer
+from millstream.segmentstore.file_log import FileLog
+from millstream.wire.codec import count_events, iter_events
 
 TINY = WritePathConfig(duration_seconds=0.2, warmup_seconds=0.0, repeat=2, quiet_timeout_seconds=0.0,
                        bytes_max=4 * 1024 * 1024)

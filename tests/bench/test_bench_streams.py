@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from millstream.cli import main
 
 from bench import large_events, transactions
 from bench.cli import _keep_suite_sections
@@ -28,6 +27,7 @@ from bench.streams import (
     repeat_order,
     replace_section,
 )
+from millstream.cli import main
 
 OTHERS = "# millstream benchmarks\n\n## quick-100B\n\nthe peers harness's tables\n"
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-from millstream.errors import InternalError
 
 from bench import limits as bench_limits
 from bench._suite import (
@@ -29,6 +28,7 @@ from bench._suite import (
     write_json,
 )
 from bench._system import CpuUsage
+from millstream.errors import InternalError
 
 #: A pid no process has (above the kernel's largest pid_max, 2**22).
 NO_SUCH_PID = 2**31 - 1

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from click.testing import CliRunner
-from millstream.cli import main
 
 from bench.transactions import (
     EVENTS_PER_TXN,
@@ -22,6 +21,7 @@ from bench.transactions import (
     replace_section,
     section_of,
 )
+from millstream.cli import main
 
 OTHERS = "# millstream benchmarks\n\n## quick-100B\n\nthe peers harness's tables\n"
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from millstream import limits
-from millstream.cli import main
-from millstream.testing import limits as testing_limits
 
 import bench
 from bench import limits as bench_limits
 from bench._processes import CLONE_ROOT, module_environment
+from millstream import limits
+from millstream.cli import main
+from millstream.testing import limits as testing_limits
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -31,7 +31,7 @@ def test_the_wheel_holds_no_benchmarks() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert not [name for name in setuptools["packages"] if "bench" in name], setuptools["packages"]
     assert not [name for name in setuptools.get("package-data", {}) if "bench" in name]
-    assert not (ROOT / "impl" / "bench").exists(), "the benchmarks moved to bench/ at the clone's root"
+    assert not (ROOT / "impl" / "millstream" / "bench").exists(), "the benchmarks moved to bench/ at the clone's root"
     assert importlib.util.find_spec("millstream.bench") is None
     assert Path(bench.__file__).resolve() == ROOT / "bench" / "__init__.py"
 

@@ -7,12 +7,12 @@ import random
 import threading
 import time
 
-import millstream
 import pytest
+
+import millstream
 from millstream.client import Client, StringSerializer
 from millstream.errors import InternalError, ObjectClosedError, StreamSegmentSealedError
 from millstream.wire.commands import AppendBlock
-
 from tests.client.fake_server import FakeServerThread, Faults
 from tests.client.helpers import fast_config
 

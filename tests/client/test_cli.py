@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-import millstream
 import pytest
 from click.testing import CliRunner
-from millstream.cli import main
 
+import millstream
+from millstream.cli import main
 from tests.client.fake_server import FakeServer, FakeServerThread
 
 

@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import millstream
 from click.testing import CliRunner
-from millstream.cli import main
 
+import millstream
+from millstream.cli import main
 from tests.client.fake_server import FakeSegment, FakeServerThread
 
 LINES = [b"event number %03d" % index for index in range(1, 41)]  # 16 bytes + a newline each

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream import limits
 from millstream.client import (
     Backoff,

@@ -14,16 +14,16 @@ import ssl
 import time
 from pathlib import Path
 
-import millstream
 import pytest
 import trustme
 from click.testing import CliRunner
+
+import millstream
 from millstream.auth import Permission, issue_token
 from millstream.cli import main
 from millstream.client import AsyncClient, JsonSerializer
 from millstream.errors import AuthenticationError, StreamSegmentSealedError
 from millstream.testing.history import EventTag, History, Outcome, check
-
 from tests.client.helpers import client, fast_config, run
 
 

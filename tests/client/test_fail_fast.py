@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import millstream
 import pytest
 import trustme
 from click.testing import CliRunner
+
+import millstream
 from millstream.cli import main
 from millstream.client import AsyncClient, ClientConfig
 from millstream.errors import (
@@ -29,7 +30,6 @@ from millstream.errors import (
     RetryableError,
     TlsHandshakeError,
 )
-
 from tests.client.fake_server import FakeServer
 from tests.client.helpers import run
 

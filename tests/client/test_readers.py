@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from millstream.client import JsonSerializer
 from millstream.errors import InvalidArgumentError, ObjectClosedError, StreamSegmentTruncatedError
 from millstream.wire import codec
 from millstream.wire.codec import MalformedEventError
 from millstream.wire.commands import ReadSegment
-
 from tests.client.fake_server import FakeSegment, FakeServer
 from tests.client.helpers import client, run
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import pytest
+
 from millstream.client import (
     AsyncClient,
     BytesSerializer,
@@ -372,7 +373,6 @@ ENTRY_POINTS: dict[str, Callable[[AsyncClient, dict[str, Any]], Awaitable[Any]]]
 def test_every_entry_point_gives_up_after_the_same_per_outage_budget(tmp_path: Any, entry: str) -> None:
     import millstream
     from millstream.client import ReaderConfig, ScalingPolicy, StreamConfig
-
     from tests.client.helpers import run
 
     async def scenario() -> None:

@@ -9,6 +9,7 @@ import uuid
 
 import attrs
 import pytest
+
 from millstream import errors
 from millstream.client import AsyncClient
 from millstream.client._config import parse_uri
@@ -49,7 +50,6 @@ from millstream.wire.commands import (
     WrongHost,
 )
 from millstream.wire.error_codes import ERROR_CODES
-
 from tests.client.fake_server import FakeServer, Faults
 from tests.client.helpers import client, fast_config, run, until
 

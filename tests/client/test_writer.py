@@ -15,6 +15,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from millstream.client import AsyncClient, AsyncEventStreamWriter, JsonSerializer, StringSerializer
 from millstream.client._config import random_uuid
 from millstream.errors import (
@@ -32,7 +33,6 @@ from millstream.errors import (
 from millstream.testing.clock import ManualClock
 from millstream.testing.history import EventTag, History, Outcome, check
 from millstream.wire.commands import AppendBlock, Command, DataAppended, SetupAppend, WrongHost
-
 from tests.client.fake_server import FakeSegment, FakeServer, Faults
 from tests.client.helpers import client, fast_config, run, until
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 import pytest
+
 from millstream import limits
 from millstream.errors import (
     DataCorruptionError,

@@ -14,7 +14,6 @@ from millstream.controller._segment_store import AppendCounts, SegmentState
 from millstream.segmentstore.read_index import ReadResult
 from millstream.server import SegmentStoreServer
 from millstream.testing.clock import ManualClock
-
 from tests.server.raw import Tiers, serving
 
 SCENARIO_TIMEOUT_SECONDS = 45.0

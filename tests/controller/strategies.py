@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
 from millstream.controller import EpochRecord, StreamHistory, initial_epoch, next_epoch, split_range
 
 #: Every sealed segment of a drawn history is this long (offsets in drawn cuts stay within it).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from millstream.client import ScalingPolicy
 from millstream.controller import (
     ScaleSignal,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from millstream.client import ScalingPolicy, StreamConfig
 from millstream.controller import Controller
 from millstream.naming import stream_segment_name
-
 from tests.controller.helpers import Harness, harness, run
 
 TICK = 5.0

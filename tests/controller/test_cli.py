@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import millstream
 import pytest
 from click.testing import CliRunner
+
+import millstream
 from millstream.cli import main
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+
 from millstream.client import StreamCut
 from millstream.client._controller import ControllerClient
 from millstream.errors import CallerError, PeerError, ProtocolError

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from millstream.client import ReaderGroupConfig, RetentionPolicy, ScalingPolicy, StreamConfig, StreamCut
 from millstream.controller import METADATA_SEGMENT, Controller, StreamState, reader_group_state_segment
 from millstream.errors import (
@@ -26,7 +27,6 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
 )
 from millstream.naming import segment_id, stream_segment_name
-
 from tests.controller.helpers import Crash, FlakyStore, Harness, append_events, harness, run
 
 FIXED2 = StreamConfig(scaling=ScalingPolicy.fixed(2))

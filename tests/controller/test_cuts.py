@@ -7,6 +7,7 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.controller import (
     StreamHistory,
     cut_size,
@@ -20,7 +21,6 @@ from millstream.controller import (
     validate_cut,
 )
 from millstream.errors import InvalidStreamCutError
-
 from tests.controller.strategies import SEALED_LENGTH, advancing_cuts, histories, sealed_lengths
 
 

@@ -9,8 +9,9 @@ import asyncio
 import time
 from pathlib import Path
 
-import millstream
 import pytest
+
+import millstream
 from millstream.auth import Permission, issue_token
 from millstream.client import (
     ReaderGroupConfig,
@@ -37,7 +38,6 @@ from millstream.errors import (
 from millstream.naming import segment_id
 from millstream.wire import ControllerReply, ControllerRequest, ErrorMessage, OperationUnsupported
 from millstream.wire.error_codes import error_code_of
-
 from tests.server.raw import RawClient
 
 

@@ -7,6 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from millstream.controller import (
     EpochRecord,
     SegmentRecord,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.client import StreamConfig
 from millstream.controller import (
     STREAM_TRANSITIONS,

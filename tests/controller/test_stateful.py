@@ -13,6 +13,7 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream.client import ScalingPolicy, StreamConfig
 from millstream.controller import Controller, ControllerConfig, LocalSegmentStore, StreamState
 from millstream.errors import (
@@ -25,7 +26,6 @@ from millstream.naming import stream_segment_name
 from millstream.server import SegmentStoreServer
 from millstream.testing.clock import ManualClock
 from millstream.wire import encode_event
-
 from tests.server.raw import Tiers
 
 STREAMS = ("a", "b")

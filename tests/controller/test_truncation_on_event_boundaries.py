@@ -10,9 +10,10 @@ import json
 import time
 from pathlib import Path
 
-import millstream
 import pytest
 from click.testing import CliRunner
+
+import millstream
 from millstream.cli import main
 from millstream.client import ReaderGroupConfig, ScalingPolicy, StreamConfig, StreamCut
 from millstream.errors import BadOffsetError, InvalidStreamCutError

@@ -7,6 +7,7 @@ import datetime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.client import (
     ReaderGroupConfig,
     RetentionPolicy,

@@ -1,5 +1,5 @@
 """The controller's replies on the wire, pinned: every reply kind, as ``ControllerRpc`` sends it,
-is exactly these bytes (canonical JSON).  The client stub (``impl/client/_controller.py``) and every
+is exactly these bytes (canonical JSON).  The client stub (``impl/millstream/client/_controller.py``) and every
 deployed client decode these objects, so a change to the controller's return values (issue 22 item 3:
 typed values instead of dicts) must leave them byte for byte as they are."""
 
@@ -12,7 +12,6 @@ from typing import Any, Final
 from millstream.controller import METHODS, ControllerRpc
 from millstream.naming import stream_segment_name
 from millstream.values import ReaderGroupConfig, ScalingPolicy, StreamConfig, canonical_json
-
 from tests.controller.helpers import append_events, harness, run
 
 STREAM = {"scope": "iot", "stream": "s"}

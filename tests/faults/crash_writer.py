@@ -56,6 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+
 from millstream.errors import CallerError
 from millstream.model.types import AttributeUpdate, AttributeUpdateType
 from millstream.segmentstore.container import SegmentContainer

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+
 from millstream.errors import ContainerUnavailableError, WriteFailedError
 from millstream.limits import READ_LENGTH_BYTES_MAX
 from millstream.model.types import AttributeUpdate, AttributeUpdateType
@@ -60,7 +61,6 @@ from millstream.segmentstore.operations import (
 )
 from millstream.testing.clock import ManualClock
 from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedLogStorage
-
 from tests.faults import crash_writer
 from tests.faults.crash_writer import (
     COUNT_ATTRIBUTE,

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from millstream.client import AsyncClient, ClientConfig
 from millstream.errors import MillstreamError
 from millstream.testing.history import EventTag, History, Outcome, check

@@ -33,10 +33,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+
 import millstream as ms
 from millstream.client import AsyncClient, ScalingPolicy, StreamConfig
 from millstream.testing.history import EventTag, History, Outcome, check
-
 from tests.faults.stable_writer_process import FLUSH_EVERY, WRITER_ID, source_key
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,10 +27,10 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from millstream.client import AsyncClient
 from millstream.server._memory import trimming_available
 from millstream.wire import FRAME_BYTES_MAX, AppendBlockPart, CreateSegment, encode
-
 from tests.hostile.node import HELLO, Node, NormalClient, client_config, node, open_connection, raise_open_files_limit
 
 MIB = 1024 * 1024

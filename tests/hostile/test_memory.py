@@ -18,8 +18,8 @@ import struct
 from pathlib import Path
 
 import pytest
-from millstream.wire import FRAME_BYTES_MAX, AppendBlockPart
 
+from millstream.wire import FRAME_BYTES_MAX, AppendBlockPart
 from tests.hostile.node import HELLO, Node, NormalClient, node, open_connection, raise_open_files_limit
 
 MIB = 1024 * 1024

@@ -10,9 +10,9 @@ import contextlib
 from pathlib import Path
 
 import pytest
+
 from millstream import limits
 from millstream.wire import CreateSegment, Decoder, GetSegmentInfo, SegmentCreated, encode
-
 from tests.hostile.node import HELLO, node, raise_open_files_limit
 
 HOGS = limits.SERVER_CONNECTIONS_MAX

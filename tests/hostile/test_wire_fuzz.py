@@ -46,6 +46,7 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from millstream.auth import Permission, issue_token
 from millstream.wire import (
     FRAME_BYTES_MAX,
@@ -76,7 +77,6 @@ from millstream.wire import (
     encode,
     encode_event,
 )
-
 from tests.hostile.node import (
     HELLO,
     NIGHTLY,

@@ -8,8 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
-from millstream.errors import BadOffsetError, InvalidArgumentError, ObjectClosedError, StreamSegmentTruncatedError
 
+from millstream.errors import BadOffsetError, InvalidArgumentError, ObjectClosedError, StreamSegmentTruncatedError
 from tests.large_events.helpers import create_stream, node_and_client, run, segment_bytes
 
 

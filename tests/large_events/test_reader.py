@@ -12,10 +12,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from millstream.client import AsyncEventReader, EventRead, ReaderConfig, ReaderGroupConfig
 from millstream.errors import EventReaderOpenError, EventTooLargeError, InvalidArgumentError, ObjectClosedError
 from millstream.testing.history import EventTag, History, Outcome, check
-
 from tests.large_events.helpers import (
     READER,
     SMALL,

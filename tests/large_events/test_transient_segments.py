@@ -9,6 +9,7 @@ import asyncio
 import uuid
 
 import pytest
+
 from millstream.errors import TransientSegmentError
 from millstream.naming import container_of, is_transient_segment, primary_segment_name
 from millstream.server import ServerConfig
@@ -38,7 +39,6 @@ from millstream.wire import (
     UpdateSegmentAttribute,
 )
 from millstream.wire.error_codes import error_code_of
-
 from tests.server.raw import RawClient, Tiers, block, run, serving
 
 PARENT = "le/s/0.#epoch.0"

@@ -11,6 +11,7 @@ import mmap
 from pathlib import Path
 
 import pytest
+
 from millstream import limits
 from millstream.client import AsyncEventWriter, EventWriterPhase, LargeEventConfig, routing_key_fraction
 from millstream.errors import (
@@ -22,7 +23,6 @@ from millstream.errors import (
     TransientSegmentError,
 )
 from millstream.testing.history import EventTag
-
 from tests.large_events.helpers import (
     SMALL,
     create_stream,

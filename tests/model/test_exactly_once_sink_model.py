@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 import pytest
+
 from millstream.model import exactly_once_sink as eos
 from millstream.model.durable_log import NotEnabled
 

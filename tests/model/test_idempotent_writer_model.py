@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.model import idempotent_writer as iw
 from millstream.model.idempotent_writer import Event, NotEnabled, WriterStatus
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 import pytest
+
 from millstream.model import large_events as le
 from millstream.model.durable_log import NotEnabled
 

@@ -12,10 +12,10 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from millstream.model import stream_ordering as so
 from millstream.model.errors import InternalError
 from millstream.model.frozen_map import FrozenMap
-
 from proofs import stream_ordering_agreement as agreement
 
 W, R1, R2 = "w1", "r1", "r2"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+
 from millstream.model import transactions as tx
 from millstream.model.durable_log import NotEnabled
 

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 import attrs
+
 from millstream.client import AsyncClient, AsyncEventStreamReader, ReaderConfig, routing_key_fraction
 from millstream.client._streams import StreamSegments
 from millstream.testing.history import EventTag, History, Outcome

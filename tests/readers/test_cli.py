@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import millstream
 from click.testing import CliRunner
+
+import millstream
 from millstream.cli import main
 
 

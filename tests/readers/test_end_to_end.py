@@ -11,8 +11,9 @@ import json
 import random
 from pathlib import Path
 
-import millstream
 import pytest
+
+import millstream
 from millstream.client import (
     AsyncClient,
     Checkpoint,
@@ -36,7 +37,6 @@ from millstream.errors import (
 from millstream.naming import parse_stream_segment_name
 from millstream.testing.clock import ManualClock
 from millstream.testing.history import EventTag, History, Outcome, check
-
 from tests.readers.helpers import FAST, Drain, TaggedWriter, run, tags_of, wait_until
 
 KEYS = [f"key-{i}" for i in range(40)]

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream import limits
 from millstream.client import ReaderGroupConfig, StreamCut
 from millstream.client._reader_group import (
@@ -36,7 +37,6 @@ from millstream.errors import (
     ReaderExistsError,
     ReaderNotInGroupError,
 )
-
 from tests.readers.topology import (
     A0,
     A1,

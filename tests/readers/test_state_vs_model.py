@@ -22,6 +22,7 @@ import os
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream.client import ReaderGroupConfig
 from millstream.client._reader_group import (
     AcquireSegment,

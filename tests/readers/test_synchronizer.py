@@ -10,13 +10,13 @@ import random
 from pathlib import Path
 from typing import Any
 
-import millstream
 import pytest
+
+import millstream
 from millstream.client import AsyncClient, StateSynchronizer
 from millstream.client._segments import AsyncSegments
 from millstream.client._state_synchronizer import NewState
 from millstream.errors import ConnectionLostError, DataCorruptionError, InvalidArgumentError
-
 from tests.readers.helpers import run
 
 SEGMENT = "sync/state"  # (any segment a client may create; reader groups use theirs, made by the controller)

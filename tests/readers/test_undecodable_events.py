@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import millstream
 import pytest
+
+import millstream
 from millstream.client import (
     AsyncClient,
     EventRead,
@@ -18,7 +19,6 @@ from millstream.client import (
     StreamConfig,
 )
 from millstream.errors import InvalidArgumentError, UndecodableEventError
-
 from tests.readers.helpers import FAST, run
 
 #: good1, good2, bytes that are not UTF-8, good3 -- the issue's sequence.

@@ -18,7 +18,6 @@ from millstream.wire import (
     SetupAppend,
     iter_events,
 )
-
 from tests.server.raw import RawClient, Tiers, block, run, serving
 
 if TYPE_CHECKING:

@@ -19,9 +19,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import millstream
 import pytest
 from click.testing import CliRunner
+
+import millstream
 from millstream.auth import Permission, issue_token, verify
 from millstream.cli import main
 from millstream.cli import token as token_command

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import millstream
 import pytest
+
+import millstream
 from millstream.auth import Permission, issue_token
 from millstream.client import LargeEventConfig, ScalingPolicy, StreamConfig
 from millstream.errors import AuthenticationError, ReaderGroupNotFoundError

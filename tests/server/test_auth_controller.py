@@ -15,13 +15,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import millstream
 import pytest
+
+import millstream
 from millstream.auth import Permission, issue_token
 from millstream.client import ReaderGroupConfig, ScalingPolicy, StreamConfig
 from millstream.controller import METHODS
 from millstream.wire import AuthTokenCheckFailed, ControllerRequest
-
 from tests.server.raw import RawClient
 
 SECRET = b"controller-auth-test-secret-012"

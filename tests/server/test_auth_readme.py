@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import millstream
 import pytest
+
+import millstream
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START_TIMEOUT_SECONDS = 60.0

@@ -17,9 +17,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import millstream
 import pytest
 from click.testing import CliRunner
+
+import millstream
 from millstream import limits
 from millstream.auth import Permission, issue_token
 from millstream.cli import main
@@ -54,7 +55,6 @@ from millstream.wire import (
     UpdateSegmentAttribute,
 )
 from millstream.wire.error_codes import error_code_of
-
 from tests.server.raw import RawClient, Tiers, run, serving
 
 SECRET = b"reserved-names-test-secret-0123"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trustme
+
 from millstream.auth import Permission, issue_token
 from millstream.wire import (
     AppendSetup,
@@ -25,7 +26,6 @@ from millstream.wire import (
     SegmentRead,
     SetupAppend,
 )
-
 from tests.server.raw import RawClient, Tiers, block, events, run, serving
 
 SECRET = b"a-test-secret-of-enough-bytes"

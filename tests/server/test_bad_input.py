@@ -8,6 +8,7 @@ import struct
 import uuid
 
 import pytest
+
 from millstream.errors import PayloadTooLargeError, ProtocolError
 from millstream.naming import container_of
 from millstream.server import ServerConfig
@@ -30,7 +31,6 @@ from millstream.wire import (
     encode_event,
 )
 from millstream.wire.error_codes import error_code_of
-
 from tests.server.raw import RawClient, Tiers, block, events, run, serving
 
 HEADER = struct.Struct(">ii")

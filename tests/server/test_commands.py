@@ -41,7 +41,6 @@ from millstream.wire import (
     iter_events,
 )
 from millstream.wire.error_codes import error_code_of
-
 from tests.server.raw import RawClient, Tiers, block, events, run, serving
 
 

@@ -8,8 +8,9 @@ import json
 import logging
 from pathlib import Path
 
-import millstream
 import pytest
+
+import millstream
 from millstream import errors, limits
 from millstream.auth import Permission, issue_token
 from millstream.controller._rpc import check_json_depth, parse_request
@@ -34,7 +35,6 @@ from millstream.wire import (
     WireProtocolError,
 )
 from millstream.wire.error_codes import error_code_of
-
 from tests.server.raw import RawClient, Tiers, run, serving
 
 INVALID_ARGUMENT = error_code_of(errors.InvalidArgumentError())

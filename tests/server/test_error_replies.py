@@ -11,6 +11,7 @@ import uuid
 
 import attrs
 import pytest
+
 from millstream import errors
 from millstream.client._replies import ERROR_REPLIES as CLIENT_ERROR_REPLIES
 from millstream.client._replies import error_of_reply as client_error_of_reply

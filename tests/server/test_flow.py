@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from millstream.errors import ContainerUnavailableError
 from millstream.naming import container_of
 from millstream.segmentstore.file_log import FileLog
@@ -30,7 +31,6 @@ from millstream.wire import (
     iter_events,
 )
 from millstream.wire.error_codes import error_code_of
-
 from tests.server.raw import ConnectionClosed, RawClient, Tiers, block, run, serving
 
 

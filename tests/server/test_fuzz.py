@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from millstream.wire import (
     AppendBlock,
     AppendBlockEnd,
@@ -31,7 +32,6 @@ from millstream.wire import (
     encode,
     encode_event,
 )
-
 from tests.server.raw import ConnectionClosed, RawClient, Tiers, run, serving
 from tests.server.test_bad_input import Bystander
 

@@ -19,6 +19,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+
 from millstream import limits
 from millstream.auth import Permission, issue_token
 from millstream.server import ServerConfig
@@ -45,7 +46,6 @@ from millstream.wire import (
     encode_event,
     iter_events,
 )
-
 from tests.server.raw import RawClient, Tiers, block, run, serving
 from tests.server.test_bad_input import Bystander, closing_warnings
 from tests.server.test_flow import until

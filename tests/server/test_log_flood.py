@@ -8,10 +8,10 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from millstream import limits
 from millstream.rate_limited_log import RateLimitedLog
 from millstream.testing.clock import ManualClock
-
 from tests.server.raw import RawClient, Tiers, run, serving
 
 BAD_CONNECTIONS = 3 * limits.LOG_BURST_MAX

@@ -11,8 +11,9 @@ import sys
 import uuid
 from pathlib import Path
 
-import millstream
 import pytest
+
+import millstream
 from millstream.errors import InvalidArgumentError
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire import (
@@ -25,7 +26,6 @@ from millstream.wire import (
     SetupAppend,
     iter_events,
 )
-
 from tests.server.raw import RawClient, block, run
 
 SEGMENTS = [f"sc/standalone/{n}" for n in range(6)]  # spread over the containers
@@ -169,6 +169,7 @@ def test_serve_runs_a_node_from_a_toml_file(tmp_path: Path) -> None:
 
 def test_serve_refuses_a_bad_configuration_clearly(tmp_path: Path) -> None:
     from click.testing import CliRunner
+
     from millstream.cli import main
 
     (tmp_path / "bad.toml").write_text('data_dir = "d"\nprot = 9090\n')

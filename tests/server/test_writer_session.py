@@ -8,6 +8,7 @@ import uuid
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.server import scan_events
 from millstream.server._appends import BlockState, Failure, PendingBlock, WriterSession

@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import millstream
 import pytest
+
+import millstream
 from millstream.client import ScalingPolicy, StreamConfig
 
 pytest.importorskip("pyspark", reason="the Spark tests need pyspark: pip install -e '.[spark]' (tox -e spark)")
@@ -53,8 +54,9 @@ def spark() -> Iterator[Any]:
     path = os.environ.get("PYTHONPATH", "")
     if str(REPOSITORY) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPOSITORY), path) if p)
-    import millstream.spark
     from pyspark.sql import SparkSession
+
+    import millstream.spark
 
     builder = SparkSession.builder.master("local[2]").appName("millstream-tests")
     for key, value in SPARK_CONF.items():

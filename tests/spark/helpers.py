@@ -10,12 +10,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.types import StructType
+
 import millstream
 from millstream.client import StreamCut
 from millstream.spark import MillstreamStreamReader, cut_of, parse_source_options
 from millstream.spark._offsets import offset_json
-from pyspark.sql.streaming.datasource import ReadLimit
-from pyspark.sql.types import StructType
 
 KEYS = [f"sensor-{n}" for n in range(16)]
 

@@ -16,9 +16,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from millstream.spark import SchemaMismatchError, parse_source_options
-from millstream.spark._decoding import DeadLetter, EventDecoder, _Refused
-from millstream.spark._segment_io import FrameBlock, scan_frames
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -33,6 +30,10 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+
+from millstream.spark import SchemaMismatchError, parse_source_options
+from millstream.spark._decoding import DeadLetter, EventDecoder, _Refused
+from millstream.spark._segment_io import FrameBlock, scan_frames
 
 STREAM = "sc/st"
 BASE = {"controller": "tcp://127.0.0.1:1", "stream": STREAM}

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import millstream
 import pytest
 
+import millstream
 from tests.spark.helpers import KEYS, KeyedWriter
 
 JSON_SCHEMA = "key STRING, seq BIGINT"

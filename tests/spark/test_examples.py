@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import millstream
-import millstream.spark
 import pytest
 
+import millstream
+import millstream.spark
 from tests.spark.conftest import REPOSITORY
 from tests.spark.test_end_to_end import read_output
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import millstream
 from millstream.spark import fence_key
-
 from tests.spark.helpers import KeyedWriter
 from tests.spark.test_end_to_end import read_output, source
 

@@ -8,6 +8,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.client import StreamCut
 from millstream.errors import InvalidArgumentError, InvalidStreamCutError
 from millstream.spark import cut_of, offset_of

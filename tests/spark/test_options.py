@@ -7,6 +7,7 @@ import pickle
 from typing import Any
 
 import pytest
+
 from millstream import limits
 from millstream.client import StreamCut
 from millstream.errors import InvalidArgumentError

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import millstream
 import pytest
+
+import millstream
 from millstream.spark.demo import read_stream
 from millstream.spark.pipeline import PipelineConfig, sensor_pipeline, spark_conf, start_query
 from millstream.spark.workload import SensorWorkload, expected_output, verify

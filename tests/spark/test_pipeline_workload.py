@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from millstream.errors import InvalidArgumentError
 from millstream.spark.demo import checkpoint_batches, final_watermark_ms, pipeline_arguments, watermark_ms
 from millstream.spark.pipeline import PipelineConfig, parse_fault, progress_record

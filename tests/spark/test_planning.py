@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
+
 from millstream.client import SegmentSlice, SegmentWithRange, StreamCut
 from millstream.errors import InternalError
 from millstream.naming import segment_id, stream_segment_name

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream import limits
 from millstream.client import SegmentWithRange, StreamRouter
 from millstream.errors import PayloadTooLargeError

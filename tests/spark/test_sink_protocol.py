@@ -16,23 +16,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import millstream
 import pyarrow as pa
 import pytest
-from millstream.errors import InternalError, TransactionNotOpenError
-from millstream.spark import (
-    FenceAheadError,
-    MillstreamBatchReader,
-    MillstreamCommitMessage,
-    MillstreamStreamArrowWriter,
-    MillstreamStreamWriter,
-    OptionError,
-    SchemaMismatchError,
-    fence_key,
-    parse_sink_options,
-    parse_source_options,
-)
-from millstream.spark._writer import TaskIdentity, _Encoding, _SinkProtocol
 from pyspark.sql import Row
 from pyspark.sql.types import (
     ArrayType,
@@ -48,6 +33,22 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+import millstream
+from millstream.errors import InternalError, TransactionNotOpenError
+from millstream.spark import (
+    FenceAheadError,
+    MillstreamBatchReader,
+    MillstreamCommitMessage,
+    MillstreamStreamArrowWriter,
+    MillstreamStreamWriter,
+    OptionError,
+    SchemaMismatchError,
+    fence_key,
+    parse_sink_options,
+    parse_source_options,
+)
+from millstream.spark._writer import TaskIdentity, _Encoding, _SinkProtocol
 
 RAW = StructType([StructField("value", BinaryType()), StructField("routing_key", StringType())])
 

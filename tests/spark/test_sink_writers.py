@@ -11,9 +11,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import millstream
 import pyarrow as pa
 import pytest
+from pyspark.sql import Row
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+import millstream
 from millstream.client import AsyncClient, AsyncTransaction, Transaction
 from millstream.spark import (
     MillstreamBatchArrowWriter,
@@ -27,9 +30,6 @@ from millstream.spark import (
     parse_sink_options,
 )
 from millstream.spark._writer import TaskIdentity
-from pyspark.sql import Row
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
-
 from tests.spark.test_sink_protocol import read_stream, statuses
 
 SCHEMA = StructType([StructField("value", BinaryType()), StructField("routing_key", StringType())])

@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import millstream
 import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+import millstream
 from millstream.client import RetentionPolicy, StreamCut
 from millstream.errors import InvalidStreamCutError, TruncatedDataError
 from millstream.spark import OptionError, SchemaMismatchError, offset_of
 from millstream.spark._offsets import offset_json
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
-from pyspark.sql.types import LongType, StringType, StructField, StructType
-
 from tests.spark.helpers import (
     KeyedWriter,
     check_per_key_order_and_exactly_once,

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream.errors import (
     ContainerUnavailableError,
     StreamSegmentMergedError,

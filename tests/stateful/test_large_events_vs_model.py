@@ -56,6 +56,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream.client import AsyncClient, ClientConfig, EventWriterPhase, LargeEventConfig
 from millstream.client._large_events import AsyncEventWriter
 from millstream.errors import LargeEventFailedError
@@ -66,7 +67,6 @@ from millstream.testing.clock import ManualClock
 from millstream.testing.history import EventTag, History, Outcome, check
 from millstream.wire.codec import Decoder, iter_events
 from millstream.wire.commands import ConditionalBlockEnd, SetupAppend
-
 from tests.server.raw import Tiers
 
 NIGHTLY = os.environ.get("MILLSTREAM_PROFILE") == "nightly"

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream.errors import ObjectClosedError, StorageError
 from millstream.model import durable_log as dl
 from millstream.model.segment import Request

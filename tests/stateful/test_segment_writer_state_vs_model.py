@@ -40,6 +40,7 @@ import attrs
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from millstream.client._segment_writer_state import (
     ARM_BATCH_TIMER,
     OVER_BUDGET,

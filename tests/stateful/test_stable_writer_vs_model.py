@@ -52,6 +52,7 @@ import attrs
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream.client import AsyncClient, ClientConfig, ScalingPolicy, StreamConfig
 from millstream.client._sequenced_writer import DUPLICATE, AsyncSequencedEventStreamWriter, SequencedWriterCore
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
@@ -62,7 +63,6 @@ from millstream.naming import segment_id_parts, stream_segment_name
 from millstream.server import SegmentStoreServer
 from millstream.testing.clock import ManualClock
 from millstream.testing.history import EventTag
-
 from tests.server.raw import Tiers
 from tests.trace.stream_run import keys_for_cells
 

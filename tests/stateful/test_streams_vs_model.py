@@ -45,10 +45,10 @@ import attrs
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream import limits
 from millstream.model import stream_ordering as so
 from millstream.testing.history import EventTag, History, Outcome, check
-
 from tests.trace.stream_replay import Replay
 from tests.trace.stream_run import StreamRun
 

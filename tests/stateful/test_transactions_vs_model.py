@@ -32,6 +32,7 @@ from typing import Any
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from millstream.client import (
     AsyncClient,
     ClientConfig,
@@ -48,7 +49,6 @@ from millstream.naming import stream_segment_name
 from millstream.server import SegmentStoreServer
 from millstream.testing.clock import ManualClock
 from millstream.wire.codec import iter_events
-
 from tests.server.raw import Tiers
 from tests.transactions.helpers import keys_in, owner
 

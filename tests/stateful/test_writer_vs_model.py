@@ -41,6 +41,7 @@ import hypothesis
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
 from millstream.client import AsyncClient, ClientConfig
 from millstream.errors import ConnectionLostError, ContainerUnavailableError, MillstreamError, StreamSegmentSealedError
 from millstream.model import idempotent_writer as iw

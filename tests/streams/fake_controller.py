@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import attrs
+
 from millstream.client import SegmentWithRange, canonical_json
 from millstream.errors import (
     InvalidArgumentError,
@@ -26,7 +27,6 @@ from millstream.errors import (
 from millstream.naming import segment_id, stream_segment_name
 from millstream.wire.commands import ControllerReply, ControllerRequest, ErrorMessage, OperationUnsupported
 from millstream.wire.error_codes import error_code_of
-
 from tests.client.fake_server import FakeSegment, FakeServer, _Connection
 
 

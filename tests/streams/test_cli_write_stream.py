@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import millstream
 from click.testing import CliRunner
+
+import millstream
 from millstream.cli import main
 from millstream.client import routing_key_fraction
 

@@ -10,6 +10,7 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.client import SegmentWithRange, StreamRouter, routing_key_fraction
 from millstream.errors import InvalidArgumentError, ProtocolError
 from millstream.naming import segment_id

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from millstream.client import AsyncEventStreamWriter, SegmentWithRange, StreamRouter
 from millstream.client._writer import REROUTE
 from millstream.errors import (
@@ -30,7 +31,6 @@ from millstream.errors import (
 from millstream.testing.history import EventTag, History, Outcome, check
 from millstream.wire import codec
 from millstream.wire.commands import AppendBlock, Command, DataAppended, SetupAppend
-
 from tests.client.fake_server import FakeServer, Faults
 from tests.client.helpers import client, run, until
 from tests.streams.fake_controller import ControllerFakeServer, FakeController

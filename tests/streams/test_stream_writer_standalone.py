@@ -16,7 +16,6 @@ from pathlib import Path
 import millstream
 from millstream.client import AsyncClient, ScalingPolicy, StreamConfig
 from millstream.testing.history import EventTag, History, Outcome, check
-
 from tests.client.helpers import run
 
 STREAM = "iot/sensors"

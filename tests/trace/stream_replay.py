@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+
 from millstream.model import stream_ordering as so
 from millstream.model.frozen_map import FrozenMap
 

@@ -93,7 +93,6 @@ from millstream.naming import parse_stream_segment_name, segment_id_parts, strea
 from millstream.server import SegmentStoreServer
 from millstream.testing.clock import ManualClock
 from millstream.testing.history import EventTag
-
 from tests.server.raw import Tiers
 
 __all__ = ["GROUP", "SCOPE", "STREAM", "Step", "StreamRun", "keys_for_cells"]

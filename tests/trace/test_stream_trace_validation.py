@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 import pytest
-from millstream.client import _reader_group as reader_group
 
+from millstream.client import _reader_group as reader_group
 from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
 from tests.trace.stream_scenarios import GRID, INITIAL_SPLITS, READERS, WRITERS, recorded_run
 from tests.trace.stream_tla import TRACE_CFG_NAME, trace_module

@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+
 from millstream.segmentstore.data_frame import ENTRY_HEADER_LENGTH, FRAME_HEADER_LENGTH
 from millstream.segmentstore.metadata_transaction import ContainerMetadataUpdateTransaction
 from millstream.testing.tracing import TraceEvent
-
 from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
 from tests.trace.driver import FRAME_BYTES_MAX, file_log_run, machine_run, simulated_run
 from tests.trace.tla_trace import TRACE_CFG, trace_module

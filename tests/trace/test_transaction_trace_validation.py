@@ -23,10 +23,10 @@ from typing import Any
 
 import attrs
 import pytest
+
 from millstream.controller import _state, _transaction_workflows, _transactions
 from millstream.controller._transactions import TransactionRecord, TxnStatus
 from millstream.testing.tracing import TraceEvent
-
 from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
 from tests.trace.transaction_driver import RunShape, transaction_run
 from tests.trace.transaction_trace import TRACE_CFG_NAME, trace_module, trace_steps

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import attrs
+
 from millstream.client import AsyncClient, ClientConfig, ScalingPolicy, StreamConfig
 from millstream.client._transactions import AsyncTransaction
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore, TxnStatus
@@ -52,7 +53,6 @@ from millstream.server import SegmentStoreServer
 from millstream.testing.clock import ManualClock
 from millstream.testing.tracing import TraceEvent
 from millstream.wire.codec import iter_events
-
 from tests.server.raw import Tiers
 from tests.transactions.helpers import keys_in
 

@@ -60,7 +60,6 @@ from millstream.naming import (
     stream_segment_name,
 )
 from millstream.testing.tracing import TraceEvent
-
 from tests.trace.tla_trace import tla
 from tests.trace.transaction_driver import KEYS, LEASE_TICKS, SCOPE, START_TIME, STREAM, TICK_SECONDS
 

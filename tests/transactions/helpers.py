@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+
 from millstream.client import routing_key_fraction
 from millstream.controller import Controller, LocalSegmentStore
 from millstream.controller._segment_store import AppendCounts, SegmentState
@@ -16,7 +17,6 @@ from millstream.segmentstore.read_index import ReadResult
 from millstream.values import TransactionInfo
 from millstream.wire import encode_event
 from millstream.wire.codec import iter_events
-
 from tests.controller.helpers import Crash, Harness
 
 SCOPE, STREAM = "sc", "st"

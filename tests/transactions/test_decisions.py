@@ -14,6 +14,7 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream import limits
 from millstream.client import TransactionStatus, ping_interval_seconds
 from millstream.client._transactions import LIFECYCLE as CLIENT_LIFECYCLE

@@ -13,8 +13,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-import millstream
 import pytest
+
+import millstream
 from millstream.client import (
     AsyncClient,
     CommitOutcome,
@@ -34,7 +35,6 @@ from millstream.errors import (
 )
 from millstream.standalone import Node
 from millstream.testing.history import EventTag, History, Outcome, TransactionOutcome, check
-
 from tests.readers.helpers import FAST, Drain, run, wait_until
 from tests.transactions.helpers import keys_in
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
+
 from millstream import limits
 from millstream.client import ScalingPolicy, StreamConfig
 from millstream.controller import Controller, StreamState, TxnStatus
@@ -27,7 +28,6 @@ from millstream.errors import (
 from millstream.naming import stream_segment_name
 from millstream.values import CommitOutcome, MultiCommitResult, TransactionInfo, TransactionStatus
 from millstream.wire import encode_event
-
 from tests.controller.helpers import Crash, Harness, harness, run
 from tests.controller.test_controller import Unchanged
 from tests.server.raw import Tiers

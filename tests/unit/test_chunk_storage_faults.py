@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream import limits
 from millstream.errors import (
     ChunkNotFoundError,

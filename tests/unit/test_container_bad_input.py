@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 import pytest
+
 from millstream import limits
 from millstream.errors import (
     BadAttributeUpdateError,

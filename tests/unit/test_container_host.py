@@ -8,6 +8,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 import pytest
+
 from millstream.errors import ContainerUnavailableError, DataLogFencedError, WriteFailedError
 from millstream.segmentstore.container import SegmentContainer
 from millstream.segmentstore.host import ContainerHost

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+
 from millstream.errors import BadOffsetError, EventBoundaryError, StreamSegmentNotExistsError
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
 from millstream.segmentstore import durable_log, event_boundaries, operation_processor

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from millstream import limits
 from millstream.errors import (
     DataCorruptionError,

@@ -7,6 +7,7 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.errors import InvalidArgumentError
 from millstream.testing.history import (
     EventTag,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+
 from millstream.client._large_events import EVENT_WRITER_TRANSITIONS, EventWriterPhase
 from millstream.client._transactions import LIFECYCLE as CLIENT_TRANSACTION_LIFECYCLE
 from millstream.client._transactions import TransactionStatus

@@ -8,6 +8,7 @@ from uuid import UUID
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.errors import InvalidArgumentError
 from millstream.naming import (
     container_of,

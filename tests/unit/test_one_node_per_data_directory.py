@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-import millstream
 import pytest
+
+import millstream
 from millstream.errors import DataDirectoryInUseError, DataLogFencedError, MillstreamError
 from millstream.standalone import LOCK_FILE_NAME
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.errors import DataCorruptionError
 from millstream.model.types import (
     ATTRIBUTE_ID_MAX,

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.errors import (
     BadOffsetError,
     InvalidArgumentError,

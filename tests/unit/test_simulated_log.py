@@ -10,6 +10,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+
 from millstream.errors import (
     DataLogFencedError,
     InvalidArgumentError,

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+
 from millstream.client import AsyncClient, ClientConfig
 from millstream.errors import ConnectionLostError, InvalidArgumentError
 from millstream.server import SegmentStoreServer, ServerConfig

@@ -13,6 +13,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 import pytest
+
 from millstream.errors import (
     ContainerUnavailableError,
     DataCorruptionError,

@@ -20,6 +20,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from millstream import errors, limits
 from millstream.wire import codec, commands
 from millstream.wire import commands as c

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from millstream.errors import InternalError, StorageFullError, StreamSegmentMergedError, WrongHostError
 from millstream.wire.error_codes import ERROR_CODES, UNKNOWN_ERROR_CODE, error_code_of, error_from_code
 

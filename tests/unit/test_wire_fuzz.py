@@ -18,9 +18,9 @@ import struct
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from millstream.wire import commands as c
 from millstream.wire.codec import FRAME_BYTES_MAX, FRAME_HEADER_LENGTH, Decoder, WireProtocolError, encode
-
 from tests.unit.test_wire_codec import any_command
 
 EDGE_INT32S = [0, 1, -1, 7, 8, 16, 0x7F, 0xFF, 0xFFFF, FRAME_BYTES_MAX, FRAME_BYTES_MAX + 1, 2**31 - 1, -(2**31)]

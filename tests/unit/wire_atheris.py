@@ -17,6 +17,7 @@ import struct
 import sys
 
 import atheris
+
 import millstream  # noqa: F401  (the rest of millstream, imported first so that only the codec is instrumented)
 
 with atheris.instrument_imports(include=["millstream.wire"]):

@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
-import millstream as ms
 import pytest
+
+import millstream as ms
 from millstream.client import AsyncClient, ScalingPolicy, SegmentWithRange, StreamConfig, routing_key_fraction
 from millstream.client._sequenced_writer import SequencedSegmentWriter
 from millstream.errors import InvalidArgumentError, InvalidSequenceError, ObjectClosedError

@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 import tempfile
 
-import millstream as ms
 import pytest
+
+import millstream as ms
 from millstream.client import ScalingPolicy, StreamConfig
 from millstream.errors import WriterIdInUseError
-
 from tests.writers.test_stable_writer import read_all
 
 
