@@ -34,7 +34,7 @@ _FLUSH_EVENTS_MAX = limits.CLI_WRITE_FLUSH_EVENTS
 _RECONNECT_BUDGET_DEFAULT = limits.CLIENT_RECONNECT_BUDGET_SECONDS
 
 
-class _BudgetType(click.ParamType):
+class _BudgetType(click.ParamType):  # type: ignore[type-arg]  # (generic only in click >= 8.2)
     """A positive number of seconds, or ``forever`` (also ``inf``, ``none``): no limit."""
 
     name = "seconds"

@@ -609,7 +609,7 @@ def _chain_completion(old: Completion, news: Sequence[Completion]) -> None:
             _settle(old, None)
 
     for new in news:
-        new.add_done_callback(done)  # type: ignore[arg-type]
+        new.add_done_callback(done)
 
 
 class AsyncEventStreamWriter(Generic[T]):

@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from millstream import limits
@@ -91,6 +91,7 @@ __all__ = ["TransactionWorkflows"]
 log = logging.getLogger("millstream.controller")
 
 _Key = tuple[str, str]
+_T = TypeVar("_T")
 
 
 class TransactionWorkflows:
@@ -188,7 +189,7 @@ class TransactionWorkflows:
                     r.status in (TxnStatus.COMMITTING, TxnStatus.ABORTING) for r in stream.transactions.values()):
                 self._kick(key)
 
-    async def _stepping(self, key: _Key, work: Callable[[], Awaitable[Any]]) -> Any:
+    async def _stepping(self, key: _Key, work: Callable[[], Awaitable[_T]]) -> _T:
         """Run one workflow step holding the stream's lock (without finishing what is pending first)."""
         self._check_open()
         lock = await self._acquire_stream_lock(key)

@@ -387,8 +387,8 @@ def decide_fenced_commit(*, sealed: bool, transactions: Mapping[str, Transaction
         recorded = fences.get(key)
         if recorded is not None and value <= recorded:
             to_abort = [t for t in txn_ids if t in transactions and transactions[t].status is TxnStatus.OPEN]
-            record = {"type": "txns_aborting", "txns": to_abort, "reason": "fenced"} if to_abort else None
-            return FenceDecision(FenceOutcome.ALREADY_COMMITTED, record, recorded)
+            aborting = {"type": "txns_aborting", "txns": to_abort, "reason": "fenced"} if to_abort else None
+            return FenceDecision(FenceOutcome.ALREADY_COMMITTED, aborting, recorded)
         if recorded is None and len(fences) >= limits.FENCE_KEYS_PER_STREAM_MAX:
             raise InvalidArgumentError(f"the stream records {limits.FENCE_KEYS_PER_STREAM_MAX} fence keys already")
     unknown = [t for t in txn_ids if t not in transactions]
@@ -403,5 +403,6 @@ def decide_fenced_commit(*, sealed: bool, transactions: Mapping[str, Transaction
     # Commit orders go in the order the transactions began (``TransactionRecord.number``), whatever the
     # list's order: the spec's request is a set, and ``DecideFencedCommit`` orders it by identity.
     in_order = sorted(txn_ids, key=lambda t: (transactions[t].number, t))
-    record = {"type": "txns_committing", "txns": in_order, "fence": None if fence is None else list(fence)}
+    record: dict[str, Any] = {"type": "txns_committing", "txns": in_order,
+                              "fence": None if fence is None else list(fence)}
     return FenceDecision(FenceOutcome.COMMITTED, record, None if fence is None else fence[1])

@@ -254,7 +254,7 @@ def deserialize_checkpoint(payload: bytes, container_id: int) -> ContainerMetada
                 position += _ATTRIBUTE.size
             (span_count,) = _COUNT.unpack_from(payload, position)
             position += _COUNT.size
-            spans = []
+            spans: list[ChunkSpan] = []
             for _ in range(span_count):
                 offset, span_length, chunk_offset, chunk_length = _SPAN.unpack_from(payload, position)
                 position += _SPAN.size

@@ -78,7 +78,8 @@ class SegmentMetadataUpdateTransaction:
         self.name = name
         self.attribute_changes: dict[int, int] = {}
         if below is None:
-            self.status, self.start_offset, self.length, self.spans = _ACTIVE, 0, 0, ()
+            self.status, self.start_offset, self.length = _ACTIVE, 0, 0
+            self.spans: tuple[ChunkSpan, ...] = ()
             self.boundaries: tuple[int, ...] = ()
             self.boundary_spacing = event_boundaries.SPACING_BYTES_MIN
             self.last_modified_ms = 0
@@ -138,7 +139,7 @@ class ContainerMetadataUpdateTransaction:
         self.previous = previous
         #: The time the operations accepted now are stamped with (``SegmentMetadata.last_modified_ms``):
         #: set by the OperationProcessor once per batch it takes, by recovery for what it replays.
-        self.time_ms = previous.time_ms if previous is not None else 0
+        self.time_ms: int = previous.time_ms if previous is not None else 0
         self.segments: dict[int, SegmentMetadataUpdateTransaction] = {}
         #: Names this transaction (re)binds to a new segment id.
         self.names: dict[str, int] = {}
@@ -147,7 +148,7 @@ class ContainerMetadataUpdateTransaction:
         #: transaction can change what a name resolves to here (older transactions no longer change),
         #: so an entry goes stale only through ``accept`` of a map operation, which drops it.
         self._by_name: dict[str, SegmentMetadataUpdateTransaction] = {}
-        self.next_segment_id = previous.next_segment_id if previous else metadata.next_segment_id
+        self.next_segment_id: int = previous.next_segment_id if previous else metadata.next_segment_id
 
     # --- reading through the chain -------------------------------------------------------------------
 

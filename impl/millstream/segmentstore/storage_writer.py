@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -318,7 +319,7 @@ class StorageWriter(TierTwo):
                     await _wait_event(self._clock, self._wake, self._next_due_in())
                     continue
                 for segment_id in due:
-                    await self._retrying(lambda segment_id=segment_id: self._flush(segment_id))
+                    await self._retrying(functools.partial(self._flush, segment_id))
                 self._read_index.evict()
                 await self._truncate_log_if_possible()
                 if self._garbage_possible:

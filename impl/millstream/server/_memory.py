@@ -26,7 +26,7 @@ def _find_malloc_trim() -> Callable[[int], int] | None:
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 _MALLOC_TRIM = _find_malloc_trim()

@@ -259,9 +259,9 @@ def check(history: History) -> CheckReport:
 
     # Per (writer, key): the sequence numbers of writes that must appear, in order.
     required: dict[tuple[str, str | None], list[int]] = defaultdict(list)
-    for write in writes.values():
-        if must_appear(write):
-            required[(write.tag.writer, write.key)].append(write.tag.sequence)
+    for written in writes.values():
+        if must_appear(written):
+            required[(written.tag.writer, written.key)].append(written.tag.sequence)
     for sequences in required.values():
         sequences.sort()
 

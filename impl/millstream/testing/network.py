@@ -322,7 +322,7 @@ class SimulatedTransport(asyncio.Transport):
             self._reading = True
             self._incoming.schedule()
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:  # type: ignore[override]
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing or not data:
             return  # (asyncio logs and drops writes after close; nothing could deliver them)
         chunk = self._link.network.chunk_bytes
@@ -409,7 +409,7 @@ class SimulatedTransport(asyncio.Transport):
             view = memoryview(data)
             position = 0
             while position < len(data) and self.is_reading():
-                buffer = protocol.get_buffer(len(data) - position)
+                buffer = memoryview(protocol.get_buffer(len(data) - position))
                 size = min(len(buffer), len(data) - position)
                 if size <= 0:
                     raise RuntimeError("a BufferedProtocol offered an empty buffer")

@@ -150,7 +150,7 @@ _CODE_OF: Final = {cls: code for code, cls in ERROR_CODES.items()}
 def error_code_of(error: BaseException) -> int:
     """The code of the most specific class in ``ERROR_CODES`` that ``error`` is an instance of."""
     for cls in type(error).__mro__:
-        code = _CODE_OF.get(cls)  # type: ignore[call-overload]
+        code = _CODE_OF.get(cls)
         if code is not None:
             return code
     return UNKNOWN_ERROR_CODE

@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Sequence
 
-from millstream.client import CommitOutcome
+from millstream.client import CommitOutcome, Transaction, TransactionalEventStreamWriter
 from millstream.spark._decoding import DeadLetter
 from millstream.spark._store import StoreSession
 
@@ -58,8 +58,8 @@ class DeadLetterWriter:
         self._stream = stream
         self._fence = fence
         self._lease_seconds = lease_seconds
-        self._writer = None
-        self._txn = None
+        self._writer: TransactionalEventStreamWriter[bytes] | None = None
+        self._txn: Transaction[bytes] | None = None
         self.written = 0
 
     def add(self, letters: Sequence[DeadLetter]) -> None:
@@ -68,6 +68,7 @@ class DeadLetterWriter:
                 self._writer = self._session.client.transactional_writer(self._stream,
                                                                          lease_seconds=self._lease_seconds)
                 self._txn = self._writer.begin()
+            assert self._txn is not None
             self._txn.write_event(envelope(letter), routing_key=f"{letter.stream}/{letter.segment_id}")
             self.written += 1
 

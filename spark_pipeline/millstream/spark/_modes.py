@@ -111,6 +111,6 @@ def enable_update_mode() -> None:
         DataStreamWriter.format = format  # type: ignore[method-assign]
         DataStreamWriter.option = option  # type: ignore[method-assign]
         DataStreamWriter.options = options  # type: ignore[method-assign]
-        DataStreamWriter.outputMode = output_mode  # type: ignore[method-assign]
+        DataStreamWriter.outputMode = output_mode  # type: ignore[method-assign, assignment]
         DataStreamWriter.start = start  # type: ignore[method-assign]
         _enabled.append(True)

@@ -106,7 +106,8 @@ def views_of(start: StreamCut, tail: StreamCut, bounded: Sequence[Sequence[Segme
         if not all(identifier in other for other in by_bound[1:]):
             continue  # a bound lies before it
         ends = [other[identifier].end_offset for other in by_bound]
-        end = first.start_offset if any(e is None for e in ends) else max(first.start_offset, min(ends))  # type: ignore[type-var]
+        known = [e for e in ends if e is not None]
+        end = first.start_offset if len(known) < len(ends) else max(first.start_offset, min(known))
         sealed = first.end_offset if identifier not in tail.positions else None
         views[identifier] = SegmentView(first.segment, first.start_offset, end, sealed, first.predecessors)
     return views

@@ -180,7 +180,8 @@ class FrameBlock:
 
     def lengths(self) -> np.ndarray:
         """Each event's payload length."""
-        return self.ends() - self.starts - HEADER_LENGTH
+        lengths: np.ndarray = self.ends() - self.starts - HEADER_LENGTH
+        return lengths
 
     def offsets(self) -> np.ndarray:
         """Each event's segment offset (where its frame starts)."""

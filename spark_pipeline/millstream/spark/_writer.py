@@ -461,7 +461,7 @@ class MillstreamStreamArrowWriter(MillstreamStreamWriter, DataSourceStreamArrowW
     """The sink for ``writer=arrow`` (the default): Arrow record batches in; commits as
     ``MillstreamStreamWriter`` does (it is one)."""
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:
         task = current_task(streaming=True)
         return self._protocol.write_events(self._protocol.encoding.batches(iterator), task)
 
@@ -493,6 +493,6 @@ class MillstreamBatchArrowWriter(MillstreamBatchWriter, DataSourceArrowWriter):
     """``df.write.format("millstream")`` (the default ``writer=arrow``): Arrow record batches in;
     commits as ``MillstreamBatchWriter`` does (it is one)."""
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MillstreamCommitMessage:
         task = current_task(streaming=False)
         return self._protocol.write_events(self._protocol.encoding.batches(iterator), task)

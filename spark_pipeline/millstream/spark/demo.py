@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -444,6 +445,10 @@ class DemoResult:
                 and len(self.kills) == self.kills_wanted)
 
 
+def _enough_batches(run: PipelineProcess, *, batches: int, done: asyncio.Event) -> bool:
+    return run.data_batches() >= batches or done.is_set()
+
+
 def _draw(seed: int, *parts: int) -> int:
     value = splitmix64(seed)
     for part in parts:
@@ -515,7 +520,7 @@ async def run_demo(config: DemoConfig, *, out: Callable[[str], None] = print, cl
                         report.restarted.set()
                         break
                     batches = 2 + _draw(config.seed, 1, number) % 4
-                    await run.wait_until(lambda r, n=batches: r.data_batches() >= n or report.done.is_set(),
+                    await run.wait_until(functools.partial(_enough_batches, batches=batches, done=report.done),
                                          f"{batches} micro-batches with data", PIPELINE_PROGRESS_TIMEOUT_SECONDS)
                     await clock.sleep(config.trigger_interval_seconds * (_draw(config.seed, 2, number) % 1000) / 1000)
                     offsets, commits = checkpoint_batches(pipeline.checkpoint)

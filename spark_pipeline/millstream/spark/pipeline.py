@@ -58,7 +58,7 @@ from millstream.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # pyspark is the `spark` extra: imported where the pipeline runs, not at import time
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = [
     "FAULT_ENVIRONMENT_VARIABLE",
@@ -317,7 +317,7 @@ def prewarm(spark: SparkSession) -> threading.Thread:
     it one after the other.  The executors' workers are needed last, when the tasks run; started at
     once, they come up while the driver plans the query.  Returns the job's thread (a daemon: the
     query does not wait for it, and an error only means no warm-up)."""
-    parallelism = int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
+    parallelism = int(spark.conf.get("spark.sql.shuffle.partitions", "2") or "2")
 
     def job() -> None:
         try:
@@ -344,7 +344,7 @@ def run(config: PipelineConfig, *, out: Callable[[str], None] | None = None) -> 
         printed = -1
         with _stop_on_signals() as stop_requested:
             while True:
-                ended = query.awaitTermination(POLL_INTERVAL_SECONDS)
+                ended = query.awaitTermination(POLL_INTERVAL_SECONDS)  # type: ignore[arg-type]  # (seconds: a float works)
                 for progress in query.recentProgress:
                     record = progress_record(json.loads(progress.json))
                     batch_id = record["batch_id"]
@@ -461,7 +461,7 @@ def _fault_injecting_source() -> type:
     the fault hook.  Built on demand so importing this module never needs pyspark."""
     from millstream.spark import MillstreamDataSource
 
-    class FaultInjectingDataSource(MillstreamDataSource):  # type: ignore[misc, valid-type]
+    class FaultInjectingDataSource(MillstreamDataSource):
         @classmethod
         def name(cls) -> str:
             return _FAULT_FORMAT
@@ -484,7 +484,7 @@ def _fault_injecting_source() -> type:
                 if armed and fault.when == "after":
                     _kill_driver()
 
-            writer.commit = commit_with_fault
+            writer.commit = commit_with_fault  # type: ignore[method-assign, assignment]  # (the fault hook wraps it)
             return writer
 
     return FaultInjectingDataSource
