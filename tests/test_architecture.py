@@ -1,8 +1,9 @@
 """The import graph of the package: no cycles, and each layer talks only to the ones below it.
 
 The graph is read from the source files with ``ast`` (no import runs), through the same mapping of
-import names onto source roots that ``pyproject.toml`` gives setuptools (``impl/millstream/``,
-``model/millstream/model/``, ``spark_pipeline/millstream/spark/``).  Two graphs:
+import name onto its source root that ``pyproject.toml`` gives setuptools (``impl/millstream/``, with
+``millstream.model`` and ``millstream.spark`` linked in from ``model/`` and ``spark_pipeline/``).  Two
+graphs:
 
 * modules, counting only the imports that run when a module is imported (top level, outside
   ``if TYPE_CHECKING:``): a cycle there makes import order matter;
@@ -14,6 +15,7 @@ import names onto source roots that ``pyproject.toml`` gives setuptools (``impl/
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -58,21 +60,17 @@ class Import:
 
 
 def _modules() -> dict[str, pathlib.Path]:
+    """Every module of the package, by import name: the files under its source root, following the
+    links that put the model and the Spark package in place."""
     config = tomllib.loads((_ROOT / "pyproject.toml").read_text())
-    package_dirs: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
+    root = _ROOT / config["tool"]["setuptools"]["package-dir"][""]
     modules: dict[str, pathlib.Path] = {}
-    for package, folder in package_dirs.items():
-        base = _ROOT / folder
-        for path in sorted(base.rglob("*.py")):
-            parts = list(path.relative_to(base).with_suffix("").parts)
+    for folder, _, files in os.walk(root / "millstream", followlinks=True):
+        for file in sorted(f for f in files if f.endswith(".py")):
+            parts = list((pathlib.Path(folder) / file).relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            name = ".".join(part for part in (package, *parts) if part)
-            # A folder mapped to a subpackage of its own (millstream.model) is not also part of its parent.
-            if any(name == other or name.startswith(other + ".") for other in package_dirs
-                   if other != package and (package == "" or other.startswith(package + "."))):
-                continue
-            modules[name] = path
+            modules[".".join(parts)] = pathlib.Path(folder) / file
     return modules
 
 
@@ -176,7 +174,7 @@ def test_the_graph_reader_finds_what_it_must(imports: list[Import]) -> None:
     seen = {(i.source, i.target, i.eager) for i in imports}
     assert ("millstream.client._streams", "millstream.values", True) in seen
     assert ("millstream.client._streams", "millstream.client._controller", False) in seen  # TYPE_CHECKING
-    assert ("millstream.model.durable_log", "millstream.model.errors", True) in seen  # another package-dir
+    assert ("millstream.model.durable_log", "millstream.model.errors", True) in seen  # (through the link to model/)
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -229,3 +227,13 @@ def test_each_shared_value_has_one_owner() -> None:
     from millstream import randomness
     assert _config.RandomSource is randomness.RandomSource
     assert _config.random_uuid is randomness.random_uuid
+
+
+def test_the_package_is_one_tree_under_its_source_root() -> None:
+    """The model and the Spark package are in the package through links to their design-card folders,
+    so a static tool given ``impl/`` sees every module: the graph read here holds all three."""
+    for name, folder in (("model", "model"), ("spark", "spark_pipeline")):
+        link = _ROOT / "impl" / "millstream" / name
+        assert link.is_symlink() and link.resolve() == _ROOT / folder, f"{link} must link to {folder}/"
+    parts = {name.split(".")[1] for name in _modules() if name.count(".")}
+    assert {"model", "spark", "client", "segmentstore"} <= parts, sorted(parts)

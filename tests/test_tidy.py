@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "model" / "millstream" / "model"
-IMPL = ROOT / "impl" / "millstream"
-SPARK = ROOT / "spark_pipeline" / "millstream" / "spark"
+MODEL = ROOT / "model"
+IMPL = ROOT / "impl" / "millstream"  # (rglob does not follow its links to model/ and spark_pipeline/)
+SPARK = ROOT / "spark_pipeline"
 BENCH = ROOT / "bench"
 
 

@@ -21,11 +21,6 @@ store's building blocks (``SegmentContainer``, ``FileLog``, ``ContainerHost``, .
 testing the store, and ``millstream.testing`` simulated tiers, network and clock for fault tests.
 """
 
-# In a clone the import name spans three source roots (impl/, model/, spark_pipeline/: see pyproject.toml);
-# with those roots on sys.path, this finds millstream.model and millstream.spark in theirs.  An installed
-# wheel holds them all in one folder, and this changes nothing.
-__path__ = __import__("pkgutil").extend_path(__path__, __name__)
-
 from millstream import auth, client, errors
 from millstream.auth import Permission, issue_token
 from millstream.client import (
