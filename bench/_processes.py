@@ -7,7 +7,8 @@ the writer and the server then each get a core.  ``ServerProcess``:
 * starts the command with its output in a log file (read back into error messages when it fails);
 * waits, bounded, until a TCP connection to its port succeeds (and, if given, a line matching
   ``ready_pattern`` has appeared in its output) -- or the process exits, which is an error naming its
-  last output lines;
+  last output lines.  Given port 0, the server picks its own port and the pattern's first group says
+  which: no other process can take a port between a probe and the server's bind;
 * stops it with SIGTERM (or another signal: SIGINT lets a ``python -m cProfile`` server write its
   profile), waits, bounded, and SIGKILLs it if it lingers.  It is a context manager, so a failing
   step never leaves a server behind.
@@ -132,7 +133,7 @@ class ServerProcess:
             if self._process.poll() is not None:
                 raise ServerFailedError(
                     f"{self.name} exited with status {self._process.returncode} while starting:\n{self.log_tail()}")
-            if self._line_seen() and _accepts(self.port):
+            if self._line_seen() and self.port and _accepts(self.port):
                 return
             if time.monotonic() >= deadline:
                 break
@@ -144,9 +145,12 @@ class ServerProcess:
         if self._ready is None:
             return True
         try:
-            return self._ready.search(self.log_path.read_text(errors="replace")) is not None
+            found = self._ready.search(self.log_path.read_text(errors="replace"))
         except OSError:
             return False
+        if found is not None and not self.port:
+            self.port = int(found.group(1))  # (port 0: the server said which port it took)
+        return found is not None
 
     def log_tail(self) -> str:
         try:

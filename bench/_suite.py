@@ -161,15 +161,16 @@ async def bounded(awaitable: Awaitable[T]) -> T:
     return await asyncio.wait_for(awaitable, bench_limits.BENCH_DRIVER_CALL_TIMEOUT_SECONDS)
 
 
-def standalone_server(workdir: Path, port: int) -> ServerProcess:
-    """A ``millstream standalone`` node on ``port``, its data in ``workdir/data`` and its output in
-    ``workdir/server.log`` (a context manager: started on entry, stopped on exit)."""
+def standalone_server(workdir: Path) -> ServerProcess:
+    """A ``millstream standalone`` node on a port of its own choosing (``.port`` once started), its data
+    in ``workdir/data`` and its output in ``workdir/server.log`` (a context manager: started on entry,
+    stopped on exit).  A port probed free and handed over could be taken by another process first."""
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "bench._serve", "standalone", "--data-dir", str(data),
-               "--port", str(port)]
-    return ServerProcess("millstream", command, port=port, log_path=workdir / "server.log",
-                         ready_pattern=r"listening on tcp://", environment=module_environment())
+               "--port", "0"]
+    return ServerProcess("millstream", command, port=0, log_path=workdir / "server.log",
+                         ready_pattern=r"listening on tcp://127\.0\.0\.1:(\d+)", environment=module_environment())
 
 
 # --- progress -------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ import attrs
 import millstream
 from bench import _suite
 from bench import limits as bench_limits
-from bench._processes import free_port, module_environment
+from bench._processes import module_environment
 from bench._stats import median_or_none
 from bench._suite import CpuMeter, Progress, Repeat, Steps, bounded, fixed, standalone_server
 from bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
@@ -369,8 +369,8 @@ def run_large_events(config: LargeEventsConfig, data_root: Path, progress: Progr
     repeats = []
     steps = Steps(len(SCENARIOS) * config.repeat, progress)
     with tempfile.TemporaryDirectory(prefix="millstream-bench-large-events-", dir=data_root) as temp:
-        port = free_port()
-        with standalone_server(Path(temp), port) as server:
+        with standalone_server(Path(temp)) as server:
+            port = server.port
             for number in range(1, config.repeat + 1):
                 streams = {kind: f"{SCOPE}/{kind}-{number}" for kind in ("large", "classic")}
                 asyncio.run(_streams(port, list(streams.values()), []))

@@ -56,7 +56,6 @@ import attrs
 import millstream
 from bench import _suite
 from bench._keys import KeySpace
-from bench._processes import free_port
 from bench._stats import Latency, LatencySamples, median_or_none
 from bench._suite import CpuMeter, Progress, Steps, Window, bounded, standalone_server
 from bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
@@ -458,8 +457,8 @@ def run_streams(config: StreamsConfig, data_root: Path, progress: Progress | Non
     end_to_end: list[EndToEnd] = []
     result: Scaling | None = None
     with tempfile.TemporaryDirectory(prefix="millstream-bench-streams-", dir=data_root) as temp:
-        port = free_port()
-        with standalone_server(Path(temp), port) as server:
+        with standalone_server(Path(temp)) as server:
+            port = server.port
             asyncio.run(_create_streams(port))
             for number in range(config.repeat):
                 measured = []

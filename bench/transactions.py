@@ -51,7 +51,6 @@ import attrs
 
 import millstream
 from bench import _suite
-from bench._processes import free_port
 from bench._stats import Latency, LatencySamples, median_or_none
 from bench._suite import CpuMeter, Progress, Repeat, Steps, Window, bounded, fixed, standalone_server
 from bench._system import MachineDescription, QuietWait, describe_machine, wait_until_quiet
@@ -329,8 +328,8 @@ def run_transactions(config: TransactionsConfig, data_root: Path, progress: Prog
     repeats = []
     steps = Steps(len(SCENARIOS) * config.repeat, progress)
     with tempfile.TemporaryDirectory(prefix="millstream-bench-transactions-", dir=data_root) as temp:
-        port = free_port()
-        with standalone_server(Path(temp), port) as server:
+        with standalone_server(Path(temp)) as server:
+            port = server.port
             asyncio.run(_create_stream(port, config.segments))
             for number in range(config.repeat):
                 measurements = []

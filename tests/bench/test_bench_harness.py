@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import statistics
 import sys
 from collections.abc import Sequence
@@ -811,6 +812,21 @@ def test_a_server_process_is_ready_when_it_accepts_and_stops_on_a_signal(tmp_pat
         written = process_disk_write_bytes(pid)
         assert written is not None and written >= 0 and server.disk_write_bytes() is not None
     assert process_cpu_seconds(pid) is None and process_disk_write_bytes(pid) is None  # gone after the context
+
+
+def test_a_server_process_on_port_zero_takes_the_port_its_server_names(tmp_path: Path) -> None:
+    """No port is probed and handed over (another process could take it first): the server binds port
+    0 and says which port it got, as ``millstream standalone --port 0`` does."""
+    script = ("import socket, time\n"
+              "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+              "print(f'listening on tcp://127.0.0.1:{s.getsockname()[1]}', flush=True)\n"
+              "time.sleep(60)\n")
+    with ServerProcess("listener", [sys.executable, "-c", script], port=0, log_path=tmp_path / "log",
+                       ready_pattern=r"listening on tcp://127\.0\.0\.1:(\d+)") as server:
+        assert server.port > 0
+        assert f"127.0.0.1:{server.port}" in (tmp_path / "log").read_text()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10):
+            pass
 
 
 def test_a_round_trip_to_an_echo_process_is_timed_and_its_cpu_counted_on_both_sides() -> None:
