@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +166,32 @@ def test_read_stream_deletes_its_group_after_ctrl_c(tmp_path: Path, monkeypatch:
         result = CliRunner().invoke(main, ["read", "--stream", "s/a", "--follow", "--uri", uri])
         assert result.exit_code == 1 and "Aborted" in result.stderr and result.stdout_bytes == b"key-0:0\n"
         assert len(seen) == 1 and len(seen[0]) == 1 and seen[0][0].startswith("cli-read-")
+        assert groups_of(uri, "s") == []
+
+
+def test_read_stream_stopped_by_sigint_exits_130_and_deletes_its_group(tmp_path: Path) -> None:
+    """The real Ctrl-C, in a process of its own: it has printed what it read, it stops with 130 and
+    says how many events it printed, and its group is gone."""
+    with millstream.standalone(tmp_path) as node:
+        uri = node.uri
+        assert invoke(uri, "scope", "create", "s")[0] == 0
+        assert invoke(uri, "stream", "create", "s/a", "--segments", "2")[0] == 0
+        write(uri, "s/a", keyed(0, 3))
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from millstream.cli import main; main()", "read", "--stream", "s/a", "--follow",
+             "--uri", uri], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            lines: queue.Queue[bytes] = queue.Queue()
+            threading.Thread(target=lambda: [lines.put(line) for line in iter(process.stdout.readline, b"")],
+                             daemon=True).start()
+            printed = sorted(lines.get(timeout=120) for _ in range(3))  # (waits for them: a bound, not a pace)
+            assert printed == sorted(event + b"\n" for _, event in keyed(0, 3))
+            assert len(groups_of(uri, "s")) == 1
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=120)
+        finally:
+            process.kill()
+        assert process.returncode == 130 and b"stopped after 3 events" in err, err
         assert groups_of(uri, "s") == []
 
 

@@ -556,7 +556,8 @@ def _read_stream(client: Any, stream: str, start: str, follow: bool, max_events:
 @main.command(short_help="Print the events of a stream, a segment or a group's reader; optionally follow.")
 @click.option("--stream", default=None, metavar="SCOPE/STREAM",
               help="Stream to read: every segment, each routing key's events in order, across scaling (through a "
-                   "reader group of its own that is deleted afterwards).")
+                   "reader group of its own that is deleted afterwards: with tokens, a read-write token for the "
+                   "scope).")
 @click.option("--from", "start", default=None, metavar="head|tail|CUT",
               help='With --stream: start at the head (its oldest data kept), at the tail (only what is written '
                    'from now on), or at a stream cut {"<segment id>": offset, ...} as `stream describe --json` '
