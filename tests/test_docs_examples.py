@@ -12,9 +12,11 @@ is preceded by ``<!-- not run: REASON -->``, and the reason must be given.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import attrs
@@ -130,3 +132,37 @@ def test_every_link_points_at_a_file_of_the_repository() -> None:
         elif not resolved.exists():
             problems.append(f"{page}: {target} does not exist")
     assert problems == []
+
+
+def test_the_readme_first_steps_run_as_written(tmp_path: Path) -> None:
+    """The README's first commands (after installing and starting a node, which here is the test's):
+    create a segment, write two lines, follow it -- the follower prints them, then what a third
+    terminal writes, as the text says.  (The text stops the follower with Ctrl-C; here sealing the
+    segment ends it, as `read --follow` does at a seal.)"""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## First steps\n", 1)[1].split("\n## ", 1)[0]
+    install, commands = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert "millstream standalone --data-dir ./data" in install
+    with millstream.standalone(tmp_path / "node") as node:
+        env = {**os.environ, "MILLSTREAM_URI": node.uri,
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        process = subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", commands], cwd=tmp_path, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout is not None
+            lines: queue.Queue[str] = queue.Queue()
+            threading.Thread(target=lambda: [lines.put(line) for line in iter(process.stdout.readline, "")],
+                             daemon=True).start()
+            printed = [lines.get(timeout=120) for _ in range(3)]  # (a bound on each, not a pace)
+            assert printed == ["created demo/events/0\n", "hello\n", "world\n"]
+            subprocess.run(["bash", "-c", "echo 'one more' | millstream write --segment demo/events/0"], env=env,
+                           check=True, capture_output=True, timeout=120)
+            assert lines.get(timeout=120) == "one more\n"
+            with millstream.connect(node.uri) as client:
+                client.segments().seal("demo/events/0")
+            _, err = process.communicate(timeout=120)
+        finally:
+            process.kill()
+    assert process.returncode == 0, err
+    assert "wrote 2 events (10 bytes) to demo/events/0; all durable" in err
+    assert "read 3 events" in err and "the segment is sealed" in err
