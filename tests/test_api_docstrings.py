@@ -15,11 +15,24 @@ import importlib.util
 import inspect
 import pkgutil
 import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from docs.api import PUBLIC_MODULES
+
+def _docs_api() -> ModuleType:
+    """``docs/api.py``, loaded from its file (``docs`` is not a package: an installed distribution that
+    ships a top-level ``docs`` package would otherwise shadow it)."""
+    spec = importlib.util.spec_from_file_location("millstream_docs_api", Path(__file__).resolve().parents[1] / "docs"
+                                                  / "api.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PUBLIC_MODULES: tuple[str, ...] = _docs_api().PUBLIC_MODULES
 
 #: Modules that import PySpark: checked where it is installed (the spark extra; `tox -e docs` has it).
 _NEEDS_PYSPARK = "millstream.spark"

@@ -35,7 +35,7 @@ _LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 
 #: A bound on one block (it starts a few commands of a second or two each): a hung command fails the
 #: test instead of hanging it.  Not a speed check.
-_BLOCK_TIMEOUT_SECONDS = 600
+_BLOCK_TIMEOUT_SECONDS = 300
 
 
 @attrs.frozen
