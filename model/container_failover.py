@@ -47,6 +47,8 @@ __all__ = [
 
 
 class OwnerStatus(enum.Enum):
+    """Whether a would-be owner of the container is serving it."""
+
     DOWN = "down"
     SERVING = "serving"
 
@@ -95,6 +97,9 @@ DOWN = OwnerState()
 
 @attrs.frozen(cache_hash=True)
 class ContainerFailoverState:
+    """The spec's variables: the log (and its epoch), the Tier-2 chunks, each owner's state, and
+    counters the configurations bound."""
+
     log_epoch: int
     log: tuple[Record, ...]
     chunks: FrozenMap[int, tuple[int, ...]]
@@ -116,6 +121,7 @@ class ContainerFailoverState:
 
 
 def initial_state(owners: Iterable[str]) -> ContainerFailoverState:
+    """The spec's ``Init``: an empty log and no chunks; every owner down."""
     return ContainerFailoverState(
         log_epoch=0, log=(), chunks=FrozenMap(), own=FrozenMap((o, DOWN) for o in sorted(owners)),
         history=(), crashes=0, checkpoints=0)

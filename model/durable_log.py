@@ -63,6 +63,8 @@ class NotEnabled(AssertionError):
 
 
 class ContainerStatus(enum.Enum):
+    """Whether the container is running or stopped (crashed, awaiting recovery)."""
+
     RUNNING = "running"
     STOPPED = "stopped"
 
@@ -84,6 +86,9 @@ class ResultKind(enum.Enum):
 
 @attrs.frozen
 class Result:
+    """What the client has been told about an operation: its kind, the error (rejected, failed) or the
+    offset it was given (acknowledged)."""
+
     kind: ResultKind
     error: type[MillstreamError] | None = None
     offset: int = NO_OFFSET

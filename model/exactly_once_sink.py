@@ -86,6 +86,8 @@ class TaskPhase(enum.Enum):
 
 
 class TransactionStatus(enum.Enum):
+    """A sink task's stream transaction: open, committed or aborted."""
+
     OPEN = "open"
     COMMITTED = "committed"
     ABORTED = "aborted"
@@ -240,6 +242,7 @@ class ExactlyOnceSinkState:
 
 
 def initial_state(num_events: int, partitions: int) -> ExactlyOnceSinkState:
+    """The spec's ``Init``: ``num_events`` input events over ``partitions``, nothing committed, the driver down."""
     if num_events < 0 or partitions < 1:
         raise ValueError(f"need num_events >= 0 and partitions >= 1, got {num_events}, {partitions}")
     return ExactlyOnceSinkState(

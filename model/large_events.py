@@ -70,6 +70,8 @@ __all__ = [
 
 
 class ItemKind(enum.Enum):
+    """What an item in a segment is: an ordinary event or a part of a large one."""
+
     SMALL = "small"   # an ordinary event (one item)
     LARGE = "large"   # a part of a large event: its header (part 0) or a chunk
 
@@ -92,6 +94,8 @@ class WriterPhase(enum.Enum):
 
 
 class TransientState(enum.Enum):
+    """A transient segment's lifecycle: not created, active, merged into its target, deleted."""
+
     NONE = "none"
     ACTIVE = "active"
     MERGED = "merged"
@@ -171,6 +175,8 @@ class EventWriterState:
 
 @attrs.frozen
 class TransientSegment:
+    """A transient segment: its state and the items written to it."""
+
     state: TransientState = TransientState.NONE
     data: tuple[Item, ...] = ()
 
@@ -263,6 +269,8 @@ def framed(w: int, parts: int) -> tuple[Item, ...]:
 
 
 def initial_state(parts: tuple[int, ...], inline_max: int) -> LargeEventsState:
+    """The spec's ``Init``: one writer per large event (``parts[i]`` chunks each), events of at most
+    ``inline_max`` chunks written inline; nothing written yet."""
     if any(n < 1 for n in parts) or inline_max < 0:
         raise ValueError(f"every event needs at least one chunk and inline_max >= 0, got {parts}, {inline_max}")
     n = len(parts)
@@ -452,6 +460,7 @@ def whole_events(parent: tuple[Item, ...], parts: tuple[int, ...]) -> bool:
 
 
 def is_subsequence(sub: tuple[Call, ...], seq: tuple[Call, ...]) -> bool:
+    """Whether ``sub``'s calls appear in ``seq`` in the same order (not necessarily adjacent)."""
     remaining = iter(seq)
     return all(any(call == candidate for candidate in remaining) for call in sub)
 

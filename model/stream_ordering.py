@@ -138,6 +138,9 @@ class InflightEvent:
 
 @attrs.frozen
 class Scaling:
+    """The spec's ``scaling``: how far the scale in progress got, the segments it seals
+    (``predecessors``) and those it creates (``successors``)."""
+
     phase: ScalePhase
     predecessors: frozenset[int] = frozenset()
     successors: frozenset[int] = frozenset()

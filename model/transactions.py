@@ -109,6 +109,8 @@ class TxnStatus(enum.Enum):
 
 
 class ControllerStatus(enum.Enum):
+    """Whether the controller is up or down (crashed, its workflows to be resumed)."""
+
     UP = "up"
     DOWN = "down"
 

@@ -426,6 +426,9 @@ async def write_workload(client: AsyncClient, config: DemoConfig, report: WriteR
 
 @attrs.frozen(kw_only=True)
 class DemoResult:
+    """What ``millstream demo`` found: the verification table's counts and how the run went (kills,
+    the split, the sink's fence and last commit, its duration)."""
+
     verification: Verification
     readings: int
     kills: tuple[str, ...]

@@ -387,6 +387,15 @@ CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0
 #: bytes each) stays bounded; a flush every 65,536 events costs one round trip in that many.
 CLI_WRITE_FLUSH_EVENTS: Final = 65_536
 
+#: ``millstream stream describe --rate-seconds`` counts the events appended while it samples by
+#: reading them; beyond this many bytes appended in the sample it reports bytes/s only (events/s as
+#: unknown) rather than read a busy stream's whole traffic.  64 MiB reads in well under a second.
+CLI_RATE_SAMPLE_READ_BYTES_MAX: Final = 64 * MIB
+
+#: ``millstream stream describe --rate-seconds``: the longest sample it takes (an hour: beyond that,
+#: the controller's tail cuts or the metrics are the better source).
+CLI_RATE_SAMPLE_SECONDS_MAX: Final = 3600.0
+
 # --- Stream writer (routing over a stream's epochs, hand-over to successors) -----------------------
 
 #: An event routed to a segment whose keys moved on between routing and buffering (it was sealed and

@@ -105,9 +105,9 @@ def test_read_with_group_is_a_group_reader(tmp_path: Path) -> None:
         assert (code, out) == (0, "") and "read 0 events" in err  # everything was consumed once
 
         code, _, err = invoke(uri, "read", "--group", "s/g", "--segment", "s/a/0")
-        assert code == 2 and "exactly one of --segment and --group" in err
+        assert code == 2 and "exactly one of --stream, --segment and --group" in err
         code, _, err = invoke(uri, "read")
-        assert code == 2 and "exactly one of --segment and --group" in err
+        assert code == 2 and "exactly one of --stream, --segment and --group" in err
         code, _, err = invoke(uri, "read", "--group", "s/g", "--offset", "3")
         assert code == 2 and "--offset is for --segment" in err
         code, _, err = invoke(uri, "read", "--segment", "s/a/0", "--reader-id", "r")

@@ -54,6 +54,11 @@ COMMANDS: list[tuple[list[str], str, str | None]] = [
     (["stream", "list", "iot"], "read", None),
     (["stream", "describe", "iot/s"], "read", None),
     (["write", "--stream", "iot/s", "--routing-key", "k"], "update", "a\nb\n"),
+    (["segment", "list", "iot/s"], "read", None),
+    (["segment", "list", "iot", "--json"], "read", None),
+    (["stream", "describe", "iot/s", "--rate-seconds", "0.1"], "read", None),
+    # (A reader group of its own: its state is the scope's, so it needs a read-write scope token.)
+    (["read", "--stream", "iot/s", "--format", "json"], "update", None),
     (["segment", "create", "iot/raw/0"], "update", None),
     (["write", "--segment", "iot/raw/0"], "update", "x\n"),
     (["segment", "info", "iot/raw/0"], "read", None),

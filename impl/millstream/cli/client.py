@@ -23,6 +23,7 @@ import click
 
 from millstream import limits
 from millstream.cli._group import main
+from millstream.cli._output import EventPrinter, output_options
 from millstream.cli._progress import Progress
 
 __all__ = ["read", "segment", "write"]
@@ -146,6 +147,70 @@ def info(name: str, as_json: bool, uri: str, token: str, tls_ca: Path | None) ->
         return
     for key, value in fields.items():
         click.echo(f"{key + ':':<18}{str(value).lower() if isinstance(value, bool) else value}")
+
+
+def _stream_segments(client: Any, stream: str) -> list[dict[str, Any]]:
+    """Every segment of ``stream`` that still holds data (from its head on: sealed predecessors
+    included, those wholly truncated away not), ordered by epoch then key, each with its key range,
+    whether it is in the current epoch, and its length, start offset and state from its server."""
+    from millstream.client import split_stream_name
+
+    scope, name = split_stream_name(stream)
+    controller = client.async_client.controller()
+    slices = client.run(controller.get_segments_between(scope, name, None, None))
+    current = {s.segment_id for s in client.stream_manager().current_segments(stream).segments}
+    rows = []
+    for piece in slices:
+        segment = piece.segment
+        properties = client.segments().info(segment.name)
+        rows.append({"stream": stream, "id": segment.segment_id, "epoch": segment.epoch, "number": segment.number,
+                     "name": segment.name, "key_start": segment.key_start, "key_end": segment.key_end,
+                     "current": segment.segment_id in current, "sealed": properties.sealed,
+                     "start_offset": properties.start_offset, "length": properties.length,
+                     "bytes": properties.length - properties.start_offset})
+    return rows
+
+
+@segment.command("list", short_help="List the segments of a stream, or of every stream of a scope.")
+@click.argument("target", metavar="SCOPE[/STREAM]")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list of objects instead of a table.")
+@_connection_options
+def segment_list(target: str, as_json: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+    """List the segments of SCOPE/STREAM (or of every stream of SCOPE) that still hold data: the
+    current epoch's and the sealed ones of earlier epochs that were not truncated away.  For each:
+    its id (which packs the epoch that made it with its number), its key range, whether it is
+    sealed, its start offset (below it, bytes were truncated away), its length (bytes ever appended)
+    and the bytes it holds (length - start offset).
+
+    \b
+    Examples:
+      millstream segment list iot/sensors
+      millstream segment list iot --json
+    """
+    from millstream.client import split_stream_name
+    from millstream.errors import InvalidArgumentError
+    from millstream.naming import validate_scope_or_stream_name
+
+    try:
+        if "/" in target:
+            split_stream_name(target)
+        else:
+            validate_scope_or_stream_name(target, what="scope")
+    except InvalidArgumentError as error:
+        raise click.BadParameter(str(error), param_hint="SCOPE[/STREAM]") from None
+    with _client(uri, token, tls_ca) as client:
+        streams = [target] if "/" in target else \
+            [f"{target}/{name}" for name in client.stream_manager().list_streams(target)]
+        rows = [row for stream in streams for row in _stream_segments(client, stream)]
+    if as_json:
+        click.echo(json.dumps(rows, sort_keys=True))
+        return
+    click.echo(f"{'SEGMENT':<28} {'ID':>14} {'EPOCH':>5}  {'KEYS':<19} {'STATE':<7} {'START':>12} {'LENGTH':>12}")
+    for row in rows:
+        state = "sealed" if row["sealed"] else "open"
+        keys = f"[{row['key_start']:.4f}, {row['key_end']:.4f})"
+        click.echo(f"{row['name']:<28} {row['id']:>14} {row['epoch']:>5}  {keys:<19} {state:<7} "
+                   f"{row['start_offset']:>12} {row['length']:>12}")
 
 
 @segment.command(short_help="Seal a segment: no more appends.")
@@ -437,54 +502,143 @@ def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...]
 # --- millstream read -------------------------------------------------------------------------------
 
 
-@main.command(short_help="Print the events of a segment (or as a reader of a group); optionally follow.")
+def _start_cut(manager: Any, stream: str, start: str) -> Any:
+    """``--from``: ``head``, ``tail`` or a stream cut as JSON (``{"<segment id>": offset, ...}``)."""
+    from millstream.client import StreamCut
+    from millstream.errors import InvalidArgumentError
+
+    if start == "head":
+        return manager.head_cut(stream)
+    if start == "tail":
+        return manager.tail_cut(stream)
+    try:
+        return StreamCut.from_wire(stream, json.loads(start))
+    except (InvalidArgumentError, ValueError) as error:
+        raise click.BadParameter(f"head, tail or a stream cut such as '{{\"0\": 120}}', not {start!r}: {error}",
+                                 param_hint="--from") from None
+
+
+def _read_stream(client: Any, stream: str, start: str, follow: bool, max_events: int | None,
+                 printer: Any) -> tuple[int | None, bool]:
+    """``read --stream``: read the stream through a reader group of its own, with one reader, and
+    delete the group afterwards however the read ends (Ctrl-C, an error, a closed pipe).
+
+    Why a group rather than plain segment readers over a stream cut: the group is what orders each
+    key's events across scaling -- a successor is read only once all its predecessors are -- and what
+    finds the successors as the stream scales while we follow it; reading the segments by hand would
+    redo that.  The group's name (``SCOPE/cli-read-<random>``) says what it is, should the process be
+    killed before it can delete it (`millstream group delete` removes it then).  Without --follow the
+    group ends at the stream's tail when the command starts, so the read stops exactly there."""
+    from millstream.cli.groups import _read_as_reader
+    from millstream.client import ReaderGroupConfig
+    from millstream.errors import MillstreamError
+
+    manager = client.stream_manager()
+    start_cut = _start_cut(manager, stream, start)
+    end_cut = None if follow else manager.tail_cut(stream)
+    scope = stream.partition("/")[0]
+    group_name = f"cli-read-{uuid.uuid4().hex[:12]}"
+    config = ReaderGroupConfig({stream: (start_cut, end_cut)}, automatic_checkpoint_seconds=0)
+    controller = client.async_client.controller()
+    client.run(controller.create_reader_group(scope, group_name, config))
+    try:
+        return _read_as_reader(client, f"{scope}/{group_name}", "cli", printer, follow=True, idle_seconds=math.inf,
+                               max_events=max_events)
+    finally:
+        try:
+            client.run(controller.delete_reader_group(scope, group_name))
+        except MillstreamError as error:
+            click.echo(f"could not delete the reader group {scope}/{group_name} this read used "
+                       f"({type(error).__name__}: {error}); `millstream group delete {scope}/{group_name}` "
+                       "removes it", err=True)
+
+
+@main.command(short_help="Print the events of a stream, a segment or a group's reader; optionally follow.")
+@click.option("--stream", default=None, metavar="SCOPE/STREAM",
+              help="Stream to read: every segment, each routing key's events in order, across scaling (through a "
+                   "reader group of its own that is deleted afterwards: with tokens, a read-write token for the "
+                   "scope).")
+@click.option("--from", "start", default=None, metavar="head|tail|CUT",
+              help='With --stream: start at the head (its oldest data kept), at the tail (only what is written '
+                   'from now on), or at a stream cut {"<segment id>": offset, ...} as `stream describe --json` '
+                   'prints them.  [default: head]')
 @click.option("--segment", "name", default=None, metavar="NAME", help="Segment to read.")
 @click.option("--group", default=None, metavar="SCOPE/GROUP",
-              help="Instead of --segment: read as one reader of this reader group (as `millstream group read`).")
+              help="Read as one reader of this reader group (as `millstream group read`).")
 @click.option("--reader-id", default=None, help="With --group: this reader's id in the group.  [default: a new one]")
 @click.option("--offset", type=click.IntRange(min=0), default=None,
-              help="Where to start: the offset of an event (see --show-offsets).  [default: the segment's "
-                   "first byte that was not truncated away]")
+              help="With --segment: where to start, the offset of an event (see --show-offsets).  [default: the "
+                   "segment's first byte that was not truncated away]")
 @click.option("--follow", "-f", is_flag=True,
-              help="Keep reading new events as they arrive, until the segment is sealed or Ctrl-C.")
+              help="Keep reading new events as they arrive, until the segment is sealed (the stream sealed) or "
+                   "Ctrl-C.")
 @click.option("--max-events", type=click.IntRange(min=1), default=None, help="Stop after this many events.")
-@click.option("--show-offsets", is_flag=True, help="Print each event's offset and a tab before it.")
+@click.option("--show-offsets", is_flag=True,
+              help="Print each event's offset and a tab before it (--stream, --group: its segment, a tab, its "
+                   "offset and a tab).")
+@output_options
 @_connection_options
-def read(name: str | None, group: str | None, reader_id: str | None, offset: int | None, follow: bool,
-         max_events: int | None, show_offsets: bool, uri: str, token: str, tls_ca: Path | None) -> None:
-    """Print the events of a segment, one per line, from --offset on; or, with --group, the events
-    the reader group hands this reader (per routing key in order, across scaling).
+def read(stream: str | None, start: str | None, name: str | None, group: str | None, reader_id: str | None,
+         offset: int | None, follow: bool, max_events: int | None, show_offsets: bool, output_format: str, null: bool,
+         length_prefixed: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+    """Print the events of a stream (--stream), of one segment (--segment) or those a reader group
+    hands one reader (--group), one per line -- or as --format says: `json` (one object per event,
+    with its segment and offset; the payload in base64 when it is not UTF-8), `raw` with
+    --length-prefixed, or -0 (NUL after each event) when events may contain newlines.
 
-    Without --follow it stops at the current end of the segment (a group reader: once idle for a
-    second).  With --follow it waits for new events (long polling: no busy loop) until the segment
-    is sealed and read to its end (the group's streams end), or until Ctrl-C; for a segment it then
-    prints, on stderr, the offset to resume from (a group reader leaves the group at its position).
+    A stream is read in order per routing key, across scaling (its events with one key come in the
+    order they were written; keys interleave).  Without --follow it stops at the stream's tail (the
+    segment's end; a group reader once idle for a second).  With --follow it waits for new events
+    (long polling: no busy loop) until the stream or segment is sealed and read to its end, or until
+    Ctrl-C; for a segment it then prints, on stderr, the offset to resume from.
 
     \b
     Examples:
-      millstream read --segment demo/events/0
+      millstream read --stream iot/sensors
+      millstream read --stream iot/sensors --from tail --follow --format json
+      millstream read --stream iot/sensors --from '{"0": 120}' --max-events 10
       millstream read --segment demo/events/0 --follow --show-offsets
-      millstream read --segment demo/events/0 --offset 120 --max-events 10
+      millstream read --segment demo/events/0 --offset 120 --max-events 10 -0
+      millstream read --segment demo/images/0 --format raw --length-prefixed > images.bin
       millstream read --group iot/analytics --reader-id r1 --follow
     """
     from millstream import limits
 
-    if (name is None) == (group is None):
-        raise click.UsageError("give exactly one of --segment and --group")
+    if (stream is not None) + (name is not None) + (group is not None) != 1:
+        raise click.UsageError("give exactly one of --stream, --segment and --group")
+    if start is not None and stream is None:
+        raise click.UsageError("--from is for --stream (--segment starts at --offset)")
+    if offset is not None and name is None:
+        raise click.UsageError("--offset is for --segment; a group reader starts at the group's position, a stream "
+                               "reader at --from")
+    if reader_id is not None and group is None:
+        raise click.UsageError("--reader-id is for --group")
     if group is not None:
-        if offset is not None:
-            raise click.UsageError("--offset is for --segment; a group reader starts at the group's position")
         from millstream.cli.groups import _group_name, group_read
 
         context = click.get_current_context()
         context.invoke(group_read, name=_group_name(group), reader_id=reader_id or f"cli-{uuid.uuid4().hex[:12]}",
                        follow=follow, idle_seconds=1.0, max_events=max_events, show_positions=show_offsets,
+                       output_format=output_format, null=null, length_prefixed=length_prefixed,
                        uri=uri, token=token, tls_ca=tls_ca)
         return
-    if reader_id is not None:
-        raise click.UsageError("--reader-id is for --group")
+    if stream is not None:
+        from millstream.cli.groups import _position_prefix
+        from millstream.cli.streams import _stream_name
 
+        _stream_name(stream)
+        printer = EventPrinter(sys.stdout.buffer, output_format, null=null, length_prefixed=length_prefixed,
+                               prefix=_position_prefix if show_offsets else None)
+        with _client(uri, token, tls_ca) as client:
+            printed, ended = _read_stream(client, stream, start or "head", follow, max_events, printer)
+        if printed is not None:
+            end = " (the stream is sealed: this is its end)" if ended and follow else ""
+            click.echo(f"read {_count(printed, 'event')} from {stream}{end}", err=True)
+        return
+    assert name is not None
     out = sys.stdout.buffer
+    printer = EventPrinter(out, output_format, null=null, length_prefixed=length_prefixed,
+                           prefix=(lambda _, event_offset: b"%d\t" % event_offset) if show_offsets else None)
     printed = 0
     wait_seconds = limits.TAIL_READ_WAIT_SECONDS_MAX if follow else 0.0
     with _client(uri, token, tls_ca) as client:
@@ -500,10 +654,7 @@ def read(name: str | None, group: str | None, reader_id: str | None, offset: int
                     if reader.end_of_segment or not follow:
                         break
                     continue
-                if show_offsets:
-                    out.write(b"%d\t" % event.offset)
-                out.write(event.value)
-                out.write(b"\n")
+                printer.print(event.value, name, event.offset)
                 printed += 1
             out.flush()
         except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from millstream.cli._group import main
+from millstream.cli._output import EventPrinter, output_options
 from millstream.cli.client import _client, _connection_options, _count
 
 __all__ = ["group"]
@@ -131,12 +132,37 @@ def group_create(name: str, streams: tuple[str, ...], starts: tuple[str, ...], e
     click.echo(f"created {name}")
 
 
-def _describe(state: Any, name: str) -> dict[str, Any]:
+def _lag(segments: Any, positions: Any, end_offsets: Any) -> dict[str, dict[str, int]]:
+    """For each segment -> offset of ``positions``: the offset, where reading it ends (its length
+    now, or the group's end offset in it if that is lower) and the bytes between them."""
+    from millstream.errors import StreamSegmentNotExistsError
+
+    lag = {}
+    for segment, offset in positions.items():
+        try:
+            end = segments.info(segment).length
+        except StreamSegmentNotExistsError:  # truncated away (or deleted) since: nothing left to read
+            end = offset
+        if segment in end_offsets:
+            end = min(end, end_offsets[segment])
+        lag[segment] = {"offset": offset, "end": end, "bytes_behind": max(0, end - offset)}
+    return lag
+
+
+def _describe(state: Any, name: str, segments: Any) -> dict[str, Any]:
+    readers = {}
+    for reader, info in state.readers.items():
+        lag = _lag(segments, state.segments_of(reader), state.end_offsets)
+        readers[reader] = {"segments": dict(state.segments_of(reader)), "lag_seconds": info.lag_seconds,
+                           "segment_lag": lag, "bytes_behind": sum(s["bytes_behind"] for s in lag.values())}
+    unassigned_lag = _lag(segments, state.unassigned, state.end_offsets)
     return {
         "group": name, "generation": state.generation, "config": state.config.to_json_object(),
-        "readers": {r: {"segments": dict(state.segments_of(r)), "lag_seconds": info.lag_seconds}
-                    for r, info in state.readers.items()},
+        "readers": readers,
         "unassigned": dict(state.unassigned),
+        "unassigned_lag": unassigned_lag,
+        "bytes_behind": sum(r["bytes_behind"] for r in readers.values())
+        + sum(s["bytes_behind"] for s in unassigned_lag.values()),
         "waiting": {t: sorted(f.waiting) for t, f in state.future.items()},
         "ended": dict(state.ended),
         "checkpoints": [{"name": c.name, "complete": c.complete, "pending": sorted(c.pending),
@@ -145,27 +171,48 @@ def _describe(state: Any, name: str) -> dict[str, Any]:
     }
 
 
-@group.command("describe", short_help="Show a reader group: readers, segments, checkpoints.")
+def _lag_text(lag: dict[str, dict[str, int]]) -> str:
+    return ", ".join(f"{segment}@{entry['offset']} ({entry['bytes_behind']} bytes behind)"
+                     for segment, entry in sorted(lag.items())) or "-"
+
+
+@group.command("describe", short_help="Show a reader group: readers, segments, lag, checkpoints.")
 @click.argument("name", callback=lambda ctx, param, value: _group_name(value), metavar="SCOPE/GROUP")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @_connection_options
 def group_describe(name: str, as_json: bool, uri: str, token: str, tls_ca: Path | None) -> None:
     """Show who reads what: each online reader with its segments (and the offsets recorded at its
     last checkpoint), the unassigned segments, successors waiting for predecessors, the checkpoints
-    in progress and kept, and the group's configuration generation (bumped by every reset)."""
+    in progress and kept, and the group's configuration generation (bumped by every reset).
+
+    Consumer lag: for each segment, the bytes between its recorded offset and its end now (or the
+    group's end cut in it), per segment, per reader and for the whole group (`bytes_behind`; with
+    --json also `segment_lag` and `unassigned_lag`).  A reader that is reading records its offsets
+    at checkpoints (and when it releases a segment), so its lag is at most this much.  Lag is in
+    bytes, not events: events are not counted without reading them.  Each reader also reports how
+    far behind the tail it reads, in seconds (`lag_seconds`).
+
+    \b
+    Examples:
+      millstream group describe iot/analytics
+      millstream group describe iot/analytics --json
+    """
     with _client(uri, token, tls_ca) as client:
         handle = client.reader_group(name)
-        described = _describe(handle.state(), name)
-        handle.close()
+        try:
+            described = _describe(handle.state(), name, client.segments())
+        finally:
+            handle.close()
     if as_json:
         click.echo(json.dumps(described, sort_keys=True))
         return
     lines = [f"group:       {name} (generation {described['generation']})",
-             f"streams:     {', '.join(described['config']['streams'])}"]
+             f"streams:     {', '.join(described['config']['streams'])}",
+             f"lag:         {described['bytes_behind']} bytes behind"]
     for reader, info in sorted(described["readers"].items()):
-        segments = ", ".join(f"{s}@{o}" for s, o in sorted(info["segments"].items())) or "-"
-        lines.append(f"reader {reader}: {segments}")
-    lines.append(f"unassigned:  {', '.join(f'{s}@{o}' for s, o in described['unassigned'].items()) or '-'}")
+        lines.append(f"reader {reader}: {_lag_text(info['segment_lag'])}; {info['bytes_behind']} bytes behind, "
+                     f"{info['lag_seconds']:g} s behind the tail")
+    lines.append(f"unassigned:  {_lag_text(described['unassigned_lag'])}")
     if described["waiting"]:
         lines.append("waiting:     " + ", ".join(f"{t} (for {', '.join(p)})" for t, p in described["waiting"].items()))
     for checkpoint in described["checkpoints"]:
@@ -185,67 +232,90 @@ def group_describe(name: str, as_json: bool, uri: str, token: str, tls_ca: Path 
               help="Without --follow: stop after this long without an event.")
 @click.option("--max-events", type=click.IntRange(min=1), default=None, help="Stop after this many events.")
 @click.option("--show-positions", is_flag=True, help="Print each event's segment and offset and a tab before it.")
+@output_options
 @_connection_options
 def group_read(name: str, reader_id: str, follow: bool, idle_seconds: float, max_events: int | None,
-               show_positions: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+               show_positions: bool, output_format: str, null: bool, length_prefixed: bool, uri: str, token: str,
+               tls_ca: Path | None) -> None:
     """Join the group as READER-ID and print the events of the segments the group gives this reader,
-    one per line, as they arrive; leave the group when done (the segments go back to the group at
-    this reader's position).  Checkpoints the group takes are noted on stderr.
+    one per line (or as --format says), as they arrive; leave the group when done (the segments go
+    back to the group at this reader's position).  Checkpoints the group takes are noted on stderr.
 
     \b
     Examples:
       millstream group read iot/analytics --reader-id r1 --follow
       millstream group read iot/analytics --reader-id r1 --max-events 100 --show-positions
+      millstream group read iot/analytics --reader-id r1 --format json
     """
+    printer = EventPrinter(sys.stdout.buffer, output_format, null=null, length_prefixed=length_prefixed,
+                           prefix=_position_prefix if show_positions else None)
+    with _client(uri, token, tls_ca) as client:
+        printed, ended = _read_as_reader(client, name, reader_id, printer, follow=follow, idle_seconds=idle_seconds,
+                                        max_events=max_events)
+    if printed is None:
+        return
+    end = " (end of the group's streams)" if ended else ""
+    click.echo(f"read {_count(printed, 'event')}{end}", err=True)
+
+
+def _position_prefix(segment: str, offset: int) -> bytes:
+    return f"{segment}\t{offset}\t".encode()
+
+
+def _read_as_reader(client: Any, name: str, reader_id: str, printer: EventPrinter, *, follow: bool,
+                   idle_seconds: float, max_events: int | None) -> tuple[int | None, bool]:
+    """Join group ``name`` as ``reader_id`` and print what it hands this reader, until ``max_events``,
+    the end of the group's streams, Ctrl-C (exit status 130) or, without ``follow``, ``idle_seconds``
+    without an event.  The reader leaves the group at its position, however this ends.  Returns how
+    many events were printed and whether the streams ended (None printed: the output went away)."""
     out = sys.stdout.buffer
     printed = 0
     ended = False
-    with _client(uri, token, tls_ca) as client:
-        handle = client.reader_group(name)
+    handle = client.reader_group(name)
+    try:
         reader = handle.reader(reader_id)
-        try:
-            idle = waited = 0.0
-            wait = 0.25
-            while max_events is None or printed < max_events:
-                read = reader.read_next_event(wait)
-                if read.checkpoint_name is not None:
-                    out.flush()
-                    click.echo(f"checkpoint {read.checkpoint_name}", err=True)
-                    continue
-                if read.event is None:
-                    out.flush()
-                    if read.end_of_stream:
-                        ended = True
-                        break
-                    # Idle time counts once the group gave this reader segments (a reader takes its
-                    # first ones after a short random delay), or after a few seconds without any.
-                    waited += wait
-                    if reader.segments or waited >= _FIRST_SEGMENTS_WAIT_SECONDS:
-                        idle += wait
-                    if not follow and idle >= idle_seconds:
-                        break
-                    continue
-                idle = 0.0
-                if show_positions:
-                    out.write(f"{read.segment}\t{read.offset}\t".encode())
-                out.write(read.event)
-                out.write(b"\n")
-                printed += 1
-            out.flush()
-        except KeyboardInterrupt:
-            with contextlib.suppress(OSError):
+    except BaseException:
+        handle.close()
+        raise
+    try:
+        idle = waited = 0.0
+        wait = 0.25
+        while max_events is None or printed < max_events:
+            read = reader.read_next_event(wait)
+            if read.checkpoint_name is not None:
                 out.flush()
-            click.echo(f"\nstopped after {_count(printed, 'event')}", err=True)
-            sys.exit(130)
-        except BrokenPipeError:  # whoever read our output went away (e.g. `| head`): that is fine
-            with contextlib.suppress(OSError):
-                os.close(sys.stdout.fileno())
-            return
-        finally:
-            reader.close()  # the segments go back to the group at this reader's position
-            handle.close()
-    end = " (end of the group's streams)" if ended else ""
-    click.echo(f"read {_count(printed, 'event')}{end}", err=True)
+                click.echo(f"checkpoint {read.checkpoint_name}", err=True)
+                continue
+            if read.event is None:
+                out.flush()
+                if read.end_of_stream:
+                    ended = True
+                    break
+                # Idle time counts once the group gave this reader segments (a reader takes its
+                # first ones after a short random delay), or after a few seconds without any.
+                waited += wait
+                if reader.segments or waited >= _FIRST_SEGMENTS_WAIT_SECONDS:
+                    idle += wait
+                if not follow and idle >= idle_seconds:
+                    break
+                continue
+            idle = 0.0
+            printer.print(read.event, read.segment, read.offset)
+            printed += 1
+        out.flush()
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            out.flush()
+        click.echo(f"\nstopped after {_count(printed, 'event')}", err=True)
+        sys.exit(130)
+    except BrokenPipeError:  # whoever read our output went away (e.g. `| head`): that is fine
+        with contextlib.suppress(OSError):
+            os.close(sys.stdout.fileno())
+        return None, ended
+    finally:
+        reader.close()  # the segments go back to the group at this reader's position
+        handle.close()
+    return printed, ended
 
 
 @group.command("checkpoint", short_help="Take a checkpoint of the group and print it.")

@@ -7,13 +7,17 @@ the error (``StreamNotFoundError: ...``) with exit status 1, as for the segment 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from millstream import limits
 from millstream.cli._group import main
 from millstream.cli.client import _client, _connection_options
 
@@ -177,32 +181,96 @@ def stream_list(scope_name: str, as_json: bool, uri: str, token: str, tls_ca: Pa
     click.echo(json.dumps(names) if as_json else "\n".join(names))
 
 
-def _describe(description: Any, head: Any, tail: Any) -> dict[str, Any]:
+def _describe(description: Any, head: Any, tail: Any, sizes: dict[int, dict[str, Any]]) -> dict[str, Any]:
     config = description.config
+    empty = {"length": 0, "start_offset": 0, "bytes": 0, "sealed": False}
+    segments = []
+    for s in description.segments:
+        size = sizes.get(s.segment_id, empty)
+        segments.append({"id": s.segment_id, "epoch": s.epoch, "number": s.number, "key_start": s.key_start,
+                         "key_end": s.key_end, "name": s.name, "length": size["length"],
+                         "start_offset": size["start_offset"], "bytes": size["bytes"], "sealed": size["sealed"]})
     return {
         "stream": description.name, "state": description.state, "sealed": description.sealed,
         "epoch": description.epoch, "scaling": config.scaling.to_json_object(),
         "retention": config.retention.to_json_object(),
-        "segments": [{"id": s.segment_id, "epoch": s.epoch, "number": s.number, "key_start": s.key_start,
-                      "key_end": s.key_end, "name": s.name} for s in description.segments],
+        "segments": segments,
+        "stored_bytes": sum(size["bytes"] for size in sizes.values()),
         "head": {str(k): v for k, v in head.positions.items()},
         "tail": {str(k): v for k, v in tail.positions.items()},
     }
 
 
-@stream.command("describe", short_help="Show a stream's configuration, state, segments and cuts.")
+def _sample_rates(client: Any, segments: list[str], seconds: float, *,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """The bytes and events appended to ``segments`` per second, measured over ``seconds``: their
+    lengths before and after (``clock``, ``sleep``: injectable), and the events in between counted by
+    reading them -- unless more than ``limits.CLI_RATE_SAMPLE_READ_BYTES_MAX`` bytes came, when
+    events/s is None (unknown) rather than read a busy stream's whole traffic."""
+    from millstream import limits
+
+    info = client.segments().info
+    before = {name: info(name).length for name in segments}
+    started = clock()
+    sleep(seconds)
+    after = {name: info(name).length for name in segments}
+    elapsed = clock() - started
+    if not elapsed > 0:
+        elapsed = seconds
+    appended = {name: after[name] - before[name] for name in segments}
+    events: int | None = None
+    if sum(appended.values()) <= limits.CLI_RATE_SAMPLE_READ_BYTES_MAX:
+        events = 0
+        for name in segments:
+            if appended[name] == 0:
+                continue
+            # A length is always where an event ends (an append is whole events), so reading from
+            # ``before`` to ``after`` counts whole events.
+            with contextlib.closing(client.segment_reader(name, offset=before[name])) as reader:
+                while reader.offset < after[name]:
+                    if reader.read_event() is None:
+                        break
+                    events += 1
+    return {"seconds": elapsed, "bytes_per_second": sum(appended.values()) / elapsed,
+            "events_per_second": None if events is None else events / elapsed,
+            "segments": {name: appended[name] / elapsed for name in segments}}
+
+
+@stream.command("describe", short_help="Show a stream's configuration, state, segments, sizes, cuts and rates.")
 @click.argument("name", callback=lambda ctx, param, value: _stream_name(value), metavar="SCOPE/STREAM")
+@click.option("--rate-seconds", type=click.FloatRange(min=0, max=limits.CLI_RATE_SAMPLE_SECONDS_MAX),
+              default=0.0, show_default=True, metavar="SECONDS",
+              help="Measure the stream's write rates (events/s, bytes/s, per segment) over this many seconds "
+                   "before printing (0: do not measure).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @_connection_options
-def stream_describe(name: str, as_json: bool, uri: str, token: str, tls_ca: Path | None) -> None:
+def stream_describe(name: str, rate_seconds: float, as_json: bool, uri: str, token: str, tls_ca: Path | None) -> None:
     """Show a stream: its scaling and retention policies, whether it is sealed (or which change is
-    running on it), its current epoch and that epoch's segments with their key ranges, and its head
-    and tail cuts (segment id -> offset).  Segment ids pack the epoch that made the segment with its
-    number; `stream scale` takes them."""
+    running on it), its current epoch and that epoch's segments with their key ranges and sizes
+    (length: bytes ever appended; bytes: what is still stored, after truncation), the bytes stored in
+    all its segments (older epochs' too), and its head and tail cuts (segment id -> offset).  Segment
+    ids pack the epoch that made the segment with its number; `stream scale` takes them.
+
+    Rates, with --rate-seconds: the command watches the current segments for that long and shows
+    the events and bytes appended per second (events are counted by reading them, up to 64 MiB;
+    beyond, events/s is shown as unknown).  The controller's own moving averages (which drive
+    auto-scaling) are not exposed: what is shown is this sample.
+
+    \b
+    Examples:
+      millstream stream describe iot/sensors
+      millstream stream describe iot/sensors --rate-seconds 5 --json
+    """
+    from millstream.cli.client import _stream_segments
+
     with _client(uri, token, tls_ca) as client:
         manager = client.stream_manager()
         description = manager.describe_stream(name)
-        fields = _describe(description, manager.head_cut(name), manager.tail_cut(name))
+        sizes = {row["id"]: row for row in _stream_segments(client, name)}
+        fields = _describe(description, manager.head_cut(name), manager.tail_cut(name), sizes)
+        fields["rates"] = None if rate_seconds == 0 else \
+            _sample_rates(client, [s.name for s in description.segments], rate_seconds)
     if as_json:
         click.echo(json.dumps(fields, sort_keys=True))
         return
@@ -218,11 +286,20 @@ def stream_describe(name: str, as_json: bool, uri: str, token: str, tls_ca: Path
     click.echo(f"{'scaling:':<11}{policy}")
     click.echo(f"{'retention:':<11}{kept}")
     click.echo(f"{'epoch:':<11}{description.epoch}")
+    click.echo(f"{'stored:':<11}{fields['stored_bytes']} bytes")
     click.echo("segments:")
     for segment in fields["segments"]:
-        click.echo(f"  {segment['id']:>20}  [{segment['key_start']:.6f}, {segment['key_end']:.6f})  {segment['name']}")
+        click.echo(f"  {segment['id']:>20}  [{segment['key_start']:.6f}, {segment['key_end']:.6f})  {segment['name']}"
+                   f"  length {segment['length']}, {segment['bytes']} bytes stored")
     click.echo(f"{'head:':<11}{json.dumps(fields['head'])}")
     click.echo(f"{'tail:':<11}{json.dumps(fields['tail'])}")
+    rates = fields["rates"]
+    if rates is None:
+        click.echo(f"{'rates:':<11}not measured (--rate-seconds SECONDS measures them)")
+    else:
+        events = "unknown" if rates["events_per_second"] is None else f"{rates['events_per_second']:.1f}"
+        click.echo(f"{'rates:':<11}{events} events/s, {rates['bytes_per_second']:.1f} bytes/s "
+                   f"(measured over {rates['seconds']:.1f} s)")
 
 
 def _finite(value: float | None) -> float | None:

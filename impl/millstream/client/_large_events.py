@@ -122,6 +122,8 @@ class LargeEventConfig:
 
 
 class EventWriterPhase(enum.Enum):
+    """A large-event writer's phase (``EVENT_WRITER_TRANSITIONS`` says which follows which)."""
+
     OPEN = "open"  # taking bytes
     COMMITTING = "committing"  # inside commit: waiting for acknowledgements and the flush, merging
     COMMITTED = "committed"  # merged (or, inline, stored through the ordinary writer)

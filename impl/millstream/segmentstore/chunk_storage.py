@@ -34,6 +34,7 @@ implementations map them to their medium (a file system escapes them).
 from __future__ import annotations
 
 import abc
+import builtins
 
 __all__ = ["ChunkStorage"]
 
@@ -73,7 +74,7 @@ class ChunkStorage(abc.ABC):
         """Remove the chunk.  Raises ``ChunkNotFoundError``, ``StorageUnavailableError``."""
 
     @abc.abstractmethod
-    async def list(self, prefix: str = "") -> list[str]:
+    async def list(self, prefix: str = "") -> builtins.list[str]:
         """Names of the existing chunks that start with ``prefix``, sorted.  Raises
         ``StorageUnavailableError``."""
 

@@ -309,7 +309,7 @@ class FileChunkStorage(ChunkStorage):
         check_chunk_name(name)
         await self._call(f"delete {name!r}", self._delete, name)
 
-    async def list(self, prefix: str = "") -> list[str]:
+    async def list(self, prefix: str = "") -> builtins.list[str]:
         self._check_open()
         wanted = check_chunk_prefix(prefix)
         return await self._call(f"list {prefix!r}", self._list, wanted)

@@ -66,12 +66,16 @@ _TAG = struct.Struct(">4sH16sQ")  # magic | writer length | writer (padded) | se
 
 
 class Outcome(enum.Enum):
+    """What a client learned of one write: acknowledged, failed, or unknown (it may be stored)."""
+
     ACKED = "acked"
     FAILED = "failed"
     UNKNOWN = "unknown"
 
 
 class TransactionOutcome(enum.Enum):
+    """What a client learned of one stream transaction: still open, committed, aborted, or unknown."""
+
     OPEN = "open"
     COMMITTED = "committed"
     ABORTED = "aborted"

@@ -30,6 +30,7 @@ medium with ``chunks()`` (a snapshot), ``used_bytes`` and the counters.
 
 from __future__ import annotations
 
+import builtins
 import random
 
 import attrs
@@ -208,7 +209,7 @@ class SimulatedChunkStorage(ChunkStorage):
         self._chunk(name)
         del self._chunks[name]
 
-    async def list(self, prefix: str = "") -> list[str]:
+    async def list(self, prefix: str = "") -> builtins.list[str]:
         self._check_open()
         check_chunk_prefix(prefix)
         await self._reach_medium(f"list {prefix!r}")

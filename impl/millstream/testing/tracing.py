@@ -11,6 +11,8 @@ __all__ = ["TraceEvent", "TraceRecorder"]
 
 @attrs.frozen
 class TraceEvent:
+    """One recorded event: the spec action it corresponds to and its fields."""
+
     action: str
     fields: dict[str, Any] = attrs.field(factory=dict, hash=False)
 
