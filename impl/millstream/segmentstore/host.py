@@ -122,6 +122,9 @@ class ContainerHost:
             storage_settings=self._storage_settings, **self._container_options)  # type: ignore[arg-type]
         await container.start()
         self._container = container
+        restart = self.restarts + (1 if self._task is not None else 0)  # (the watcher counts it once started)
+        log.info("container %d recovered and serving%s", self.container_id,
+                 f" (restart {restart})" if restart else "", extra={"container": self.container_id, "restart": restart})
         return container
 
     async def _watch(self, container: SegmentContainer) -> None:
