@@ -65,7 +65,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar
 
 from millstream import limits
-from millstream.auth import exposure_warnings
+from millstream.auth import exposure_warnings, is_loopback_host
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
 from millstream.errors import (
     DataDirectoryInUseError,
@@ -353,6 +353,9 @@ class Node:
         for warning in exposure_warnings(self.config.host, auth=self._auth_secret is not None,
                                          tls=self._ssl_context is not None):
             log.warning("%s", warning)
+        if self.metrics_endpoint is not None and not is_loopback_host(self._metrics_host):
+            log.warning("metrics and health on %s (not loopback): they need no token, and name segments and "
+                        "streams to anyone who can reach that port", self.metrics_endpoint.url)
         assert self.server is not None
         for container_id in sorted(self.config.containers):
             self.server.container_host(container_id).stopped.add_done_callback(self._on_container_stopped)

@@ -159,3 +159,39 @@ def test_the_endpoint_answers_while_containers_recover_at_start() -> None:
             await server.stop()
             await endpoint.stop()
     run(scenario)
+
+
+def test_a_container_whose_tier_two_lags_is_reported_throttled() -> None:
+    async def scenario() -> None:
+        import random
+
+        from millstream.segmentstore.container import StorageSettings
+        from millstream.testing.simulated_chunk_storage import SimulatedChunkStorage
+
+        clock = ManualClock()
+        chunk_storage = SimulatedChunkStorage(clock=clock, rng=random.Random(5))
+        chunk_storage.fail_writes()  # Tier 2 is unavailable: nothing acknowledged can be flushed
+        storage = SimulatedLogStorage()
+        server = SegmentStoreServer(lambda _: SimulatedDurableDataLog(storage), config=ServerConfig(container_count=1),
+                                    clock=clock, chunk_storage=chunk_storage,
+                                    storage_settings=StorageSettings(unflushed_bytes_max=64))
+        endpoint = MetricsEndpoint(NodeMetrics(lambda: server), lambda: node_health(server))
+        await endpoint.start()
+        await server.start()
+        try:
+            container = server.container_host(0).container
+            await container.create_segment("s")
+            assert not node_health(server).containers[0].throttled
+            await container.append("s", b"x" * 100)  # beyond the unflushed bytes allowed: the next would wait
+            health = node_health(server)
+            assert health.containers[0].throttled and health.ready  # throttled is slow, not down
+            status, text = await get(endpoint.port, "/status")
+            assert status == 200 and json.loads(text)["containers"][0]["throttled"] is True
+            _, exposition = await get(endpoint.port, "/metrics")
+            assert 'millstream_throttling{container="0"} 1.0' in exposition
+            assert 'millstream_tier2_unflushed_bytes{container="0"} 100.0' in exposition
+        finally:
+            chunk_storage.heal()
+            await server.stop()
+            await endpoint.stop()
+    run(scenario)

@@ -227,3 +227,16 @@ Families = dict[str, tuple[str, tuple[str, ...]]]
 
 async def _collect(read: Callable[[], Families]) -> Families:
     return read()  # on the node's loop, as a scrape is
+
+
+def test_metrics_beyond_loopback_warn_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="millstream.standalone"), \
+            ms.standalone(tmp_path / "a", metrics_port=0, metrics_host="0.0.0.0"):
+        pass
+    assert any("metrics and health on http://0.0.0.0:" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="millstream.standalone"), ms.standalone(tmp_path / "b", metrics_port=0):
+        pass
+    assert not [record for record in caplog.records if "metrics" in record.getMessage()]
+    with pytest.raises(ms.errors.InvalidArgumentError, match="metrics_port"):
+        ms.standalone(tmp_path / "c", metrics_port=70000)
