@@ -309,3 +309,35 @@ def test_node_status_names_a_fenced_container_and_exits_1() -> None:
             assert "not ready: container 0 is fenced: " in result.stderr
             await usurper.stop()
     run(scenario)
+
+
+# --- docstring examples ------------------------------------------------------------------------------------
+
+
+def _docstring_example(function: Any) -> str:
+    """The indented block after the ``::`` of ``function``'s docstring, dedented."""
+    import textwrap
+
+    doc = function.__doc__
+    assert doc is not None and "::\n" in doc
+    block = doc.split("::\n", 1)[1].strip("\n")
+    return textwrap.dedent(block.split('"""')[0])
+
+
+def test_the_docstring_examples_of_standalone_and_config_connect_run(tmp_path: Path) -> None:
+    import millstream
+
+    example = _docstring_example(millstream.standalone).replace('"./data"', repr(str(tmp_path / "data")))
+    script = tmp_path / "standalone_example.py"
+    script.write_text("import millstream\n" + example)
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics\n", done.stdout), done.stderr
+    with millstream.standalone(tmp_path / "node") as node:
+        (tmp_path / "client.toml").write_text(f'[client]\nuri = "{node.uri}"\n')
+        with millstream.connect(node.uri) as client:
+            client.stream_manager().create_scope("docs")
+        script = tmp_path / "connect_example.py"
+        script.write_text("import millstream.config\n" + _docstring_example(millstream.config.connect))
+        done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "MILLSTREAM_CONFIG": str(tmp_path / "client.toml")})
+        assert done.returncode == 0 and "docs" in done.stdout, done.stderr
