@@ -55,18 +55,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+#: The handler ``configure_logging`` installed last (replaced by the next call; others' are left alone).
+_installed: list[logging.Handler] = []
+
+
 def configure_logging(level: str = "info", log_format: str = "text", quiet: bool = False) -> None:
     """Send the root logger's records of ``level`` and above (``warning`` with ``quiet``) to stderr in
-    ``log_format``, replacing whatever handlers it had."""
+    ``log_format`` (replacing the handler an earlier call installed; handlers others installed stay)."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    while _installed:
+        root.removeHandler(_installed.pop())
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
+    _installed.append(handler)
     effective = "warning" if quiet and LOG_LEVELS.index(level) < LOG_LEVELS.index("warning") else level
     root.setLevel(effective.upper())
 

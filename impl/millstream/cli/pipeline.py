@@ -101,7 +101,6 @@ def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpo
     written once), or, with --trigger available-now, once it has caught up.  A query that fails
     prints `failed {"error": ...}` and exits with status 1.  Spark's own logs go to stderr.
     """
-    configure_logging(log_level, log_format, quiet)
     _need_spark()
     from millstream.errors import InvalidArgumentError
     from millstream.spark.pipeline import PipelineConfig, run
@@ -115,6 +114,7 @@ def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpo
             state_memory_mb=state_memory_mb, shuffle_partitions=shuffle_partitions, master=master)
     except InvalidArgumentError as error:
         raise click.UsageError(str(error)) from None
+    configure_logging(log_level, log_format, quiet)
     sys.exit(run(config))
 
 
@@ -210,7 +210,6 @@ def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int,
     Exit status 0 and PASS when every expected row is in iot/alerts exactly once; 1 and FAIL
     otherwise.  Needs the spark extra and Java: python3 -m pip install ".[spark]".
     """
-    configure_logging(log_level, log_format, quiet)
     _need_spark()
     from millstream.errors import InvalidArgumentError
     from millstream.spark.demo import DemoConfig, DemoError
@@ -222,6 +221,7 @@ def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int,
                             keep_data=keep_data, spark_master=spark_master)
     except InvalidArgumentError as error:
         raise click.UsageError(str(error)) from None
+    configure_logging(log_level, log_format, quiet)
     try:
         status = demo_main(config, out=_echo)
     except (DemoError, InvalidArgumentError) as error:

@@ -280,7 +280,6 @@ def _serve_node(data_dir: Path, container_count: int | None, options: dict[str, 
     from millstream.errors import InvalidArgumentError
     from millstream.standalone import Node
 
-    configure_logging(options["log_level"], options["log_format"], options["quiet"])
     secret, ssl_context = _load_security(options["auth_secret_file"], options["tls_cert_file"],
                                          options["tls_key_file"], "--auth-secret-file/--tls-cert/--tls-key")
     try:
@@ -289,4 +288,5 @@ def _serve_node(data_dir: Path, container_count: int | None, options: dict[str, 
                     metrics_port=options["metrics_port"], metrics_host=options["metrics_host"])
     except InvalidArgumentError as error:
         raise click.BadParameter(str(error)) from error
+    configure_logging(options["log_level"], options["log_format"], options["quiet"])
     _run_node(node, data_dir, options["quiet"], options["log_format"] == "json")
