@@ -18,7 +18,13 @@ __all__ = ["node"]
 
 @main.group(short_help="Ask a running node how it is (through its metrics port).")
 def node() -> None:
-    """Ask a running node about itself, through the metrics port it serves with --metrics-port."""
+    """Ask a running node about itself, through the metrics port it serves with --metrics-port.
+
+    \b
+    Example:
+      millstream standalone --data-dir ./data --metrics-port 9091 &
+      millstream node status --metrics-url http://127.0.0.1:9091
+    """
 
 
 @node.command(short_help="Whether the node is ready; which containers recover, are fenced or throttled.")
