@@ -794,3 +794,29 @@ STABLE_WRITER_SEQUENCE_LIMIT: Final = 2**63
 #: (every segment of the stream from its head, to learn its deduplication floors): one request each,
 #: so a stream with a long history starts in a few round trips without flooding its segment stores.
 STABLE_WRITER_ATTRIBUTE_READS_CONCURRENT_MAX: Final = 16
+
+# --- Metrics and health (millstream.metrics, millstream.health: issue 25, items 1 and 2) ------------
+
+#: Segments whose append totals the metrics keep (per segment: bytes, events, blocks since the node
+#: started).  Segment names are chosen by clients, so this bounds memory whatever they create; a
+#: segment beyond it counts in its container's totals only, and deleted segments are forgotten.
+METRICS_SEGMENTS_TRACKED_MAX: Final = 10_000
+
+#: Per-segment series in one scrape: the segments with the most bytes appended.  Prometheus keeps
+#: every series it ever saw for its retention; a hundred per node is what a dashboard can show.
+METRICS_SEGMENT_SERIES_MAX: Final = 100
+
+#: Readers' positions the server remembers for reader lag (one per connection and segment read, the
+#: end of its last read); beyond it new positions are not tracked until some are forgotten (their
+#: connection closed).  A reader reads a few segments; 10,000 covers thousands of readers.
+METRICS_READ_POSITIONS_MAX: Final = 10_000
+
+#: The metrics endpoint (``/metrics``, ``/healthz``, ``/readyz``, ``/status``): its HTTP request head,
+#: connections at once, and how long a client may take to send its request.  It serves monitoring
+#: systems, a few at a time, whose requests are one short line and a few headers.
+METRICS_REQUEST_HEAD_BYTES_MAX: Final = 8 * KIB
+METRICS_CONNECTIONS_MAX: Final = 64
+METRICS_REQUEST_TIMEOUT_SECONDS: Final = 10.0
+
+#: How long ``millstream node status`` waits for the endpoint's answer.
+NODE_STATUS_TIMEOUT_SECONDS: Final = 10.0

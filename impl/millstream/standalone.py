@@ -9,6 +9,12 @@ that owns only some containers hosts no controller by default (it could not reac
 Adding a service means adding it to ``Node._build_services``: each is an object with
 ``async start()`` and ``async stop()``.
 
+Metrics and health (``metrics_port``, off by default).  The node then measures its Tier-1 logs and
+its controller's requests (``millstream.metrics``) and runs one more service, first of all:
+``millstream.health.MetricsEndpoint``, serving ``/metrics``, ``/healthz``, ``/readyz`` and
+``/status`` over HTTP on ``metrics_host`` (loopback by default) -- started before the containers
+recover, so that readiness says so while they do.
+
 ``standalone(data_dir)`` runs a ``Node`` on its own event loop in a background thread and returns a
 ``StandaloneNode`` handle once it listens: use it as a context manager, or call ``close()``.
 ``millstream standalone`` runs the same ``Node`` on the main thread's loop until SIGINT/SIGTERM.
@@ -59,7 +65,7 @@ from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar
 
 from millstream import limits
-from millstream.auth import exposure_warnings
+from millstream.auth import exposure_warnings, is_loopback_host
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
 from millstream.errors import (
     DataDirectoryInUseError,
@@ -68,7 +74,10 @@ from millstream.errors import (
     ObjectClosedError,
     StorageError,
 )
+from millstream.health import MetricsEndpoint, NodeHealth, node_health
+from millstream.metrics import NodeMetrics
 from millstream.segmentstore.container import StorageSettings
+from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
 from millstream.segmentstore.file_log import FileLog
 from millstream.server import SegmentStoreServer, ServerConfig
@@ -179,16 +188,19 @@ class _ChunkStorageService:
 class _ControllerService:
     """The controller, over the node's own segment store; serves ``ControllerRequest``s on its port."""
 
-    def __init__(self, server: SegmentStoreServer, config: ControllerConfig | None) -> None:
+    def __init__(self, server: SegmentStoreServer, config: ControllerConfig | None,
+                 metrics: NodeMetrics | None = None) -> None:
         self._server = server
         self._config = config
+        self._metrics = metrics
         self.controller: Controller | None = None
 
     async def start(self) -> None:
         controller = Controller(LocalSegmentStore(self._server), clock=self._server.clock, config=self._config)
         await controller.start()
         self.controller = controller
-        self._server.attach_controller(ControllerRpc(controller, self._server.authorizer))
+        endpoint = ControllerRpc(controller, self._server.authorizer)
+        self._server.attach_controller(endpoint if self._metrics is None else self._metrics.meter_controller(endpoint))
 
     async def stop(self) -> None:
         self._server.attach_controller(None)
@@ -242,7 +254,8 @@ class Node:
     ``container_count`` (default: what ``data_dir`` was created with, else ``CONTAINER_COUNT_DEFAULT``),
     ``owned_containers`` (default: all) and the other options go to the ``SegmentStoreServer``.
     ``controller``: host the controller (default: when the node owns every container);
-    ``controller_config`` tunes it (tests)."""
+    ``controller_config`` tunes it (tests).  ``metrics_port`` (None: off; 0: a free port) serves
+    metrics and health on ``metrics_host`` (see the module docstring)."""
 
     def __init__(
         self,
@@ -258,8 +271,17 @@ class Node:
         config: ServerConfig | None = None,
         controller: bool | None = None,
         controller_config: ControllerConfig | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.data_dir = Path(data_dir)
+        if metrics_port is not None and (type(metrics_port) is not int or not 0 <= metrics_port <= 65535):
+            raise InvalidArgumentError(f"metrics_port must be a port number (0 to 65535) or None, not {metrics_port!r}")
+        #: The node's metrics (None: it serves none).
+        self.metrics = None if metrics_port is None else NodeMetrics(lambda: self.server)
+        self._metrics_host = metrics_host
+        self._metrics_port = metrics_port
+        self.metrics_endpoint: MetricsEndpoint | None = None
         if config is None:
             if container_count is None:
                 container_count = recorded_container_count(self.data_dir) or CONTAINER_COUNT_DEFAULT
@@ -284,8 +306,9 @@ class Node:
         #: its restarts exhausted) while the node runs; never while it stops normally.
         self.failed: asyncio.Future[BaseException] | None = None
 
-    def _open_log(self, container_id: int) -> FileLog:
-        return FileLog(self.data_dir / "tier1" / f"container-{container_id}")
+    def _open_log(self, container_id: int) -> DurableDataLog:
+        log = FileLog(self.data_dir / "tier1" / f"container-{container_id}")
+        return log if self.metrics is None else self.metrics.meter_log(container_id, log)
 
     def _build_services(self) -> list[Service]:
         """The node's services in start order (add new ones here)."""
@@ -294,10 +317,17 @@ class Node:
                                          storage_settings=self._storage_settings, ssl_context=self._ssl_context,
                                          auth_secret=self._auth_secret)
         # Stopped in reverse: the controller before the server it uses, the server (and its
-        # containers) before the storage they write to.
-        services: list[Service] = [_ChunkStorageService(chunk_storage), self.server]
+        # containers) before the storage they write to; the metrics endpoint first and last, so it
+        # answers (not ready) while containers recover and while the node stops.
+        services: list[Service] = []
+        if self.metrics is not None:
+            self.server.enable_metrics(self.metrics.observe_append)
+            self.metrics_endpoint = MetricsEndpoint(self.metrics, self.health, host=self._metrics_host,
+                                                    port=self._metrics_port or 0)
+            services.append(self.metrics_endpoint)
+        services += [_ChunkStorageService(chunk_storage), self.server]
         if self._host_controller:
-            self._controller_service = _ControllerService(self.server, self._controller_config)
+            self._controller_service = _ControllerService(self.server, self._controller_config, self.metrics)
             services.append(self._controller_service)
         return services
 
@@ -323,6 +353,9 @@ class Node:
         for warning in exposure_warnings(self.config.host, auth=self._auth_secret is not None,
                                          tls=self._ssl_context is not None):
             log.warning("%s", warning)
+        if self.metrics_endpoint is not None and not is_loopback_host(self._metrics_host):
+            log.warning("metrics and health on %s (not loopback): they need no token, and name segments and "
+                        "streams to anyone who can reach that port", self.metrics_endpoint.url)
         assert self.server is not None
         for container_id in sorted(self.config.containers):
             self.server.container_host(container_id).stopped.add_done_callback(self._on_container_stopped)
@@ -347,6 +380,16 @@ class Node:
                     log.exception("stopping %s failed", type(service).__name__)
         finally:
             self._lock.release()
+
+    def health(self) -> NodeHealth:
+        """The node's health now (``millstream.health.node_health``)."""
+        failure = self.failed.result() if self.failed is not None and self.failed.done() else None
+        return node_health(self.server, failure)
+
+    @property
+    def metrics_url(self) -> str:
+        """``http://host:port`` of the metrics endpoint ("" if it serves none, or before ``start``)."""
+        return "" if self.metrics_endpoint is None or not self.metrics_endpoint.port else self.metrics_endpoint.url
 
     @property
     def host(self) -> str:
@@ -455,6 +498,11 @@ class StandaloneNode:
         return self.node.data_dir
 
     @property
+    def metrics_url(self) -> str:
+        """Where the node serves metrics and health (``http://127.0.0.1:PORT``; "" without ``metrics_port``)."""
+        return self.node.metrics_url
+
+    @property
     def server(self) -> SegmentStoreServer:
         """The segment store (touch it only on the node's loop: see ``run``)."""
         self._check_serving()
@@ -535,6 +583,8 @@ def standalone(
     ssl_context: ssl.SSLContext | None = None,
     storage_settings: StorageSettings | None = None,
     start_timeout_seconds: float = NODE_START_TIMEOUT_SECONDS,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> StandaloneNode:
     """Start a full node on ``data_dir`` in a background thread; return its handle once it listens.
 
@@ -543,9 +593,16 @@ def standalone(
     else ``CONTAINER_COUNT_DEFAULT`` (one).  Raises ``InvalidArgumentError`` for a bad option or a
     data directory made with another container count, ``DataDirectoryInUseError`` if another node
     runs on ``data_dir``, the storage's error if recovery fails, and ``TimeoutError`` if the node does
-    not listen within ``start_timeout_seconds``."""
+    not listen within ``start_timeout_seconds``.
+
+    ``metrics_port`` (default None: off; 0 picks a free port) serves Prometheus metrics and health
+    checks over HTTP on ``metrics_host`` (loopback by default): ``node.metrics_url`` says where::
+
+        with millstream.standalone("./data", metrics_port=0) as node:
+            print(node.metrics_url + "/metrics")"""
     node = Node(data_dir, host=host, port=port, container_count=container_count, auth_secret=auth_secret,
-                ssl_context=ssl_context, storage_settings=storage_settings)
+                ssl_context=ssl_context, storage_settings=storage_settings, metrics_port=metrics_port,
+                metrics_host=metrics_host)
     handle = StandaloneNode(node)
     handle._start(start_timeout_seconds)
     return handle

@@ -56,17 +56,21 @@ class _BudgetType(click.ParamType):  # type: ignore[type-arg]  # (generic only i
 
 
 def _connection_options(command: F) -> F:
-    """--uri, --token and --tls-ca, shared by every command here."""
+    """--uri, --token and --tls-ca, shared by every command here.  Each comes from the command line,
+    else its MILLSTREAM_* variable, else the [client] table of $MILLSTREAM_CONFIG (``file_default``)."""
+    from millstream.cli._client_config import file_default
+
     command = click.option(
-        "--tls-ca", "tls_ca", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-        envvar="MILLSTREAM_TLS_CA", show_envvar=True,
+        "--tls-ca", "tls_ca", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        default=file_default("tls_ca", None), envvar="MILLSTREAM_TLS_CA", show_envvar=True,
         help="Use TLS and trust the server's certificate if this CA file (PEM) signed it.  "
              "(A tls:// URI without it trusts the system's CAs.)")(command)
     command = click.option(
-        "--token", envvar="MILLSTREAM_TOKEN", default="", show_envvar=True,
+        "--token", envvar="MILLSTREAM_TOKEN", default=file_default("token", ""), show_envvar=True,
         help="Access token for a server that checks tokens (issue one with `millstream token issue`).")(command)
     command = click.option(
-        "--uri", envvar="MILLSTREAM_URI", default=_DEFAULT_URI, show_default=True, show_envvar=True,
+        "--uri", envvar="MILLSTREAM_URI", default=file_default("uri", _DEFAULT_URI), show_default=_DEFAULT_URI,
+        show_envvar=True,
         help="The server: tcp://HOST:PORT or tls://HOST:PORT, as `millstream standalone` prints it.")(command)
     return command
 

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from millstream.cli._group import main
+from millstream.cli._logging import configure_logging, report_logging_options
 
 __all__ = ["demo", "pipeline"]
 
@@ -87,10 +88,11 @@ def pipeline() -> None:
 @click.option("--spark-master", "--master", "master", default="local[2]", show_default=True, metavar="URL",
               help="The Spark master: local[N], or a standalone cluster's spark://HOST:PORT (its executors must "
                    "reach --controller over TCP and import millstream; each gets one core and 512 MiB).")
+@report_logging_options
 def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpoint: Path, window_seconds: int,
                  watermark_delay_seconds: int, alert_threshold: Decimal, alert_readings: int, trigger: str,
                  interval: float, max_rows_per_batch: int | None, state_memory_mb: int, shuffle_partitions: int,
-                 master: str) -> None:
+                 master: str, log_level: str, log_format: str, quiet: bool) -> None:
     """Run the reference pipeline (millstream.spark.pipeline) from --input to --output.
 
     It prints one `started {...}` line, then one `progress {...}` line of JSON per micro-batch
@@ -112,6 +114,7 @@ def pipeline_run(controller: str, input_stream: str, output_stream: str, checkpo
             state_memory_mb=state_memory_mb, shuffle_partitions=shuffle_partitions, master=master)
     except InvalidArgumentError as error:
         raise click.UsageError(str(error)) from None
+    configure_logging(log_level, log_format, quiet)
     sys.exit(run(config))
 
 
@@ -189,8 +192,10 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
 @click.option("--spark-master", default="local[2]", show_default=True, metavar="URL",
               help="Where the pipeline runs: local[N], or a Spark standalone cluster's spark://HOST:PORT (its "
                    "executors reach the demo's store on this machine's loopback, so the cluster runs here too).")
+@report_logging_options
 def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int, kills: int,
-         min_write_seconds: float, max_write_seconds: float, keep_data: bool, spark_master: str) -> None:
+         min_write_seconds: float, max_write_seconds: float, keep_data: bool, spark_master: str,
+         log_level: str, log_format: str, quiet: bool) -> None:
     """Run the main job and check it, in a few minutes on a laptop.
 
     \b
@@ -216,6 +221,7 @@ def demo(data_dir: Path | None, seed: int, sensors: int, events_per_second: int,
                             keep_data=keep_data, spark_master=spark_master)
     except InvalidArgumentError as error:
         raise click.UsageError(str(error)) from None
+    configure_logging(log_level, log_format, quiet)
     try:
         status = demo_main(config, out=_echo)
     except (DemoError, InvalidArgumentError) as error:

@@ -1,4 +1,10 @@
-"""``millstream standalone`` and ``millstream serve``: run a node until SIGINT or SIGTERM."""
+"""``millstream standalone`` and ``millstream serve``: run a node until SIGINT or SIGTERM.
+
+Both take the same options, each also from a ``MILLSTREAM_*`` environment variable and from the
+configuration file ``--config`` (or ``MILLSTREAM_CONFIG``) names: ``millstream.config`` reads and
+checks the file, and its values become the click context's ``default_map``, so that click itself
+applies the precedence -- command line, then environment, then file, then the defaults.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,6 @@ import asyncio
 import logging
 import signal
 import sys
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,17 +19,30 @@ from typing import Any, TypeVar
 import click
 
 from millstream.cli._group import main
+from millstream.cli._logging import configure_logging, logging_options
+from millstream.config import CONFIG_ENVIRONMENT_VARIABLE, environment_variable
 
 __all__ = ["serve", "standalone"]
 
-_CONFIG_KEYS = {"data_dir", "host", "port", "container_count", "owned_containers", "auth_secret_file",
-                "tls_cert_file", "tls_key_file"}
+log = logging.getLogger("millstream.cli")
+
+#: ``millstream serve``'s container count for a data directory used for the first time (a cluster's
+#: nodes share containers out; ``millstream standalone`` uses ``standalone.CONTAINER_COUNT_DEFAULT``).
+_SERVE_CONTAINER_COUNT_DEFAULT = 4
 
 
-def _run_node(node: Any, data_dir: Path) -> None:
+def _run_node(node: Any, data_dir: Path, quiet: bool, json_logs: bool = False) -> None:
     """Start ``node``, print where it listens, serve until SIGINT/SIGTERM, then stop it gracefully.
     A node that stops serving on its own (a container fenced by another process, or corrupt) is
-    stopped at once and the command fails (exit status 1) naming the cause."""
+    stopped at once and the command fails (exit status 1) naming the cause.  ``quiet``: no progress
+    lines on stderr (the "listening on" line on stdout stays: scripts read it); ``json_logs``: they
+    are log records (stderr holds only JSON lines)."""
+
+    def progress(message: str) -> None:
+        if json_logs:
+            log.info("%s", message.removeprefix("millstream: "))
+        elif not quiet:
+            click.echo(message, err=True)
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
@@ -36,6 +54,9 @@ def _run_node(node: Any, data_dir: Path) -> None:
         try:
             click.echo(f"millstream standalone listening on {node.uri} (data in {data_dir})")
             sys.stdout.flush()
+            log.info("node started: serving %s, data in %s%s", node.uri, data_dir,
+                     f", metrics on {node.metrics_url}" if node.metrics_url else "",
+                     extra={"uri": node.uri, "data_dir": str(data_dir), "metrics_url": node.metrics_url})
             stopping = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait((stopping, node.failed), return_when=asyncio.FIRST_COMPLETED)
@@ -44,18 +65,17 @@ def _run_node(node: Any, data_dir: Path) -> None:
                 await asyncio.gather(stopping, return_exceptions=True)
             if node.failed.done():
                 failure = node.failed.result()
-                click.echo("millstream: the node stopped serving (see the ERROR above); shutting down ...",
-                           err=True)
+                progress("millstream: the node stopped serving (see the ERROR above); shutting down ...")
             else:
-                click.echo("millstream: shutting down (draining acknowledged work) ...", err=True)
+                progress("millstream: shutting down (draining acknowledged work) ...")
         finally:
             await node.stop()
+            log.info("node stopped: %s, data in %s", node.uri, data_dir,
+                     extra={"uri": node.uri, "data_dir": str(data_dir)})
         if failure is not None:
             raise click.ClickException(f"the node on {data_dir} stopped serving: {failure}")
-        click.echo("millstream: stopped", err=True)
+        progress("millstream: stopped")
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve())
     except Exception as error:
@@ -68,21 +88,83 @@ def _run_node(node: Any, data_dir: Path) -> None:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _security_options(command: F) -> F:
-    """--auth-secret-file, --tls-cert and --tls-key, shared by standalone and serve."""
+class _ContainerList(click.ParamType):  # type: ignore[type-arg]  # (generic only in click >= 8.2)
+    """Container ids: ``0,1,3`` on the command line or in the environment, ``[0, 1, 3]`` in a file."""
+
+    name = "ids"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> frozenset[int]:
+        if isinstance(value, frozenset):
+            return value
+        items = value if isinstance(value, list) else [item for item in str(value).split(",") if item.strip()]
+        try:
+            ids = frozenset(int(item) for item in items if not isinstance(item, bool))
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a list of container ids (e.g. 0,1)", param, ctx)
+        if len(ids) != len(items) or any(item < 0 for item in ids):
+            self.fail(f"{value!r} is not a list of distinct container ids (e.g. 0,1)", param, ctx)
+        return ids
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """``--config``'s callback (eager: before the other options): the file's node keys become the
+    context's ``default_map``, below the command line and the environment."""
+    if value is None:
+        return None
+    from millstream.config import read_config_file
+    from millstream.errors import InvalidArgumentError
+
+    try:
+        config = read_config_file(value)
+    except InvalidArgumentError as error:
+        raise click.BadParameter(str(error), ctx=ctx, param=param) from error
+    ctx.default_map = {**(ctx.default_map or {}), **config.node}
+    return value
+
+
+def _option(key: str, *declarations: str, **attributes: Any) -> Callable[[F], F]:
+    """A node option whose parameter is the configuration key ``key`` and whose variable is
+    ``MILLSTREAM_<KEY>``."""
+    return click.option(*declarations, key, envvar=environment_variable(key), show_envvar=True, **attributes)
+
+
+def _node_options(command: F) -> F:
+    """Every option of ``standalone`` and ``serve`` (but --data-dir), in the order --help lists them."""
     file = click.Path(dir_okay=False, path_type=Path)
-    command = click.option(
-        "--tls-key", type=file, default=None,
-        help="The private key of --tls-cert (PEM).")(command)
-    command = click.option(
-        "--tls-cert", type=file, default=None,
-        help="Serve TLS with this certificate (PEM; with --tls-key): clients connect to tls://HOST:PORT and "
-             "trust it with --tls-ca or MILLSTREAM_TLS_CA.")(command)
-    command = click.option(
-        "--auth-secret-file", type=file, default=None,
-        help="Check a token on every request: the file holds the secret (at least 16 bytes) that `millstream "
-             "token issue --secret-file` signs tokens with.")(command)
+    for decorate in reversed((
+        _option("host", "--host", default="127.0.0.1", show_default=True,
+                help="Address to bind.  The default keeps the node private to this machine."),
+        _option("port", "--port", type=click.IntRange(0, 65535), default=9090, show_default=True,
+                help="TCP port to listen on (0: pick a free one; the line printed at start says which)."),
+        _option("owned_containers", "--owned-containers", type=_ContainerList(), default=None,
+                help="The containers this node hosts, e.g. 0,1 (default: all); requests for the others are "
+                     "answered WrongHost, and a node that hosts only some hosts no controller."),
+        _option("auth_secret_file", "--auth-secret-file", type=file, default=None,
+                help="Check a token on every request: the file holds the secret (at least 16 bytes) that "
+                     "`millstream token issue --secret-file` signs tokens with."),
+        _option("tls_cert_file", "--tls-cert", type=file, default=None,
+                help="Serve TLS with this certificate (PEM; with --tls-key): clients connect to "
+                     "tls://HOST:PORT and trust it with --tls-ca or MILLSTREAM_TLS_CA."),
+        _option("tls_key_file", "--tls-key", type=file, default=None, help="The private key of --tls-cert (PEM)."),
+        _option("metrics_port", "--metrics-port", type=click.IntRange(0, 65535), default=None,
+                help="Serve Prometheus metrics and health checks over HTTP on this port (/metrics, /healthz, "
+                     "/readyz, /status; 0: a free one, logged at start).  [default: off]"),
+        _option("metrics_host", "--metrics-host", default="127.0.0.1", show_default=True,
+                help="Address the metrics port binds."),
+        logging_options,
+    )):
+        command = decorate(command)
     return command
+
+
+def _config_option(required: bool) -> Callable[[F], F]:
+    return click.option(
+        "--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        required=required, is_eager=True, expose_value=True, callback=_load_config,
+        envvar=CONFIG_ENVIRONMENT_VARIABLE, show_envvar=True,
+        help="A TOML file of these options (keys as in docs/configuration.md: data_dir, port, "
+             "metrics_port, ...; relative paths relative to the file).  The command line and the "
+             "environment take precedence over it.")
 
 
 def _load_security(secret_file: Path | None, tls_cert: Path | None, tls_key: Path | None,
@@ -113,19 +195,15 @@ def _load_security(secret_file: Path | None, tls_cert: Path | None, tls_key: Pat
 
 
 @main.command(short_help="Run a whole node on this machine, listening on loopback.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Where the node keeps everything (created if missing).  Starting again on the same "
-                   "directory recovers every segment.")
-@click.option("--port", type=click.IntRange(0, 65535), default=9090, show_default=True,
-              help="TCP port to listen on (0: pick a free one; the line printed at start says which).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind.  The default keeps the node private to this machine.")
-@click.option("--containers", "container_count", type=click.IntRange(1, 1024), default=None,
-              help="Segment containers (fixed for a data directory once it is first used).  [default: the "
-                   "data directory's count, else 1: one process gains nothing from more]")
-@_security_options
-def standalone(data_dir: Path, port: int, host: str, container_count: int | None, auth_secret_file: Path | None,
-               tls_cert: Path | None, tls_key: Path | None) -> None:
+@_config_option(required=False)
+@_option("data_dir", "--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+         help="Where the node keeps everything (created if missing).  Starting again on the same "
+              "directory recovers every segment.")
+@_option("container_count", "--containers", type=click.IntRange(1, 1024), default=None,
+         help="Segment containers (fixed for a data directory once it is first used).  [default: the "
+              "data directory's count, else 1: one process gains nothing from more]")
+@_node_options
+def standalone(config_path: Path | None, data_dir: Path, container_count: int | None, **options: Any) -> None:
     """Run a millstream node: the segment store with every container, on local files.
 
     It prints one line when it is ready,
@@ -138,46 +216,30 @@ def standalone(data_dir: Path, port: int, host: str, container_count: int | None
 
     With --auth-secret-file every request needs a token (`millstream token issue`); with --tls-cert
     and --tls-key it serves TLS.  Bound beyond loopback (--host) without them, it warns at start.
+    With --metrics-port it serves Prometheus metrics and health checks (`millstream node status`).
+
+    Every option can also come from a MILLSTREAM_* variable or a --config file; the command line
+    wins over the environment, which wins over the file.
 
     \b
     Examples:
       millstream standalone --data-dir ./data --port 9090
+      millstream standalone --data-dir ./data --metrics-port 9091 --log-format json
       millstream standalone --data-dir ./data --auth-secret-file secret --tls-cert node.pem --tls-key node.key
+      MILLSTREAM_PORT=9190 millstream standalone --config node.toml
     """
-    from millstream.standalone import Node
-
-    secret, ssl_context = _load_security(auth_secret_file, tls_cert, tls_key,
-                                         "--auth-secret-file/--tls-cert/--tls-key")
-    _run_node(Node(data_dir, host=host, port=port, container_count=container_count, auth_secret=secret,
-                   ssl_context=ssl_context), data_dir)
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        config = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise click.BadParameter(f"cannot read {path}: {error}", param_hint="--config") from error
-    unknown = set(config) - _CONFIG_KEYS
-    if unknown:
-        raise click.BadParameter(f"{path}: unknown keys {sorted(unknown)} (known: {sorted(_CONFIG_KEYS)})",
-                                 param_hint="--config")
-    if "data_dir" not in config:
-        raise click.BadParameter(f"{path}: data_dir is required", param_hint="--config")
-    return config
-
-
-def _relative(base: Path, value: Any, key: str) -> Path:
-    if not isinstance(value, str):
-        raise click.BadParameter(f"{key} must be a string path, not {value!r}", param_hint="--config")
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else base / path
+    _serve_node(data_dir, container_count, options)
 
 
 @main.command(short_help="Run a node as a configuration file describes it.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              required=True, help="A TOML file (see below).")
-@_security_options
-def serve(config_path: Path, auth_secret_file: Path | None, tls_cert: Path | None, tls_key: Path | None) -> None:
+@_config_option(required=True)
+@_option("data_dir", "--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+         help="Where the node keeps everything (usually the file's data_dir).")
+@_option("container_count", "--containers", type=click.IntRange(1, 1024), default=None,
+         help=f"Segment containers (fixed for a data directory once it is used).  [default: the data "
+              f"directory's count, else {_SERVE_CONTAINER_COUNT_DEFAULT}]")
+@_node_options
+def serve(config_path: Path, data_dir: Path, container_count: int | None, **options: Any) -> None:
     """Run a millstream node as described by a TOML file, until SIGINT or SIGTERM.
 
     \b
@@ -193,32 +255,38 @@ def serve(config_path: Path, auth_secret_file: Path | None, tls_cert: Path | Non
                                          `millstream token issue --secret-file`)
       tls_cert_file = "cert.pem"         turn on TLS (both files, PEM)
       tls_key_file = "key.pem"
+      metrics_port = 9091                serve metrics and health checks (default: off)
+      metrics_host = "127.0.0.1"
+      log_level = "info"                 debug, info, warning, error
+      log_format = "text"                text or json
+      quiet = false
+      [client]                           what clients read (MILLSTREAM_CONFIG=FILE):
+      uri = "tcp://127.0.0.1:9090"       uri, token, tls_ca, metrics_url
 
-    --auth-secret-file, --tls-cert and --tls-key do the same as those keys and take precedence
-    over them.  It prints the same "listening on" line as `millstream standalone`, warns as it does
-    when bound beyond loopback without authentication or TLS, and shuts down gracefully.
+    Every key is also an option below and a MILLSTREAM_<KEY> variable; the command line wins
+    over the environment, which wins over the file (docs/configuration.md).  It prints the same
+    "listening on" line as `millstream standalone`, warns as it does when bound beyond loopback
+    without authentication or TLS, and shuts down gracefully.
     """
+    from millstream.standalone import recorded_container_count
+
+    if container_count is None:
+        container_count = recorded_container_count(data_dir) or _SERVE_CONTAINER_COUNT_DEFAULT
+    _serve_node(data_dir, container_count, options)
+
+
+def _serve_node(data_dir: Path, container_count: int | None, options: dict[str, Any]) -> None:
+    """Check the options, configure logging, build the node and run it."""
+    from millstream.errors import InvalidArgumentError
     from millstream.standalone import Node
 
-    config = _read_config(config_path)
-    base = config_path.resolve().parent
-    data_dir = _relative(base, config["data_dir"], "data_dir")
-
-    def path(flag: Path | None, key: str) -> Path | None:
-        if flag is not None:
-            return flag
-        return _relative(base, config[key], key) if key in config else None
-    cert_from_flags = tls_cert is not None or tls_key is not None
-    secret, ssl_context = _load_security(
-        path(auth_secret_file, "auth_secret_file"),
-        tls_cert if cert_from_flags else path(None, "tls_cert_file"),
-        tls_key if cert_from_flags else path(None, "tls_key_file"),
-        "--auth-secret-file/--tls-cert/--tls-key" if auth_secret_file is not None or cert_from_flags else "--config")
-    from millstream.errors import InvalidArgumentError
+    secret, ssl_context = _load_security(options["auth_secret_file"], options["tls_cert_file"],
+                                         options["tls_key_file"], "--auth-secret-file/--tls-cert/--tls-key")
     try:
-        node = Node(data_dir, host=config.get("host", "127.0.0.1"), port=config.get("port", 9090),
-                    container_count=config.get("container_count", 4),
-                    owned_containers=config.get("owned_containers"), auth_secret=secret, ssl_context=ssl_context)
+        node = Node(data_dir, host=options["host"], port=options["port"], container_count=container_count,
+                    owned_containers=options["owned_containers"], auth_secret=secret, ssl_context=ssl_context,
+                    metrics_port=options["metrics_port"], metrics_host=options["metrics_host"])
     except InvalidArgumentError as error:
-        raise click.BadParameter(str(error), param_hint="--config") from error
-    _run_node(node, data_dir)
+        raise click.BadParameter(str(error)) from error
+    configure_logging(options["log_level"], options["log_format"], options["quiet"])
+    _run_node(node, data_dir, options["quiet"], options["log_format"] == "json")

@@ -93,6 +93,21 @@ class ContainerHost:
             raise ContainerUnavailableError(f"container {self.container_id} is restarting or stopped")
         return container
 
+    @property
+    def status(self) -> tuple[str, BaseException | None]:
+        """What the host is doing, for health checks: ``("running", None)``, ``("recovering", None)``
+        (a container replays its log: the first, or one restarting after a failure), ``("fenced",
+        cause)`` or ``("failed", cause)`` (stopped serving for good), or ``("stopped", None)``."""
+        if self.stopped.done():
+            cause = self.stopped.result()
+            if cause is None:
+                return "stopped", None
+            return ("fenced" if _is_fenced(cause) else "failed"), cause
+        container = self._container
+        if container is not None and container.state is ContainerState.RUNNING:
+            return "running", None
+        return "recovering", None
+
     async def start(self) -> SegmentContainer:
         """Start the first container (its errors propagate) and begin watching it."""
         if self._task is not None:
@@ -107,6 +122,9 @@ class ContainerHost:
             storage_settings=self._storage_settings, **self._container_options)  # type: ignore[arg-type]
         await container.start()
         self._container = container
+        restart = self.restarts + (1 if self._task is not None else 0)  # (the watcher counts it once started)
+        log.info("container %d recovered and serving%s", self.container_id,
+                 f" (restart {restart})" if restart else "", extra={"container": self.container_id, "restart": restart})
         return container
 
     async def _watch(self, container: SegmentContainer) -> None:

@@ -148,6 +148,12 @@ class StorageWriter(TierTwo):
         self.deleted_chunks = 0
         self.storage_failures = 0
 
+    @property
+    def oldest_unflushed_since(self) -> float | None:
+        """When (by the clock) the oldest acknowledged byte not yet in Tier 2 arrived; None if none
+        waits (the metrics' flush lag)."""
+        return min(self._dirty_since.values(), default=None)
+
     # --- lifecycle -----------------------------------------------------------------------------------
 
     def start(self, epoch: int) -> None:

@@ -160,6 +160,8 @@ class AppendRequests(ConnectionState):
         self._server.statistics.record(session.segment, len(data), count)  # (per block: auto-scaling's rates)
         charge = len(data) + self._config.append_overhead_bytes
         block = PendingBlock(request_id, last_event_number, data, expected_offset, charge)
+        if self._server.append_latency is not None:
+            block.arrived = self._clock.monotonic()
         self._charge(charge)
         if session.accept(block):
             self._submit(session, block)
@@ -226,6 +228,10 @@ class AppendRequests(ConnectionState):
         if error is None:
             assert offset is not None
             session.succeeded(block, offset)
+            if block.arrived >= 0.0:
+                observe = self._server.append_latency
+                if observe is not None:
+                    observe(container.container_id, self._clock.monotonic() - block.arrived)
         elif isinstance(error, BadAttributeUpdateError):
             session.failed(block, Failure.COMPARISON)
         elif isinstance(error, BadOffsetError):

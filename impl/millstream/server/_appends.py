@@ -132,8 +132,8 @@ class PendingBlock:
     """One block from its arrival until its reply is sent.  ``charge`` is what it counts against the
     in-flight limits (the connection releases it when the block is answered or dropped)."""
 
-    __slots__ = ("after_unfinished", "charge", "comparison", "data", "expected_offset", "last_event_number",
-                 "raw", "reply", "request_id", "state")
+    __slots__ = ("after_unfinished", "arrived", "charge", "comparison", "data", "expected_offset",
+                 "last_event_number", "raw", "reply", "request_id", "state")
 
     def __init__(self, request_id: int, last_event_number: int, data: bytes | memoryview,
                  expected_offset: int | None, charge: int, *, raw: bool = False) -> None:
@@ -149,6 +149,8 @@ class PendingBlock:
         self.after_unfinished = False  # a block before it was unfinished when it was submitted
         self.state = BlockState.HELD
         self.reply: Command | None = None
+        #: When it arrived, by the server's clock, if the node measures acknowledgement latency (else -1).
+        self.arrived = -1.0
 
     def move(self, state: BlockState) -> None:
         if state not in BLOCK_TRANSITIONS[self.state]:

@@ -104,6 +104,9 @@ class SegmentRequests(ConnectionState):
         except Exception as error:
             self._send(self._error_reply(command.request_id, command.segment, error, container))
             return
+        positions = self._server.read_positions
+        if positions is not None:  # (the node serves metrics: its reader lag)
+            positions.record(self, command.segment, result.offset + len(result.data))
         self._send(SegmentRead(command.request_id, command.segment, result.offset, result.at_tail,
                                result.end_of_segment, result.data))
 

@@ -30,7 +30,7 @@ from millstream.segmentstore.host import ContainerHost
 from millstream.server._config import FramePool, IngressBudget, ReceiveBudget, ServerConfig
 from millstream.server._connection import Connection
 from millstream.server._memory import trim_memory
-from millstream.server._stats import SegmentStatistics
+from millstream.server._stats import ReadPositions, SegmentStatistics
 from millstream.server._transient import TransientSegments
 
 __all__ = ["SERVER_LIFECYCLE", "ControllerEndpoint", "SegmentStoreServer", "ServerState"]
@@ -145,6 +145,40 @@ class SegmentStoreServer:
         self._closed_since_trim = 0
         #: Times they were (evidence for tests and operators).
         self.memory_trims = 0
+        #: Connections refused, by reason ("shutting_down", "connections_max", "per_address_max").
+        self.refused_connections: dict[str, int] = {}
+        #: Where readers' last reads ended (None: not tracked; ``enable_metrics`` turns it on).
+        self.read_positions: ReadPositions | None = None
+        #: Called with (container id, seconds from its arrival to its acknowledgement) for every append
+        #: block stored (None: not measured; ``enable_metrics`` sets it).
+        self.append_latency: Callable[[int, float], None] | None = None
+
+    def enable_metrics(self, append_latency: Callable[[int, float], None] | None = None) -> None:
+        """Keep what the node's metrics read beyond what the server keeps anyway: append totals for
+        each scrape (``statistics.drain_totals``), readers' positions (``reader_lag``) and, with
+        ``append_latency``, each append block's time to acknowledgement (one clock reading when it
+        arrives and one when it is stored: per block, never per event)."""
+        self.statistics.enable_totals()
+        if self.read_positions is None:
+            self.read_positions = ReadPositions()
+        self.append_latency = append_latency
+
+    def reader_lag(self) -> dict[int, tuple[int, int]]:
+        """Per container with tracked readers: ``(the largest lag in bytes, positions tracked)``, where a
+        reader's lag is its segment's length minus where its last read ended (segments that are gone
+        or whose container is not serving are skipped)."""
+        result: dict[int, tuple[int, int]] = {}
+        if self.read_positions is None:
+            return result
+        for segment, offset in self.read_positions.items():
+            try:
+                length = self.container_for(segment).get_info(segment).length
+            except MillstreamError:
+                continue
+            container_id = container_of(segment, self.config.container_count)
+            largest, count = result.get(container_id, (0, 0))
+            result[container_id] = (max(largest, length - offset), count + 1)
+        return result
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -372,15 +406,18 @@ class SegmentStoreServer:
         has ``config.connections_max`` connections open, or has ``config.connections_per_address_max``
         open from the connection's peer address."""
         address = connection.peer_address
+        reason: str | None
         if self._state is not ServerState.RUNNING:
-            refusal = "the server is shutting down"
+            reason, refusal = "shutting_down", "the server is shutting down"
         elif len(self._connections) >= self.config.connections_max:
-            refusal = f"{self.config.connections_max} connections are open"
+            reason, refusal = "connections_max", f"{self.config.connections_max} connections are open"
         elif self._per_address.get(address, 0) >= self.config.connections_per_address_max:
+            reason = "per_address_max"
             refusal = f"{self.config.connections_per_address_max} connections from {address} are open"
         else:
-            refusal = None
-        if refusal is not None:
+            reason = refusal = None
+        if reason is not None and refusal is not None:
+            self.refused_connections[reason] = self.refused_connections.get(reason, 0) + 1
             self.log.warning("refusing connection %s: %s", connection.peer, refusal)
             connection.close("refused")
             return
@@ -402,6 +439,8 @@ class SegmentStoreServer:
                 self._per_address.pop(address, None)
         self._connections.discard(connection)
         self._paused.discard(connection)
+        if self.read_positions is not None:
+            self.read_positions.forget(connection)
 
     def on_receive_released(self) -> None:
         """Bytes of partly received frames were given back: offer the room to the connections that
@@ -442,6 +481,8 @@ class SegmentStoreServer:
         for connection in self._connections:
             connection.check_invariants()
         self.statistics.check_invariants()
+        if self.read_positions is not None:
+            self.read_positions.check_invariants()
         self.transients.check_invariants()
         self.log.check_invariants()
 
