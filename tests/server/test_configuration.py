@@ -262,7 +262,7 @@ def test_node_status_says_ready_and_the_metrics_page_example_runs(tmp_path: Path
                    tmp_path)
     try:
         url = f"http://127.0.0.1:{metrics_port}"
-        commands = [line for block in _blocks(METRICS_DOCS, "") for line in block.splitlines()]
+        commands = [line for block in _blocks(METRICS_DOCS, "sh") for line in block.splitlines()]
         assert commands[0] == "millstream standalone --data-dir ./data --metrics-port 9091"
         for example in commands[1:]:
             command = example.replace("9091", str(metrics_port))
