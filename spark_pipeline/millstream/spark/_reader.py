@@ -120,9 +120,8 @@ def _resolve(session: StoreSession, option: CutOption, name: str) -> StreamCut |
     """A ``start``/``end`` option as a cut of the stream (None for ``latest`` as an end: no bound).
     A cut given as JSON is checked by the controller (``OptionError`` naming the option)."""
     if option.cut is not None:
-        controller = session.client.async_client.controller()
         try:
-            session.run(controller.check_stream_cut(session.options.scope, session.options.stream_name, option.cut))
+            session.client.stream_manager().check_cut(session.options.stream, option.cut)
         except InvalidStreamCutError as error:
             raise OptionError(name, f"is not a position of {session.options.stream} now ({error})") from None
         return option.cut
