@@ -13,7 +13,7 @@ and the decoder when pickled; each process opens its own client on first use (``
   bound (the tail, the ``end`` option, the available-now target) and lets ``_planning.plan_end``
   choose the end: successors enter at batch boundaries, admission control reads the events it must
   count (``_segment_io.measure``).
-* ``partitions(start, end)`` is ``get_segments_between(start, end)``: one partition per segment
+* ``partitions(start, end)`` is ``segments_between(start, end)``: one partition per segment
   range -- a pure function of the two cuts, so a replayed batch reads the same events.
 * ``read`` yields Arrow record batches (``_decoding``), each at most
   ``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows / ``SPARK_ARROW_BATCH_BYTES_MAX`` bytes.
