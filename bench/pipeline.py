@@ -625,7 +625,7 @@ def _sink_costs(uri: str) -> dict[str, dict[str, float]]:
                 begun = clock.monotonic()
                 pairs = [reading(batch * 1000 + task * SINK_COST_ROWS_PER_TASK + row)
                          for row in range(SINK_COST_ROWS_PER_TASK)]
-                appender = TransactionAppender(client, options.store.token)
+                appender = TransactionAppender(client)
                 router = StreamRouter(txn.info.transaction_segments)
                 for segment, part in route(pa.array([p for p, _ in pairs], type=pa.binary()),
                                            pa.array([k for _, k in pairs], type=pa.string()), router):

@@ -2,10 +2,11 @@
 
 Theory of operation.  A batch is the data between two stream cuts, ``start`` (the previous batch's
 end, from Spark's offset log) and ``end`` (what ``latestOffset`` chose, logged before the batch
-runs).  ``partitions(start, end)`` is a pure function of the two: the controller's
-``get_segments_between(start, end)`` lists every segment with bytes between them and the offsets to
-read, one partition per non-empty slice (``ranges_between``).  Spark re-runs a batch after a crash
-with the logged cuts, and the same cuts always give the same partitions and the same events.
+runs).  ``partitions(start, end)`` is a pure function of the two: the stream manager's
+``segments_between(start, end)`` (the controller's answer) lists every segment with bytes between
+them and the offsets to read, one partition per non-empty slice (``ranges_between``).  Spark
+re-runs a batch after a crash with the logged cuts, and the same cuts always give the same
+partitions and the same events.
 
 Per-key order across scaling is the planner's job (``plan_end``).  A routing key's events live in
 one segment per epoch; when a segment is sealed its keys continue in its successors.  Two
@@ -94,7 +95,7 @@ class SegmentView:
 
 
 def views_of(start: StreamCut, tail: StreamCut, bounded: Sequence[Sequence[SegmentSlice]]) -> dict[int, SegmentView]:
-    """Combine ``get_segments_between(start, bound)`` for each bound of this batch: the first must be
+    """Combine ``segments_between(start, bound)`` for each bound of this batch: the first must be
     the stream's ``tail`` (what is written now), the others further bounds (the ``end`` option, the
     target of an available-now query).  A segment may be read only as far as every bound allows, and
     not at all if a bound lies before it."""
@@ -207,7 +208,7 @@ def _check_measured(span: SegmentRange, offset: int, events: int, rows: int | No
 
 
 def ranges_between(stream: str, slices: Sequence[SegmentSlice]) -> list[SegmentRange]:
-    """The partitions of the batch whose slices (``get_segments_between(start, end)``) are
+    """The partitions of the batch whose slices (``segments_between(start, end)``) are
     ``slices``: one range per slice with bytes, in the controller's order (epoch, then key)."""
     ranges = []
     for piece in slices:

@@ -13,7 +13,7 @@ and the decoder when pickled; each process opens its own client on first use (``
   bound (the tail, the ``end`` option, the available-now target) and lets ``_planning.plan_end``
   choose the end: successors enter at batch boundaries, admission control reads the events it must
   count (``_segment_io.measure``).
-* ``partitions(start, end)`` is ``get_segments_between(start, end)``: one partition per segment
+* ``partitions(start, end)`` is ``segments_between(start, end)``: one partition per segment
   range -- a pure function of the two cuts, so a replayed batch reads the same events.
 * ``read`` yields Arrow record batches (``_decoding``), each at most
   ``limits.SPARK_ARROW_BATCH_ROWS_MAX`` rows / ``SPARK_ARROW_BATCH_BYTES_MAX`` bytes.
@@ -120,9 +120,8 @@ def _resolve(session: StoreSession, option: CutOption, name: str) -> StreamCut |
     """A ``start``/``end`` option as a cut of the stream (None for ``latest`` as an end: no bound).
     A cut given as JSON is checked by the controller (``OptionError`` naming the option)."""
     if option.cut is not None:
-        controller = session.client.async_client.controller()
         try:
-            session.run(controller.check_stream_cut(session.options.scope, session.options.stream_name, option.cut))
+            session.client.stream_manager().check_cut(session.options.stream, option.cut)
         except InvalidStreamCutError as error:
             raise OptionError(name, f"is not a position of {session.options.stream} now ({error})") from None
         return option.cut

@@ -50,13 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream import Client, limits
-from millstream.client import (
-    AsyncByteStreamWriter,
-    AsyncSegments,
-    ControllerSegmentLocator,
-    StreamRouter,
-    SystemRandomSource,
-)
+from millstream.client import AsyncByteStreamWriter, StreamRouter
 from millstream.errors import (
     InvalidStreamCutError,
     PayloadTooLargeError,
@@ -417,26 +411,17 @@ class TransactionAppender:
     returns once every byte is durable; ``close`` flushes and stops the pipelines (the transaction
     stays open: the driver commits it)."""
 
-    def __init__(self, client: Client, token: str) -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
-        self._token = token
         self._writers: dict[str, AsyncByteStreamWriter] = {}
-
-    async def _open(self, segment: str) -> AsyncByteStreamWriter:
-        core = self._client.async_client
-        locator = ControllerSegmentLocator(core.controller())
-        random = SystemRandomSource()
-        segments = AsyncSegments(pool=core.pool, locator=locator, token=self._token, rng=random)
-        # A transaction segment is created empty and this task is its only writer: it starts at 0.
-        return AsyncByteStreamWriter(segment, pool=core.pool, locator=locator, segments=segments, token=self._token,
-                                     config=core.config, rng=random, base_offset=0)
 
     def append(self, segment: str, data: bytes | pa.Buffer) -> None:
         """Queue ``data`` (whole frames) for ``segment``; waits only while too much is unacknowledged."""
         async def write() -> None:
             writer = self._writers.get(segment)
             if writer is None:
-                writer = self._writers[segment] = await self._open(segment)
+                # A transaction segment is created empty and this task is its only writer: it starts at 0.
+                writer = self._writers[segment] = self._client.async_client.segment_byte_writer(segment, base_offset=0)
             await writer.write(memoryview(data))
         self._client.run(write())
 

@@ -22,6 +22,7 @@ query should say.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import socket
 import threading
@@ -30,19 +31,16 @@ from typing import Any, TypeVar
 
 import millstream
 from millstream import limits
-from millstream.client import ReaderGroupConfig, SegmentSlice, StreamCut, parse_uri
-from millstream.errors import (
-    InvalidStreamCutError,
-    ReaderGroupExistsError,
-    ReaderGroupNotFoundError,
-    TruncatedDataError,
-)
+from millstream.client import ReaderGroup, ReaderGroupConfig, SegmentSlice, StreamCut, parse_uri
+from millstream.errors import InvalidStreamCutError, ReaderGroupNotFoundError, TruncatedDataError
 from millstream.spark._errors import OptionError
 from millstream.spark._options import StoreOptions
 
 __all__ = ["StoreSession", "check_reachable", "check_reachable_once", "close_shared_clients", "shared_client"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("millstream.spark")
 
 _clients: dict[tuple[str, str], tuple[int, millstream.Client]] = {}
 _clients_lock = threading.Lock()
@@ -111,6 +109,7 @@ class StoreSession:
     def __init__(self, options: StoreOptions) -> None:
         self.options = options
         self._client: millstream.Client | None = None
+        self._group: ReaderGroup | None = None  # the query's reader group, once registered (planner only)
 
     @property
     def client(self) -> millstream.Client:
@@ -122,11 +121,13 @@ class StoreSession:
         return self.client.run(coroutine)
 
     def close(self) -> None:
-        """Let go of the client (the process keeps it for the next session)."""
+        """Let go of the client (the process keeps it for the next session) and of the reader
+        group's handle."""
+        self._drop_group()
         self._client = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_client": None}
+        return {"options": self.options, "_client": None, "_group": None}
 
     # --- Stream cuts ---------------------------------------------------------------------------------
 
@@ -146,18 +147,19 @@ class StoreSession:
             raise OptionError(option, f"{name!r} does not exist ({error})") from None
 
     def between(self, start: StreamCut, end: StreamCut | None) -> list[SegmentSlice]:
-        """``get_segments_between(start, end)``; a start the stream's head has passed is
+        """The stream's ``segments_between(start, end)``; a start the stream's head has passed is
         ``TruncatedDataError`` (retention deleted what the query still had to read)."""
-        controller = self.client.async_client.controller()
+        manager = self.client.stream_manager()
+        stream = self.options.stream
         try:
-            return self.run(controller.get_segments_between(self.options.scope, self.options.stream_name, start, end))
+            return manager.segments_between(stream, start, end)
         except InvalidStreamCutError as error:
             head = self.head()
             try:
-                self.run(controller.check_stream_cut(self.options.scope, self.options.stream_name, start))
+                manager.check_cut(stream, start)
             except InvalidStreamCutError:
                 raise TruncatedDataError(
-                    f"the query's position in {self.options.stream} ({start.to_json()}) lies before the stream's "
+                    f"the query's position in {stream} ({start.to_json()}) lies before the stream's "
                     f"head ({head.to_json()}): retention or truncation deleted events the query had not read, and the "
                     "source does not skip them. Start a new query (a new checkpoint, option start=head) to go on "
                     "from the head") from None
@@ -167,26 +169,40 @@ class StoreSession:
 
     def register_group(self, scope: str, group: str) -> None:
         """Create reader group ``scope/group`` subscribing to the stream for consumption-based
-        retention, or check that the existing one reads it."""
-        controller = self.client.async_client.controller()
+        retention, or check that the existing one reads it; keep its handle for ``publish``."""
         config = ReaderGroupConfig([self.options.stream], automatic_checkpoint_seconds=0, retention="consumption")
-        try:
-            self.run(controller.create_reader_group(scope, group, config))
-            return
-        except ReaderGroupExistsError:
-            pass
-        except LookupError as error:  # the group's scope does not exist
-            raise OptionError("readerGroup", f"{scope}/{group}: {error}") from None
-        try:
-            info = self.run(controller.get_reader_group(scope, group))
-        except ReaderGroupNotFoundError:  # deleted meanwhile: create it again
-            self.run(controller.create_reader_group(scope, group, config))
-            return
-        if self.options.stream not in info.config.streams or info.config.retention != "consumption":
+        handle = None
+        for _ in range(2):  # a group deleted between its creation and its opening is created again
+            try:
+                handle = self.client.reader_group(f"{scope}/{group}", config=config)
+                break
+            except ReaderGroupNotFoundError:
+                continue
+            except LookupError as error:  # the group's scope does not exist
+                raise OptionError("readerGroup", f"{scope}/{group}: {error}") from None
+        if handle is None:
+            raise OptionError("readerGroup", f"reader group {scope}/{group} was deleted twice while the query "
+                                             "registered it; start the query again")
+        existing = handle.config()
+        if self.options.stream not in existing.streams or existing.retention != "consumption":
+            handle.close()
             raise OptionError("readerGroup", f"reader group {scope}/{group} exists and does not subscribe to "
                                              f"{self.options.stream} for consumption-based retention; name another")
+        self._drop_group()
+        self._group = handle
 
     def publish(self, scope: str, group: str, cut: StreamCut) -> None:
-        """Record ``cut`` as the group's subscriber cut of the stream."""
-        controller = self.client.async_client.controller()
-        self.run(controller.update_subscriber_cut(scope, group, self.options.stream, cut))
+        """Record ``cut`` as the group's subscriber cut of the stream (registering the group first if
+        this session has not)."""
+        if self._group is None or self._group.qualified_name != f"{scope}/{group}":
+            self.register_group(scope, group)
+        assert self._group is not None
+        self._group.update_retention_stream_cut({self.options.stream: cut})
+
+    def _drop_group(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            try:
+                group.close()
+            except Exception:  # a handle only; the group itself stays registered
+                _log.debug("closing the handle of reader group %s failed", group.qualified_name, exc_info=True)

@@ -316,7 +316,7 @@ class _SinkProtocol:
                         self._options.store.stream, lease_seconds=self._options.transaction_lease_seconds)
                     txn = writer.begin()
                     router = StreamRouter(txn.info.transaction_segments)
-                    appender = TransactionAppender(session.client, self._options.store.token)
+                    appender = TransactionAppender(session.client)
                 assert appender is not None
                 for segment, part in route(payloads, keys, router):
                     appender.append(segment, frame_events(part))

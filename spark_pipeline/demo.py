@@ -151,11 +151,10 @@ class DemoConfig:
 
 async def read_stream(client: AsyncClient, stream: str) -> list[bytes]:
     """Every event of ``stream`` from its head to its tail now, segment by segment in epoch order
-    (what ``get_segments_between`` lists), with the plain client -- no Spark involved."""
-    scope, name = split_stream_name(stream)
+    (what ``segments_between`` lists), with the plain client -- no Spark involved."""
     manager = client.stream_manager()
     tail = await manager.tail_cut(stream)
-    slices = await client.controller().get_segments_between(scope, name, None, tail)
+    slices = await manager.segments_between(stream, None, tail)
     events: list[bytes] = []
     for piece in slices:
         reader = client.segment_reader(piece.segment.name, offset=piece.start_offset)

@@ -177,6 +177,38 @@ def test_commit_publishes_the_cut_and_consumption_retention_truncates_below_it(n
         reader.stop()
 
 
+def test_a_reader_group_that_cannot_be_the_querys_is_an_error_naming_the_option(node: Any,
+                                                                                unique_stream: Any) -> None:
+    stream, other = unique_stream(1), unique_stream(1)
+    # A group of that name exists and subscribes to another stream: the query must not take it over.
+    with millstream.connect(node.uri) as client:
+        client.reader_group(f"{other.split('/')[0]}/taken", [other]).close()
+    reader = reader_for(node.uri, stream, JSON_SCHEMA, readerGroup=f"{other.split('/')[0]}/taken", **JSON_OPTIONS)
+    try:
+        with pytest.raises(OptionError, match=r"readerGroup.*does not subscribe"):
+            reader.initialOffset()
+    finally:
+        reader.stop()
+    # A group in a scope that does not exist.
+    reader = reader_for(node.uri, stream, JSON_SCHEMA, readerGroup="no-such-scope/g", **JSON_OPTIONS)
+    try:
+        with pytest.raises(OptionError, match=r"readerGroup.*no-such-scope/g"):
+            reader.initialOffset()
+    finally:
+        reader.stop()
+    # The same name again, once free of those: registered, and a second registration opens it.
+    for _ in range(2):
+        reader = reader_for(node.uri, stream, JSON_SCHEMA, readerGroup="mine", **JSON_OPTIONS)
+        try:
+            reader.initialOffset()
+        finally:
+            reader.stop()
+    with millstream.connect(node.uri) as client:
+        group = client.reader_group(f"{stream.split('/')[0]}/mine")
+        assert list(group.config().streams) == [stream] and group.config().retention == "consumption"
+        group.close()
+
+
 def test_reading_a_range_retention_deleted_is_an_error(node: Any, unique_stream: Any) -> None:
     stream = unique_stream(1)
     writer = KeyedWriter(node.uri, stream)

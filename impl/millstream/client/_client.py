@@ -72,6 +72,8 @@ class AsyncClient:
         # The controller shares the segment store's connection (the server it is pointed at hosts both).
         self._controller = ControllerClient(pool=self._pool, endpoint=self._endpoint, token=token)
         self._stream_manager = AsyncStreamManager(self._controller)
+        # Where a stream's segments are served, as the controller says (cached; shared by writers).
+        self._controller_locator = ControllerSegmentLocator(self._controller)
         self._writers: weakref.WeakSet[AsyncEventStreamWriter[Any]] = weakref.WeakSet()
         self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()
         self._reader_groups: weakref.WeakSet[AsyncReaderGroup] = weakref.WeakSet()
@@ -253,6 +255,25 @@ class AsyncClient:
         writer = await AsyncByteStreamWriter.open(target, controller=self._controller, pool=self._pool,
                                                   locator=self._locator, token=self._token, config=self._config,
                                                   rng=self._rng, **options)
+        self._byte_writers.add(writer)
+        return writer
+
+    def segment_byte_writer(self, segment: str, *, base_offset: int) -> AsyncByteStreamWriter:
+        """A writer of bytes the caller frames itself at the end of ``segment`` (found where the
+        controller says), which holds ``base_offset`` bytes now -- e.g. a stream transaction's
+        segment (a ``name`` in ``AsyncTransaction.info.transaction_segments``), created empty, that one
+        task fills with whole event frames (``millstream.spark``'s sink).  The caller must be the
+        segment's only writer: a byte appended meanwhile by anyone else fails the writer with
+        ``BadOffsetError``.  Unlike ``byte_stream_writer`` the segment keeps holding events: write
+        whole frames only."""
+        self._check_open()
+        if not isinstance(segment, str) or not segment:
+            raise InvalidArgumentError(f"segment is a segment's name (a non-empty str), not {segment!r}")
+        if not isinstance(base_offset, int) or isinstance(base_offset, bool) or base_offset < 0:
+            raise InvalidArgumentError(f"base_offset is a segment length (an int >= 0), not {base_offset!r}")
+        segments = AsyncSegments(pool=self._pool, locator=self._controller_locator, token=self._token, rng=self._rng)
+        writer = AsyncByteStreamWriter(segment, pool=self._pool, locator=self._controller_locator, segments=segments,
+                                       token=self._token, config=self._config, rng=self._rng, base_offset=base_offset)
         self._byte_writers.add(writer)
         return writer
 

@@ -196,6 +196,27 @@ class AsyncStreamManager:
         controller's clock, the Unix epoch by default), or the head if none."""
         return await self._controller.get_cut_at(*split_stream_name(stream), time)
 
+    # --- Ranges of a stream (what a bounded reader -- a batch job, a Spark micro-batch -- reads) ----
+
+    async def segments_between(self, stream: str, start: StreamCut | None = None,
+                               end: StreamCut | None = None) -> list[SegmentSlice]:
+        """Every segment with events between cut ``start`` (None: the head) and cut ``end`` (None: no
+        end), ordered by epoch then key: for each, the offsets to read between (``end_offset`` None:
+        the segment is still open and ``end`` does not bound it) and its predecessors in the same
+        range (read those first to keep each routing key's order).  Raises ``InvalidStreamCutError``
+        (a cut of another stream, one before the head, or ``end`` before ``start``)."""
+        for name, cut in (("start", start), ("end", end)):
+            if cut is not None and not isinstance(cut, StreamCut):
+                raise InvalidArgumentError(f"{name} must be a StreamCut or None, not {cut!r}")
+        return await self._controller.get_segments_between(*split_stream_name(stream), start, end)
+
+    async def check_cut(self, stream: str, cut: StreamCut) -> None:
+        """Return if ``cut`` is a position of ``stream`` now (a cut of it, at or after its head, each
+        offset where an event begins); else raise ``InvalidStreamCutError`` saying why."""
+        if not isinstance(cut, StreamCut):
+            raise InvalidArgumentError(f"cut must be a StreamCut, not {cut!r}")
+        await self._controller.check_stream_cut(*split_stream_name(stream), cut)
+
 
 class StreamManager:
     """Blocking administration of scopes and streams (see ``AsyncStreamManager`` for each method's
@@ -269,3 +290,11 @@ class StreamManager:
     def cut_at(self, stream: str, time: float) -> StreamCut:
         result: StreamCut = self._run(self._core.cut_at(stream, time))
         return result
+
+    def segments_between(self, stream: str, start: StreamCut | None = None,
+                         end: StreamCut | None = None) -> list[SegmentSlice]:
+        result: list[SegmentSlice] = self._run(self._core.segments_between(stream, start, end))
+        return result
+
+    def check_cut(self, stream: str, cut: StreamCut) -> None:
+        self._run(self._core.check_cut(stream, cut))
