@@ -297,6 +297,7 @@ class Node:
         # containers) before the storage they write to.
         services: list[Service] = [_ChunkStorageService(chunk_storage), self.server]
         if self._host_controller:
+            self.server.expect_controller()  # (requests before it has started wait for it)
             self._controller_service = _ControllerService(self.server, self._controller_config)
             services.append(self._controller_service)
         return services
