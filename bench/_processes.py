@@ -34,8 +34,13 @@ from typing import Final
 
 from bench.limits import BENCH_SERVER_START_TIMEOUT_SECONDS, BENCH_SERVER_STOP_TIMEOUT_SECONDS
 
-__all__ = ["ServerFailedError", "ServerProcess", "free_port", "module_environment", "process_cpu_seconds",
-           "process_disk_write_bytes"]
+__all__ = ["STANDALONE_READY", "ServerFailedError", "ServerProcess", "free_port", "module_environment",
+           "process_cpu_seconds", "process_disk_write_bytes"]
+
+#: ``millstream standalone`` is ready when the command says so on stdout, once every service has started
+#: (its port, in group 1).  The server's own log line "segment store listening on ..." comes earlier --
+#: before the controller has started -- and must not count.
+STANDALONE_READY: Final = r"(?m)^millstream standalone listening on tcp://127\.0\.0\.1:(\d+) "
 
 _POLL_SECONDS: Final = 0.05
 _LOG_TAIL_LINES: Final = 20

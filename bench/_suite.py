@@ -42,7 +42,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 import attrs
 
 from bench import limits as bench_limits
-from bench._processes import ServerProcess, module_environment, process_cpu_seconds
+from bench._processes import STANDALONE_READY, ServerProcess, module_environment, process_cpu_seconds
 from bench._system import CpuSample, CpuUsage
 from millstream.errors import InternalError
 
@@ -170,7 +170,7 @@ def standalone_server(workdir: Path) -> ServerProcess:
     command = [sys.executable, "-m", "bench._serve", "standalone", "--data-dir", str(data),
                "--port", "0"]
     return ServerProcess("millstream", command, port=0, log_path=workdir / "server.log",
-                         ready_pattern=r"listening on tcp://127\.0\.0\.1:(\d+)", environment=module_environment())
+                         ready_pattern=STANDALONE_READY, environment=module_environment())
 
 
 # --- progress -------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 
 from bench._keys import KeySpace
 from bench._load import Batch, BatchAcknowledgements, StepRecorder, send_time_of
-from bench._processes import ServerProcess, module_environment
+from bench._processes import STANDALONE_READY, ServerProcess, module_environment
 from bench.drivers._base import Availability, Consumer, Driver, Session
 from bench.limits import BENCH_CONSUMER_POLL_SECONDS, BENCH_DRIVER_CALL_TIMEOUT_SECONDS
 from bench.workload import Workload
@@ -77,7 +77,7 @@ class MillstreamDriver(Driver):
         if profile_path is not None:
             command[1:1] = ["-m", "cProfile", "-o", str(profile_path)]
         return ServerProcess(self.name, command, port=port, log_path=workdir / "server.log",
-                             ready_pattern=r"listening on tcp://", environment=module_environment(),
+                             ready_pattern=STANDALONE_READY, environment=module_environment(),
                              # SIGINT ends the server through KeyboardInterrupt, so cProfile writes its file.
                              stop_signal=signal.SIGINT if profile_path is not None else signal.SIGTERM)
 

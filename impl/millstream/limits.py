@@ -457,6 +457,12 @@ CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX: Final = 5.0
 #: to finish (one at a time per stream) before it fails with ``RequestTimeoutError``.
 CONTROLLER_STREAM_LOCK_WAIT_SECONDS: Final = 60.0
 
+#: A node that hosts its controller opens its port before the controller has started (it keeps its state
+#: in the node's own containers, which recover first): a ``ControllerRequest`` that comes meanwhile waits
+#: this long for it, then fails with the retryable ``ContainerUnavailableError``.  Recovery of a large
+#: metadata log takes seconds; a minute is far beyond it.
+CONTROLLER_START_WAIT_SECONDS: Final = 60.0
+
 #: A ``ControllerRequest`` body (JSON) larger than this is refused unparsed.
 CONTROLLER_REQUEST_BODY_BYTES_MAX: Final = 4 * MIB
 

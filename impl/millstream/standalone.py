@@ -327,6 +327,7 @@ class Node:
             services.append(self.metrics_endpoint)
         services += [_ChunkStorageService(chunk_storage), self.server]
         if self._host_controller:
+            self.server.expect_controller()  # (requests before it has started wait for it)
             self._controller_service = _ControllerService(self.server, self._controller_config, self.metrics)
             services.append(self._controller_service)
         return services

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import socket
 import statistics
 import sys
@@ -35,6 +36,7 @@ from bench._load import (
     send_time_of,
 )
 from bench._processes import (
+    STANDALONE_READY,
     ServerFailedError,
     ServerProcess,
     free_port,
@@ -827,6 +829,17 @@ def test_a_server_process_on_port_zero_takes_the_port_its_server_names(tmp_path:
         assert f"127.0.0.1:{server.port}" in (tmp_path / "log").read_text()
         with socket.create_connection(("127.0.0.1", server.port), timeout=10):
             pass
+
+
+def test_a_standalone_node_is_ready_when_the_command_says_so_not_when_its_port_opens() -> None:
+    """The server logs "segment store listening" before the node's controller has started; a driver
+    that began then was refused its first controller call (seen on loaded machines)."""
+    early = ("2026-11-26 21:45:58,160 INFO millstream.server: "
+             "segment store listening on tcp://127.0.0.1:36931 (containers [0] of 1)\n")
+    ready = "millstream standalone listening on tcp://127.0.0.1:36931 (data in /tmp/data)\n"
+    assert re.search(STANDALONE_READY, early) is None
+    found = re.search(STANDALONE_READY, early + ready)
+    assert found is not None and int(found.group(1)) == 36931
 
 
 def test_a_round_trip_to_an_echo_process_is_timed_and_its_cpu_counted_on_both_sides() -> None:

@@ -11,6 +11,7 @@ request that is merely wrong gets its typed reply (``_error_replies``) and the c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from millstream import limits
 from millstream.auth import SegmentOperation
 from millstream.errors import (
     BadAttributeUpdateError,
+    ContainerUnavailableError,
     InvalidArgumentError,
     StreamSegmentExistsError,
     StreamSegmentNotExistsError,
@@ -72,6 +74,11 @@ _REPLACE_IF_EQUALS = AttributeUpdateType.REPLACE_IF_EQUALS
 class SegmentRequests(ConnectionState):
     """Reads, administration and the controller: the ``Connection``'s methods for them (a mixin over
     its state)."""
+
+    @property
+    def requests_in_flight(self) -> int:
+        """This connection's requests being served (reads, administration, controller calls)."""
+        return self._requests
 
     def _request(self, coroutine: Coroutine[Any, Any, None], *, read_bytes: int = 0) -> None:
         self._requests += 1
@@ -271,6 +278,24 @@ class SegmentRequests(ConnectionState):
                          SegmentOperation.UPDATE_ATTRIBUTE)
 
     def _on_controller_request(self, command: ControllerRequest) -> None:
+        if self._server.controller is None and self._server.controller_expected:
+            self._request(self._controller_request_when_started(command))
+            return
+        self._dispatch_controller_request(command)
+
+    async def _controller_request_when_started(self, command: ControllerRequest) -> None:
+        """The node's controller is starting: serve ``command`` once it has (``expect_controller``); a
+        controller that does not start in time is a retryable ``ContainerUnavailableError``."""
+        try:
+            await asyncio.wait_for(self._server.controller_settled.wait(), limits.CONTROLLER_START_WAIT_SECONDS)
+        except TimeoutError:
+            self._send(self._error_reply(command.request_id, "", ContainerUnavailableError(
+                f"the node's controller has not started within {limits.CONTROLLER_START_WAIT_SECONDS:g} s")))
+            return
+        if not self._closing:
+            self._dispatch_controller_request(command)
+
+    def _dispatch_controller_request(self, command: ControllerRequest) -> None:
         controller = self._server.controller
         if controller is None or not controller.knows(command.method):
             what = "ControllerRequest" if controller is None else f"ControllerRequest {command.method[:100]!r}"

@@ -131,8 +131,12 @@ class SegmentStoreServer:
         #: Bytes and events appended per segment, counted per block; drained by the controller.
         self.statistics = SegmentStatistics()
         #: The controller this node hosts (``attach_controller``); without one, ``ControllerRequest``s
-        #: are answered ``OperationUnsupported``.
+        #: are answered ``OperationUnsupported`` -- unless one is expected (``expect_controller``): a
+        #: node that hosts its controller starts it after the containers it keeps its state in, while
+        #: the port is already open, and a request that comes meanwhile waits for it (bounded).
         self.controller: ControllerEndpoint | None = None
+        self.controller_expected = False
+        self.controller_settled = asyncio.Event()
         #: The transient segments of large events (``_transient``), swept on ``clock`` by ``_sweeper``.
         self.transients = TransientSegments(idle_seconds=self.config.transient_idle_seconds,
                                             grace_seconds=self.config.transient_disconnect_grace_seconds)
@@ -335,9 +339,17 @@ class SegmentStoreServer:
         (refused unless the server is running, and counted against ``connections_max``)."""
         return Connection(self)
 
+    def expect_controller(self) -> None:
+        """A controller will be attached once it has started: ``ControllerRequest``s that come before
+        wait for it (up to ``limits.CONTROLLER_START_WAIT_SECONDS``) instead of being refused."""
+        self.controller_expected = True
+
     def attach_controller(self, controller: ControllerEndpoint | None) -> None:
-        """Serve ``ControllerRequest``s with ``controller`` from now on (None: stop serving them)."""
+        """Serve ``ControllerRequest``s with ``controller`` from now on (None: stop serving them; the
+        requests waiting for an expected controller are then refused)."""
         self.controller = controller
+        self.controller_expected = False
+        self.controller_settled.set()
 
     # --- transient segments (large events) ----------------------------------------------------------------------
 
