@@ -250,9 +250,10 @@ class DurableLog:
                     finally:
                         self._idle = None
                     continue
-                if processor.in_flight_frames:  # (else the delay is zero: see batching_delay_seconds)
+                in_flight_frames = processor.in_flight_frames
+                if in_flight_frames:  # (else the delay is zero: see batching_delay_seconds)
                     delay = batching_delay_seconds(
-                        processor.in_flight_frames, self._statistics.latency_seconds, self._statistics.fill_ratio,
+                        in_flight_frames, self._statistics.latency_seconds, self._statistics.fill_ratio,
                         limits.BATCHING_DELAY_SECONDS_MAX)
                     if delay > 0.0:
                         await self._clock.sleep(delay)

@@ -34,8 +34,9 @@ path); the executor must carry them out in order.  An instruction list is the ma
 twice as much to build, and a lone appender builds two per operation.  Nothing changes them.)
 
 What the executor reads between actions: ``queue`` (the operations submitted and not processed yet),
-``in_flight_bytes`` and ``failure`` -- plain attributes rather than properties, because the executor
-reads them several times per frame; only the actions change them.
+``queue_full``, ``in_flight_bytes`` and ``failure`` -- plain attributes rather than properties,
+because the executor reads them several times per frame (``queue_full`` once per operation); only
+the actions change them.
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ class OperationProcessor:
         #: Operations submitted and not processed yet (read-only outside the processor).
         self.queue: deque[Operation] = deque()
         self._queue_bytes = 0
+        #: True while the queue holds ``queue_length_max`` operations or ``queue_bytes_max`` bytes
+        #: (read-only outside the processor; an attribute the actions keep, because every append asks).
+        self.queue_full = False
         self._queue_length_max = queue_length_max
         self._queue_bytes_max = queue_bytes_max
         self._active = ContainerMetadataUpdateTransaction(metadata, None)
@@ -203,11 +207,6 @@ class OperationProcessor:
         return len(self.queue)
 
     @property
-    def queue_full(self) -> bool:
-        """True while the queue holds ``queue_length_max`` operations or ``queue_bytes_max`` bytes."""
-        return len(self.queue) >= self._queue_length_max or self._queue_bytes >= self._queue_bytes_max
-
-    @property
     def in_flight_frames(self) -> int:
         """Frames handed to Tier 1 and not committed yet."""
         return len(self._in_flight)
@@ -248,11 +247,14 @@ class OperationProcessor:
         submits: see ``queue_full``).  Raises ``ContainerUnavailableError`` unless running."""
         if self.failure is not None or not self._recovered:
             raise ContainerUnavailableError("the container is not running") from self.failure
-        self.queue.append(operation)
+        queue = self.queue
+        queue.append(operation)
         if type(operation) is StreamSegmentAppendOperation:  # the hot path: skip the property lookup
             self._queue_bytes += len(operation.data)
         else:
             self._queue_bytes += operation.payload_length
+        if len(queue) >= self._queue_length_max or self._queue_bytes >= self._queue_bytes_max:
+            self.queue_full = True
         if self._tracing:
             self._trace_submit(operation)
             return self._take()
@@ -269,6 +271,8 @@ class OperationProcessor:
         # Appends are nearly every operation: they skip the ``payload_length`` and ``header`` dispatch.
         append = operation if type(operation) is StreamSegmentAppendOperation else None
         self._queue_bytes -= operation.payload_length if append is None else len(append.data)
+        if self.queue_full:
+            self.queue_full = len(self.queue) >= self._queue_length_max or self._queue_bytes >= self._queue_bytes_max
         try:
             self._active.pre_process(operation)
         except CallerError as error:
@@ -387,6 +391,7 @@ class OperationProcessor:
         self._frame_operations = []
         self.queue.clear()
         self._queue_bytes = self.in_flight_bytes = 0
+        self.queue_full = False
         self._outbox.append(Stop(error, doomed))
         return self._take()
 
@@ -411,6 +416,8 @@ class OperationProcessor:
         self._queued_checkpoint = checkpoint
         self._frames_since_checkpoint = self._bytes_since_checkpoint = 0
         self.queue.append(checkpoint)
+        if len(self.queue) >= self._queue_length_max:
+            self.queue_full = True
         if self._tracing:
             self._trace_submit(checkpoint)
 
