@@ -298,7 +298,7 @@ class DurableLog:
         for instruction in instructions:
             if type(instruction) is WriteFrame:
                 if self.processor.failure is not None:
-                    return  # (a write failed while this frame's batch was carried out: it must not follow)
+                    continue  # (a write failed while this frame's batch was carried out: it must not follow)
                 try:
                     self._log.append(instruction.data, partial(
                         self._on_write_done, instruction.frame_number, len(instruction.data), self._clock.monotonic()))
