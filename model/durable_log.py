@@ -22,6 +22,7 @@ from millstream.model.errors import (
     DataCorruptionError,
     InternalError,
     MillstreamError,
+    NotEnabled,
 )
 from millstream.model.frozen_map import FrozenMap
 from millstream.model.segment import (
@@ -56,10 +57,6 @@ __all__ = [
     "seal_frame",
     "submit",
 ]
-
-
-class NotEnabled(AssertionError):
-    """A transition was asked for in a state where the spec does not enable it."""
 
 
 class ContainerStatus(enum.Enum):

@@ -527,3 +527,16 @@ class LocalProtocolError(InvalidArgumentError):
     carry (not a command, a field outside its wire type -- an int out of range, a string too long --
     or a frame over the frame limit).  The caller's fault, not the peer's (that is
     ``RemoteProtocolError``); nothing was sent and the connection is untouched."""
+
+
+# --- The model's transitions (issue 22, item 4) ----------------------------------------------------
+
+__all__ += ["NotEnabled"]
+
+
+class NotEnabled(CallerError, AssertionError):
+    """A model transition (``millstream.model.durable_log``, ``stable_writer``, ``exactly_once_sink``,
+    ...) was asked for in a state where its spec's guard is false.  Raised by the transition before
+    it builds a next state (the model's states are values: nothing changed).  The caller's fault; the
+    exhaustive explorers in ``proofs/`` and the model tests catch it to learn that a step is not
+    enabled.  (An ``AssertionError`` too, as the guard's violation always was.)"""

@@ -18,21 +18,6 @@ from millstream.model import errors as model_errors
 #: Packages left out: the benchmarks leave the shipped package (issue 22 item 7).
 _SKIPPED_PACKAGES = ("millstream.bench",)
 
-#: Exception classes still defined outside the tree, each in a module another piece of issue 22
-#: rewrites (its owner moves it, or removes the signal, there).  The list may only shrink: a new
-#: class outside the tree fails the test.
-_NOT_YET_IN_THE_TREE = {
-    # The stream writer's router signals "not ready" by raising: the writer's rewrite (item 2).
-    "millstream.client._writer.RouterNotReadyError",
-    # The large-event writer's private "merge outcome unknown" (a ConnectionLostError already).
-    "millstream.client._large_events._OutcomeUnknown",
-    # The file log's private "damaged record" signal and the model DurableLog's "not enabled":
-    # the segment store's and the DurableLog's rework (items 1 and 3).
-    "millstream.segmentstore.file_log._BadRecord",
-    "millstream.model.durable_log.NotEnabled",
-}
-
-
 def _modules() -> list[str]:
     names = []
     for package in (millstream, millstream.model):
@@ -51,8 +36,7 @@ def test_every_exception_class_lives_in_the_errors_tree() -> None:
             if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name \
                     and name not in ("millstream.errors", "millstream.model.errors"):
                 outside.add(f"{name}.{value.__qualname__}")
-    assert outside <= _NOT_YET_IN_THE_TREE, f"exception classes outside the errors tree: " \
-                                            f"{sorted(outside - _NOT_YET_IN_THE_TREE)}"
+    assert not outside, f"exception classes outside the errors tree: {sorted(outside)}"
 
 
 def test_every_error_of_the_tree_has_a_root_and_a_docstring() -> None:
@@ -70,6 +54,17 @@ def test_the_protocol_errors_are_a_pair_split_by_whose_fault() -> None:
     assert not issubclass(errors.LocalProtocolError, errors.PeerError)
     assert errors.ProtocolError is errors.RemoteProtocolError  # (the name most code raises it by)
     assert model_errors.LocalProtocolError is errors.LocalProtocolError
+
+
+def test_the_signals_that_stay_inside_are_in_the_tree_by_whose_fault() -> None:
+    """The four classes that lived outside the tree (issue 22 item 4), each where its fault puts it."""
+    from millstream.model import durable_log, stable_writer
+    assert durable_log.NotEnabled is stable_writer.NotEnabled is model_errors.NotEnabled
+    assert issubclass(model_errors.NotEnabled, errors.CallerError)
+    assert not issubclass(model_errors.NotEnabled, errors.InternalError)  # (the explorers catch it)
+    assert issubclass(errors.DamagedRecordError, errors.DataCorruptionError)
+    assert issubclass(errors.MergeOutcomeUnknownError, errors.ConnectionLostError)
+    assert errors.DamagedRecordError(7, "checksum mismatch").offset == 7
 
 
 @pytest.mark.parametrize("name", ["WireProtocolError", "MalformedFrameError", "FrameTooLargeError",
@@ -102,11 +97,6 @@ def _internal_error_names() -> set[str]:
     return found
 
 
-#: Handlers that still catch an ``InternalError`` to steer, in a module another piece of issue 22
-#: rewrites: the stream writer's router (item 2).  May only shrink.
-_STEERING_LEFT = {"client/_writer.py: RouterNotReadyError"}
-
-
 def test_no_internal_error_is_raised_to_steer() -> None:
     """``InternalError`` means "cannot happen": no handler catches one (or a subclass) to decide what
     to do next, and no private exception steers the controller's workflows."""
@@ -123,4 +113,4 @@ def test_no_internal_error_is_raised_to_steer() -> None:
                 for name in ast.walk(node.type):
                     if isinstance(name, ast.Name) and name.id in names:
                         caught.add(f"{path.relative_to(root)}: {name.id}")
-    assert caught <= _STEERING_LEFT, sorted(caught - _STEERING_LEFT)
+    assert not caught, sorted(caught)

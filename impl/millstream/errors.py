@@ -7,6 +7,8 @@ class millstream raises lives in one of the two modules)."""
 import millstream.model.errors as _errors
 from millstream.model.errors import *  # noqa: F403  (the tree is defined once, in the model package)
 from millstream.model.errors import (
+    ConnectionLostError,
+    DataCorruptionError,
     LocalProtocolError,
     PayloadTooLargeError,
     RemoteProtocolError,
@@ -95,3 +97,28 @@ class MetadataConflictError(RetryableError):
     controller knew: another controller instance wrote meanwhile.  Nothing was appended (a partly
     written snapshot is skipped on replay).  Raised by ``MetadataLog.append`` and
     ``write_snapshot``; the controller catches up and plans again, so it never reaches a client."""
+
+
+# --- Signals that stay inside millstream (issue 22, item 4: every exception class in the tree) -----
+
+__all__ += ["DamagedRecordError", "MergeOutcomeUnknownError"]
+
+
+class DamagedRecordError(DataCorruptionError):
+    """A ``FileLog`` ledger holds a record at ``offset`` that is damaged (no record header, an
+    implausible length, a checksum mismatch) or cut short by the end of what was written.  Raised
+    while a ledger is scanned; recovery drops a torn tail (a record cut short at the very end, never
+    acknowledged) and reports anything else as a ``DataCorruptionError`` naming the ledger, so it does
+    not reach a caller itself."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason
+
+
+class MergeOutcomeUnknownError(ConnectionLostError):
+    """A large event's merge into its target segment lost its reply, and retrying could not settle
+    whether the merge happened (the connection stayed down past the outage budget, or the transient
+    segment is gone now).  Raised inside the large-event writer's commit, which fails the event and
+    raises ``ConnectionLostError`` from it: whether the event was stored is unknown."""

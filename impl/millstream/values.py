@@ -19,6 +19,11 @@ the form the controller speaks (``ControllerRequest`` bodies: sorted keys, no sp
 ints and as string keys of stream-cut objects, key ranges as floats, times as seconds on the
 controller's clock).  Values validate their arguments at construction and raise
 ``InvalidArgumentError``; decoding JSON that does not describe a value raises the same error.
+
+The controller's replies travel in the same form, and each reply value has one codec here
+(``ReplyCodec``; ``CONTROLLER_REPLIES`` names each method's): the server's ``ControllerRpc`` encodes
+with it and the client's ``ControllerClient`` decodes with the same one, so neither end holds a copy
+of the other's idea of a reply.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ import enum
 import json
 import math
 import types
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Generic, TypeVar
 from uuid import UUID
 
 import attrs
@@ -46,11 +51,13 @@ from millstream.naming import (
 __all__ = [
     "EVENT_SEGMENT",
     "EVENT_SEGMENT_ATTRIBUTE_ID",
+    "CONTROLLER_REPLIES",
     "CommitOutcome",
     "MultiCommitResult",
     "ReadResult",
     "ReaderGroupConfig",
     "ReaderGroupInfo",
+    "ReplyCodec",
     "RetentionPolicy",
     "ScalingPolicy",
     "SegmentSlice",
@@ -436,6 +443,14 @@ class SuccessorSegment:
     segment: SegmentWithRange
     predecessors: frozenset[int]
 
+    def to_json_object(self) -> dict[str, Any]:
+        """The controller's wire form: the segment's, with its predecessors' ids (ascending)."""
+        return {**self.segment.to_json_object(), "predecessors": sorted(self.predecessors)}
+
+    @classmethod
+    def from_json_object(cls, value: Any) -> SuccessorSegment:
+        return cls(SegmentWithRange.from_json_object(value), frozenset(int(p) for p in value["predecessors"]))
+
 
 @attrs.frozen
 class SegmentSlice:
@@ -448,6 +463,18 @@ class SegmentSlice:
     end_offset: int | None
     predecessors: frozenset[int]
 
+    def to_json_object(self) -> dict[str, Any]:
+        """The controller's wire form: the segment's, with the offsets (no end: -1) and predecessors."""
+        return {**self.segment.to_json_object(), "start_offset": self.start_offset,
+                "end_offset": -1 if self.end_offset is None else self.end_offset,
+                "predecessors": sorted(self.predecessors)}
+
+    @classmethod
+    def from_json_object(cls, value: Any) -> SegmentSlice:
+        return cls(SegmentWithRange.from_json_object(value), int(value["start_offset"]),
+                   None if value["end_offset"] < 0 else int(value["end_offset"]),
+                   frozenset(int(p) for p in value["predecessors"]))
+
 
 @attrs.frozen
 class StreamSegments:
@@ -455,6 +482,13 @@ class StreamSegments:
 
     epoch: int
     segments: tuple[SegmentWithRange, ...]
+
+    def to_json_object(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "segments": [s.to_json_object() for s in self.segments]}
+
+    @classmethod
+    def from_json_object(cls, value: Any) -> StreamSegments:
+        return cls(int(value["epoch"]), tuple(SegmentWithRange.from_json_object(s) for s in value["segments"]))
 
     def segment_for(self, key: float) -> SegmentWithRange:
         """The segment owning the point ``key`` of [0, 1]."""
@@ -485,6 +519,18 @@ class StreamDescription:
     @property
     def name(self) -> str:
         return f"{self.scope}/{self.stream}"
+
+    def to_json_object(self) -> dict[str, Any]:
+        """The controller's wire form, without ``scope`` and ``stream`` (the request names them)."""
+        return {"config": self.config.to_json_object(), "sealed": self.sealed, "epoch": self.epoch,
+                "state": self.state, "segments": [s.to_json_object() for s in self.segments]}
+
+    @classmethod
+    def from_json_object(cls, scope: str, stream: str, value: Any) -> StreamDescription:
+        """(A reply without ``state`` -- an older controller's -- says sealed or active.)"""
+        return cls(scope, stream, StreamConfig.from_json_object(value["config"]), bool(value["sealed"]),
+                   int(value["epoch"]), tuple(SegmentWithRange.from_json_object(s) for s in value["segments"]),
+                   str(value.get("state", "sealed" if value["sealed"] else "active")))
 
 
 # --- Reader-group registry -------------------------------------------------------------------------
@@ -588,6 +634,16 @@ class ReaderGroupInfo:
     state_segment: str
     generation: int
 
+    def to_json_object(self) -> dict[str, Any]:
+        """The controller's wire form, without ``scope`` and ``group`` (the request names them)."""
+        return {"config": self.config.to_json_object(), "state_segment": self.state_segment,
+                "generation": self.generation}
+
+    @classmethod
+    def from_json_object(cls, scope: str, group: str, value: Any) -> ReaderGroupInfo:
+        return cls(scope, group, ReaderGroupConfig.from_json_object(value["config"]), str(value["state_segment"]),
+                   int(value["generation"]))
+
 
 # --- Stream transactions ---------------------------------------------------------------------------
 
@@ -635,6 +691,14 @@ class MultiCommitResult:
 
     outcome: CommitOutcome
     recorded: int | None
+
+    def to_json_object(self) -> dict[str, Any]:
+        return {"outcome": self.outcome.value, "recorded": self.recorded}
+
+    @classmethod
+    def from_json_object(cls, value: Any) -> MultiCommitResult:
+        recorded = value.get("recorded")
+        return cls(CommitOutcome(value["outcome"]), None if recorded is None else int(recorded))
 
 
 @attrs.frozen
@@ -695,3 +759,97 @@ class ReadResult:
 EVENT_SEGMENT_ATTRIBUTE_ID: Final = int.from_bytes(b"millstream.event", "big")
 #: Its value for a segment that holds events.
 EVENT_SEGMENT: Final = 1
+
+
+# --- The controller's replies: one codec per reply value, for both ends (issue 22 item 2) -----------
+
+_T = TypeVar("_T")
+
+#: A reply's or a request's JSON object.
+JsonObject = Mapping[str, Any]
+
+
+@attrs.frozen
+class ReplyCodec(Generic[_T]):
+    """How one kind of controller reply travels.  ``encode`` turns the controller's typed result into
+    the reply's JSON object (the server's ``ControllerRpc``, which sends it as canonical JSON);
+    ``decode(reply, request)`` turns that object back into the value (the client's
+    ``ControllerClient``), given the request's JSON object: a reply does not repeat the scope, stream
+    or group its request named.  ``decode`` raises ``LookupError``, ``TypeError`` or ``ValueError``
+    (``InvalidArgumentError`` is one) for an object that does not describe the value -- the client
+    reports those as the peer's ``ProtocolError``."""
+
+    encode: Callable[[_T], dict[str, Any]]
+    decode: Callable[[JsonObject, JsonObject], _T]
+
+
+def _stream_of(request: JsonObject) -> str:
+    return f"{request['scope']}/{request['stream']}"
+
+
+def _one_field(name: str, convert: Callable[[Any], _T]) -> ReplyCodec[_T]:
+    """A reply that is ``{name: value}``."""
+    return ReplyCodec(lambda value: {name: value}, lambda reply, request: convert(reply[name]))
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _strings(value: Any) -> list[str]:
+    return list(value)
+
+
+NO_REPLY: Final[ReplyCodec[None]] = ReplyCodec(lambda result: {}, lambda reply, request: None)
+SCOPE_NAMES: Final = _one_field("scopes", _strings)
+STREAM_NAMES: Final = _one_field("streams", _strings)
+READER_GROUP_NAMES: Final = _one_field("groups", _strings)
+EPOCH: Final = _one_field("epoch", int)
+GENERATION: Final = _one_field("generation", int)
+STATE_SEGMENT: Final = _one_field("state_segment", str)
+SEGMENT_URI: Final = _one_field("uri", str)
+LEASE_DEADLINE: Final = _one_field("deadline", float)
+FENCE_VALUE: Final = _one_field("value", _optional_int)
+STREAM_CUT: Final[ReplyCodec[StreamCut]] = ReplyCodec(
+    lambda cut: {"cut": cut.to_wire()}, lambda reply, request: StreamCut.from_wire(_stream_of(request), reply["cut"]))
+STREAM_DESCRIPTION: Final[ReplyCodec[StreamDescription]] = ReplyCodec(
+    StreamDescription.to_json_object,
+    lambda reply, request: StreamDescription.from_json_object(request["scope"], request["stream"], reply))
+STREAM_SEGMENTS: Final[ReplyCodec[StreamSegments]] = ReplyCodec(
+    StreamSegments.to_json_object, lambda reply, request: StreamSegments.from_json_object(reply))
+SUCCESSORS: Final[ReplyCodec[list[SuccessorSegment]]] = ReplyCodec(
+    lambda successors: {"successors": [s.to_json_object() for s in successors]},
+    lambda reply, request: [SuccessorSegment.from_json_object(s) for s in reply["successors"]])
+SEGMENT_SLICES: Final[ReplyCodec[list[SegmentSlice]]] = ReplyCodec(
+    lambda slices: {"segments": [s.to_json_object() for s in slices]},
+    lambda reply, request: [SegmentSlice.from_json_object(s) for s in reply["segments"]])
+READER_GROUP_INFO: Final[ReplyCodec[ReaderGroupInfo]] = ReplyCodec(
+    ReaderGroupInfo.to_json_object,
+    lambda reply, request: ReaderGroupInfo.from_json_object(request["scope"], request["group"], reply))
+TRANSACTION_INFO: Final[ReplyCodec[TransactionInfo]] = ReplyCodec(
+    TransactionInfo.to_json_object, lambda reply, request: TransactionInfo.from_json_object(_stream_of(request), reply))
+TRANSACTION_STATUS: Final[ReplyCodec[TransactionStatus]] = ReplyCodec(
+    lambda status: {"status": status.value}, lambda reply, request: TransactionStatus(reply["status"]))
+TRANSACTION_STATUSES: Final[ReplyCodec[dict[UUID, TransactionStatus]]] = ReplyCodec(
+    lambda statuses: {"transactions": [{"txn": txn.hex, "status": status.value} for txn, status in statuses.items()]},
+    lambda reply, request: {UUID(hex=t["txn"]): TransactionStatus(t["status"]) for t in reply["transactions"]})
+MULTI_COMMIT_RESULT: Final[ReplyCodec[MultiCommitResult]] = ReplyCodec(
+    MultiCommitResult.to_json_object, lambda reply, request: MultiCommitResult.from_json_object(reply))
+
+#: Every controller method's reply codec: the server encodes each method's result with it, the client
+#: decodes with the same one.
+CONTROLLER_REPLIES: Final[Mapping[str, ReplyCodec[Any]]] = types.MappingProxyType({
+    "create_scope": NO_REPLY, "delete_scope": NO_REPLY, "list_scopes": SCOPE_NAMES,
+    "create_stream": NO_REPLY, "update_stream": NO_REPLY, "get_stream": STREAM_DESCRIPTION,
+    "list_streams": STREAM_NAMES, "seal_stream": NO_REPLY, "delete_stream": NO_REPLY,
+    "get_current_segments": STREAM_SEGMENTS, "get_successors": SUCCESSORS, "scale_stream": EPOCH,
+    "get_head_cut": STREAM_CUT, "get_tail_cut": STREAM_CUT, "get_cut_at": STREAM_CUT,
+    "truncate_stream": NO_REPLY, "check_stream_cut": NO_REPLY, "get_segments_between": SEGMENT_SLICES,
+    "create_reader_group": STATE_SEGMENT, "get_reader_group": READER_GROUP_INFO, "update_reader_group": GENERATION,
+    "delete_reader_group": NO_REPLY, "list_reader_groups": READER_GROUP_NAMES, "update_subscriber_cut": NO_REPLY,
+    "get_segment_uri": SEGMENT_URI,
+    "create_transaction": TRANSACTION_INFO, "ping_transaction": LEASE_DEADLINE,
+    "commit_transaction": TRANSACTION_STATUS, "abort_transaction": TRANSACTION_STATUS,
+    "get_transaction": TRANSACTION_INFO, "list_transactions": TRANSACTION_STATUSES,
+    "commit_transactions": MULTI_COMMIT_RESULT, "get_fence": FENCE_VALUE,
+})

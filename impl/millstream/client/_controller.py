@@ -5,7 +5,9 @@ Theory of operation.  The controller shares the segment store's TCP connection: 
 (``_streams.canonical_json``), answered by ``ControllerReply(request_id, body)`` or by an error reply
 that becomes the typed error it names (``ErrorMessage`` with a code from ``wire.error_codes``;
 ``OperationUnsupported`` for a server without a controller or an unknown method).  With a token the
-body carries it as ``"token"`` (the server checks it when it has a secret).
+body carries it as ``"token"`` (the server checks it when it has a secret).  A reply is decoded by the
+codec the server encoded it with (``values.CONTROLLER_REPLIES``); one it cannot decode is the peer's
+``ProtocolError``.
 
 Calls that change nothing, or whose repetition changes nothing more (every query, ``seal_stream``,
 ``truncate_stream``, ``update_subscriber_cut``, ``ping_transaction``, ``abort_transaction``, the
@@ -25,10 +27,11 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from uuid import UUID
 
 from millstream import limits
+from millstream import values as replies
 from millstream.client._config import Endpoint, parse_uri
 from millstream.client._pool import ConnectionPool
 from millstream.client._replies import expect
@@ -36,7 +39,6 @@ from millstream.client._streams import (
     ReaderGroupConfig,
     ReaderGroupInfo,
     SegmentSlice,
-    SegmentWithRange,
     StreamConfig,
     StreamCut,
     StreamDescription,
@@ -46,7 +48,6 @@ from millstream.client._streams import (
     split_stream_name,
 )
 from millstream.client._transactions import (
-    CommitOutcome,
     MultiCommitResult,
     TransactionInfo,
     TransactionStatus,
@@ -54,15 +55,19 @@ from millstream.client._transactions import (
 )
 from millstream.errors import (
     FenceValueError,
+    InternalError,
     InvalidArgumentError,
     InvalidStreamCutError,
     LeaseTooLargeError,
     ProtocolError,
 )
 from millstream.naming import validate_scope_or_stream_name
+from millstream.values import CONTROLLER_REPLIES, ReplyCodec
 from millstream.wire.commands import ControllerReply, ControllerRequest
 
 __all__ = ["CONTROLLER_METHODS", "ControllerClient", "ControllerSegmentLocator"]
+
+T = TypeVar("T")
 
 
 #: Every controller method, and whether a repeated call is harmless (so it is re-sent after a broken
@@ -88,10 +93,6 @@ def _scope(scope: str) -> str:
 
 def _name(name: str, what: str) -> str:
     return validate_scope_or_stream_name(name, what=what)
-
-
-def _segment(value: Any) -> SegmentWithRange:
-    return SegmentWithRange.from_json_object(value)
 
 
 @contextlib.contextmanager
@@ -152,6 +153,15 @@ class ControllerClient:
             return await once()
         return await self._pool.retrying(once, what=f"controller {method} at {self._endpoint}")
 
+    async def _ask(self, method: str, body: Mapping[str, Any], codec: ReplyCodec[T]) -> T:
+        """Call ``method`` and decode its reply with ``codec`` -- the one the server encoded it with
+        (``values.CONTROLLER_REPLIES``).  A reply that does not describe the value is ``ProtocolError``."""
+        if codec is not CONTROLLER_REPLIES[method]:
+            raise InternalError(f"the client decodes {method}'s reply with another codec than the server's")
+        reply = await self.call(method, body)
+        with _decoding(method):
+            return codec.decode(reply, body)
+
     # --- Scopes ------------------------------------------------------------------------------------
 
     async def create_scope(self, scope: str) -> None:
@@ -163,9 +173,7 @@ class ControllerClient:
         await self.call("delete_scope", {"scope": _scope(scope)})
 
     async def list_scopes(self) -> list[str]:
-        reply = await self.call("list_scopes")
-        with _decoding("list_scopes"):
-            return list(reply["scopes"])
+        return await self._ask("list_scopes", {}, replies.SCOPE_NAMES)
 
     # --- Streams -----------------------------------------------------------------------------------
 
@@ -184,17 +192,11 @@ class ControllerClient:
                                           "config": config.to_json_object()})
 
     async def get_stream(self, scope: str, stream: str) -> StreamDescription:
-        reply = await self.call("get_stream", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        with _decoding("get_stream"):
-            return StreamDescription(scope, stream, StreamConfig.from_json_object(reply["config"]),
-                                     bool(reply["sealed"]), int(reply["epoch"]),
-                                     tuple(_segment(s) for s in reply["segments"]),
-                                     str(reply.get("state", "sealed" if reply["sealed"] else "active")))
+        return await self._ask("get_stream", {"scope": _scope(scope), "stream": _name(stream, "stream")},
+                               replies.STREAM_DESCRIPTION)
 
     async def list_streams(self, scope: str) -> list[str]:
-        reply = await self.call("list_streams", {"scope": _scope(scope)})
-        with _decoding("list_streams"):
-            return list(reply["streams"])
+        return await self._ask("list_streams", {"scope": _scope(scope)}, replies.STREAM_NAMES)
 
     async def seal_stream(self, scope: str, stream: str) -> None:
         """Idempotent.  Raises ``StreamNotFoundError``."""
@@ -205,18 +207,14 @@ class ControllerClient:
         await self.call("delete_stream", {"scope": _scope(scope), "stream": _name(stream, "stream")})
 
     async def get_current_segments(self, scope: str, stream: str) -> StreamSegments:
-        reply = await self.call("get_current_segments", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        with _decoding("get_current_segments"):
-            return StreamSegments(int(reply["epoch"]), tuple(_segment(s) for s in reply["segments"]))
+        return await self._ask("get_current_segments", {"scope": _scope(scope), "stream": _name(stream, "stream")},
+                               replies.STREAM_SEGMENTS)
 
     async def get_successors(self, scope: str, stream: str, segment_id: int) -> list[SuccessorSegment]:
         """The segments that took over the sealed segment's keys, each with all its predecessors;
         empty while the segment is in the current epoch (active, or sealed with the stream)."""
-        reply = await self.call("get_successors", {"scope": _scope(scope), "stream": _name(stream, "stream"),
-                                                   "segment_id": _segment_id(segment_id)})
-        with _decoding("get_successors"):
-            return [SuccessorSegment(_segment(s), frozenset(int(p) for p in s["predecessors"]))
-                    for s in reply["successors"]]
+        return await self._ask("get_successors", {"scope": _scope(scope), "stream": _name(stream, "stream"),
+                                                  "segment_id": _segment_id(segment_id)}, replies.SUCCESSORS)
 
     async def scale_stream(self, scope: str, stream: str, seal: Sequence[int],
                            new_ranges: Sequence[tuple[float, float]]) -> int:
@@ -225,29 +223,23 @@ class ControllerClient:
             raise InvalidArgumentError("seal is a list of segment ids and new_ranges a list of (low, high) pairs")
         body = {"scope": _scope(scope), "stream": _name(stream, "stream"),
                 "seal": [_segment_id(s) for s in seal], "new_ranges": [_range(r) for r in new_ranges]}
-        reply = await self.call("scale_stream", body)
-        with _decoding("scale_stream"):
-            return int(reply["epoch"])
+        return await self._ask("scale_stream", body, replies.EPOCH)
 
     # --- Stream cuts -------------------------------------------------------------------------------
 
     async def get_head_cut(self, scope: str, stream: str) -> StreamCut:
-        reply = await self.call("get_head_cut", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        with _decoding("get_head_cut"):
-            return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
+        return await self._ask("get_head_cut", {"scope": _scope(scope), "stream": _name(stream, "stream")},
+                               replies.STREAM_CUT)
 
     async def get_tail_cut(self, scope: str, stream: str) -> StreamCut:
-        reply = await self.call("get_tail_cut", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        with _decoding("get_tail_cut"):
-            return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
+        return await self._ask("get_tail_cut", {"scope": _scope(scope), "stream": _name(stream, "stream")},
+                               replies.STREAM_CUT)
 
     async def get_cut_at(self, scope: str, stream: str, time: float) -> StreamCut:
         if isinstance(time, bool) or not isinstance(time, (int, float)):
             raise InvalidArgumentError(f"time is seconds on the controller's clock, not {time!r}")
-        reply = await self.call("get_cut_at", {"scope": _scope(scope), "stream": _name(stream, "stream"),
-                                               "time": float(time)})
-        with _decoding("get_cut_at"):
-            return StreamCut.from_wire(f"{scope}/{stream}", reply["cut"])
+        return await self._ask("get_cut_at", {"scope": _scope(scope), "stream": _name(stream, "stream"),
+                                              "time": float(time)}, replies.STREAM_CUT)
 
     async def truncate_stream(self, scope: str, stream: str, cut: StreamCut) -> None:
         """Raises ``InvalidStreamCutError`` (another stream's cut, not a cut, or before the head)."""
@@ -267,11 +259,7 @@ class ControllerClient:
         body = {"scope": _scope(scope), "stream": _name(stream, "stream"),
                 "from_cut": None if from_cut is None else _cut_of(scope, stream, from_cut),
                 "to_cut": None if to_cut is None else _cut_of(scope, stream, to_cut)}
-        reply = await self.call("get_segments_between", body)
-        with _decoding("get_segments_between"):
-            return [SegmentSlice(_segment(s), int(s["start_offset"]),
-                                 None if s["end_offset"] < 0 else int(s["end_offset"]),
-                                 frozenset(int(p) for p in s["predecessors"])) for s in reply["segments"]]
+        return await self._ask("get_segments_between", body, replies.SEGMENT_SLICES)
 
     # --- Reader groups -----------------------------------------------------------------------------
 
@@ -281,17 +269,13 @@ class ControllerClient:
         ``InvalidStreamCutError``."""
         if not isinstance(config, ReaderGroupConfig):
             raise InvalidArgumentError(f"config must be a ReaderGroupConfig, not {config!r}")
-        reply = await self.call("create_reader_group", {"scope": _scope(scope), "group": _name(group, "group"),
-                                                        "config": config.to_json_object()})
-        with _decoding("create_reader_group"):
-            return str(reply["state_segment"])
+        return await self._ask("create_reader_group", {"scope": _scope(scope), "group": _name(group, "group"),
+                                                       "config": config.to_json_object()}, replies.STATE_SEGMENT)
 
     async def get_reader_group(self, scope: str, group: str) -> ReaderGroupInfo:
         """Raises ``ReaderGroupNotFoundError``."""
-        reply = await self.call("get_reader_group", {"scope": _scope(scope), "group": _name(group, "group")})
-        with _decoding("get_reader_group"):
-            return ReaderGroupInfo(scope, group, ReaderGroupConfig.from_json_object(reply["config"]),
-                                   str(reply["state_segment"]), int(reply["generation"]))
+        return await self._ask("get_reader_group", {"scope": _scope(scope), "group": _name(group, "group")},
+                               replies.READER_GROUP_INFO)
 
     async def update_reader_group(self, scope: str, group: str, config: ReaderGroupConfig,
                                   expected_generation: int | None = None) -> int:
@@ -304,18 +288,14 @@ class ControllerClient:
                                 "config": config.to_json_object()}
         if expected_generation is not None:
             body["expected_generation"] = expected_generation
-        reply = await self.call("update_reader_group", body)
-        with _decoding("update_reader_group"):
-            return int(reply["generation"])
+        return await self._ask("update_reader_group", body, replies.GENERATION)
 
     async def delete_reader_group(self, scope: str, group: str) -> None:
         """Deletes the group and its state segment.  Raises ``ReaderGroupNotFoundError``."""
         await self.call("delete_reader_group", {"scope": _scope(scope), "group": _name(group, "group")})
 
     async def list_reader_groups(self, scope: str) -> list[str]:
-        reply = await self.call("list_reader_groups", {"scope": _scope(scope)})
-        with _decoding("list_reader_groups"):
-            return list(reply["groups"])
+        return await self._ask("list_reader_groups", {"scope": _scope(scope)}, replies.READER_GROUP_NAMES)
 
     async def update_subscriber_cut(self, scope: str, group: str, stream: str, cut: StreamCut) -> None:
         """Record how far ``group`` has consumed ``stream`` (``"scope/stream"``), for consumption-based
@@ -330,9 +310,7 @@ class ControllerClient:
     async def get_segment_uri(self, segment: str) -> str:
         if not isinstance(segment, str) or not segment:
             raise InvalidArgumentError(f"a segment name is a non-empty str, not {segment!r}")
-        reply = await self.call("get_segment_uri", {"segment": segment})
-        with _decoding("get_segment_uri"):
-            return str(reply["uri"])
+        return await self._ask("get_segment_uri", {"segment": segment}, replies.SEGMENT_URI)
 
     # --- Stream transactions -----------------------------------------------------------------------
 
@@ -348,41 +326,30 @@ class ControllerClient:
             if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)):
                 raise LeaseTooLargeError(f"a lease is a number of seconds, not {lease_seconds!r}")
             body["lease"] = float(lease_seconds)
-        reply = await self.call("create_transaction", body)
-        with _decoding("create_transaction"):
-            return TransactionInfo.from_json_object(f"{scope}/{stream}", reply)
+        return await self._ask("create_transaction", body, replies.TRANSACTION_INFO)
 
     async def get_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionInfo:
         """Raises ``TransactionNotFoundError``."""
-        reply = await self.call("get_transaction", self._txn_body(scope, stream, txn_id))
-        with _decoding("get_transaction"):
-            return TransactionInfo.from_json_object(f"{scope}/{stream}", reply)
+        return await self._ask("get_transaction", self._txn_body(scope, stream, txn_id), replies.TRANSACTION_INFO)
 
     async def ping_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> float:
         """Renew the lease; returns the deadline.  Raises ``TransactionNotOpenError``,
         ``LeaseExpiredError``, ``TransactionNotFoundError``."""
-        reply = await self.call("ping_transaction", self._txn_body(scope, stream, txn_id))
-        with _decoding("ping_transaction"):
-            return float(reply["deadline"])
+        return await self._ask("ping_transaction", self._txn_body(scope, stream, txn_id), replies.LEASE_DEADLINE)
 
     async def commit_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionStatus:
         """Decide the commit (COMMITTING).  Raises ``TransactionNotOpenError``, ``TransactionNotFoundError``,
         ``StreamSealedError``; ``ConnectionLostError`` leaves the outcome unknown."""
-        reply = await self.call("commit_transaction", self._txn_body(scope, stream, txn_id))
-        with _decoding("commit_transaction"):
-            return TransactionStatus(reply["status"])
+        return await self._ask("commit_transaction", self._txn_body(scope, stream, txn_id), replies.TRANSACTION_STATUS)
 
     async def abort_transaction(self, scope: str, stream: str, txn_id: UUID | str) -> TransactionStatus:
         """Raises ``TransactionNotOpenError`` (committing or committed), ``TransactionNotFoundError``."""
-        reply = await self.call("abort_transaction", self._txn_body(scope, stream, txn_id))
-        with _decoding("abort_transaction"):
-            return TransactionStatus(reply["status"])
+        return await self._ask("abort_transaction", self._txn_body(scope, stream, txn_id), replies.TRANSACTION_STATUS)
 
     async def list_transactions(self, scope: str, stream: str) -> dict[UUID, TransactionStatus]:
         """Every transaction the stream knows (live ones and the latest finished) and its status."""
-        reply = await self.call("list_transactions", {"scope": _scope(scope), "stream": _name(stream, "stream")})
-        with _decoding("list_transactions"):
-            return {UUID(hex=t["txn"]): TransactionStatus(t["status"]) for t in reply["transactions"]}
+        return await self._ask("list_transactions", {"scope": _scope(scope), "stream": _name(stream, "stream")},
+                               replies.TRANSACTION_STATUSES)
 
     async def commit_transactions(self, scope: str, stream: str, txn_ids: Sequence[UUID | str], *,
                                   fence: tuple[str, int] | None = None) -> MultiCommitResult:
@@ -400,19 +367,14 @@ class ControllerClient:
             if type(value) is not int:
                 raise FenceValueError(f"a fence value is an int, not {value!r}")
             body["fence"] = [key, value]
-        reply = await self.call("commit_transactions", body)
-        with _decoding("commit_transactions"):
-            recorded = reply.get("recorded")
-            return MultiCommitResult(CommitOutcome(reply["outcome"]), None if recorded is None else int(recorded))
+        return await self._ask("commit_transactions", body, replies.MULTI_COMMIT_RESULT)
 
     async def get_fence(self, scope: str, stream: str, key: str) -> int | None:
         """The value recorded for fence ``key`` on the stream (None: none yet)."""
         if not isinstance(key, str) or not key:
             raise InvalidArgumentError(f"a fence key is a non-empty str, not {key!r}")
-        reply = await self.call("get_fence", {"scope": _scope(scope), "stream": _name(stream, "stream"), "key": key})
-        with _decoding("get_fence"):
-            value = reply["value"]
-            return None if value is None else int(value)
+        return await self._ask("get_fence", {"scope": _scope(scope), "stream": _name(stream, "stream"), "key": key},
+                               replies.FENCE_VALUE)
 
     def __repr__(self) -> str:
         return f"ControllerClient({str(self._endpoint)!r})"

@@ -71,6 +71,7 @@ from millstream.errors import (
     InternalError,
     InvalidArgumentError,
     LargeEventFailedError,
+    MergeOutcomeUnknownError,
     MillstreamError,
     ObjectClosedError,
     PayloadTooLargeError,
@@ -140,10 +141,6 @@ EVENT_WRITER_TRANSITIONS: dict[EventWriterPhase, dict[str, EventWriterPhase]] = 
     EventWriterPhase.ABORTED: {},
     EventWriterPhase.FAILED: {},
 }
-
-class _OutcomeUnknown(ConnectionLostError):
-    """A merge's reply was lost and retrying could not settle whether it happened."""
-
 
 #: Errors that end a large event for good (its transient segment or target went away, someone else
 #: wrote into its transient segment, reconnecting gave up): ``LargeEventFailedError``.
@@ -274,7 +271,7 @@ class AsyncEventWriter:
         """Run ``step``; an error that ends the event fails it (``LargeEventFailedError``), cleaning up."""
         try:
             await step
-        except _OutcomeUnknown as error:
+        except MergeOutcomeUnknownError as error:
             self.error = error
             if self._phase in (EventWriterPhase.OPEN, EventWriterPhase.COMMITTING):
                 self._move(EventWriterPhase.FAILED)
@@ -544,20 +541,20 @@ class AsyncLargeEventWriter(Generic[T]):
                 return
             except ReconnectBudgetExceededError as error:  # (connecting gave up: this attempt sent nothing)
                 if failures:
-                    raise _OutcomeUnknown(f"merging {source!r} into {target!r}: the outcome is unknown ({error})") \
-                        from error
+                    raise MergeOutcomeUnknownError(
+                        f"merging {source!r} into {target!r}: the outcome is unknown ({error})") from error
                 raise
             except (ConnectionLostError, RequestTimeoutError) as error:
                 failures += 1
                 delay = outage.failed()
                 if delay is None:
-                    raise _OutcomeUnknown(f"merging {source!r} into {target!r}: the outcome is unknown after "
-                                          f"{outage.describe()} ({error})") from error
+                    raise MergeOutcomeUnknownError(f"merging {source!r} into {target!r}: the outcome is unknown after "
+                                                   f"{outage.describe()} ({error})") from error
                 await self._pool.clock.sleep(delay)
             except StreamSegmentNotExistsError as error:
                 if failures:
-                    raise _OutcomeUnknown(f"merging {source!r} into {target!r}: the reply was lost and the "
-                                          f"source is gone now ({error}); the outcome is unknown") from error
+                    raise MergeOutcomeUnknownError(f"merging {source!r} into {target!r}: the reply was lost and the "
+                                                   f"source is gone now ({error}); the outcome is unknown") from error
                 raise
 
     async def delete_transient(self, segment: str) -> None:

@@ -124,8 +124,8 @@ from millstream.errors import (
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
 from millstream.wire.commands import AppendBlock, AppendSetup, DataAppended
 
-__all__ = ["OVER_BUDGET", "REROUTE", "SHIPPED", "AsyncEventStreamWriter", "RouterNotReadyError", "SegmentWriter",
-           "StreamBinding", "Tracking", "WriterShared"]
+__all__ = ["OVER_BUDGET", "REROUTE", "SHIPPED", "AsyncEventStreamWriter", "SegmentWriter", "StreamBinding", "Tracking",
+           "WriterShared"]
 
 _log = logging.getLogger(__name__)
 
@@ -138,15 +138,11 @@ Completion = asyncio.Future[None] | concurrent.futures.Future[None]
 SealedHandler = Callable[["SegmentWriter"], Awaitable[None]]
 
 
-class RouterNotReadyError(InternalError):
-    """Raised by a stream writer's router before the writer has learned the stream's segments: the
-    async per-event path catches it (free in Python 3.11 until raised), awaits ``ready()`` and routes
-    again.  It never reaches a caller (the blocking flavour is made ready before its first event), so
-    one that does is a bug: an ``InternalError``."""
-
-
 def _router_not_ready(routing_key: str | None) -> str:
-    raise RouterNotReadyError()
+    """A stream writer's router before the writer has learned the stream's segments.  Never called: the
+    async flavour awaits ``ready()`` before its first event, the blocking flavour is made ready before
+    it is handed out."""
+    raise InternalError("a stream writer routed an event before it learned the stream's segments")
 
 
 #: The memo lookup of a router that has none: always a miss.
@@ -737,7 +733,7 @@ class AsyncEventStreamWriter(Generic[T]):
     # --- The per-event path, shared with the blocking flavour -------------------------------------
 
     def _add(self, event: T, routing_key: str | None, tracking: Tracking | None) -> int:
-        """Buffer one event (any thread).  Raises ``RouterNotReadyError`` before ``ready()``."""
+        """Buffer one event (any thread), once ``ready()`` has returned."""
         if self._identity and type(event) is bytes:
             payload: bytes = event  # type: ignore[assignment]  # (checked: no cast() call per event)
         else:

@@ -6,8 +6,9 @@ body)``.  The body must be a JSON object with exactly the method's fields (plus 
 cuts (``{"<segment id>": offset}``), configurations -- so the controller's methods receive only
 well-formed arguments, and anything malformed is an ``InvalidArgumentError`` naming the field, before
 anything is looked at or changed.  The reply is the controller method's typed result encoded as
-the JSON object the client stub decodes (each method's ``encode``; ``None`` is ``{}``), in canonical
-JSON (``tests/controller/test_wire_replies.py`` pins every reply kind's bytes).
+the JSON object the client stub decodes, by the codec both ends share (``values.CONTROLLER_REPLIES``;
+``None`` is ``{}``), in canonical JSON (``tests/controller/test_wire_replies.py`` pins every reply
+kind's bytes).
 With authentication on, the token must grant the method's permission (READ for queries, READ_UPDATE
 for changes) on its resource: the scope for scope methods (``scope/*`` covers it), ``scope/stream``
 for stream methods, the group's state segment's ``scope/_RG<group>`` for reader groups (so ``scope/*``
@@ -26,7 +27,6 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
-from uuid import UUID
 
 import attrs
 
@@ -36,21 +36,7 @@ from millstream.controller._controller import Controller
 from millstream.controller._transactions import check_fence, check_lease, check_transaction_id
 from millstream.errors import FenceValueError, InvalidArgumentError, PayloadTooLargeError
 from millstream.naming import quote, validate_scope_or_stream_name, validate_segment_name
-from millstream.values import (
-    MultiCommitResult,
-    ReaderGroupConfig,
-    ReaderGroupInfo,
-    SegmentSlice,
-    SegmentWithRange,
-    StreamConfig,
-    StreamCut,
-    StreamDescription,
-    StreamSegments,
-    SuccessorSegment,
-    TransactionInfo,
-    TransactionStatus,
-    canonical_json,
-)
+from millstream.values import CONTROLLER_REPLIES, ReaderGroupConfig, StreamConfig, canonical_json
 
 __all__ = ["METHODS", "ControllerRpc", "check_json_depth"]
 
@@ -197,8 +183,6 @@ class _Method:
     permission: Permission
     resource: Callable[[_Args], str]
     call: Callable[[Controller, _Args], Awaitable[Any]]
-    #: The reply's JSON object from the call's typed result.
-    encode: Callable[[Any], dict[str, Any]]
     #: Further resources the method reads (READ is checked on each): a reader group's streams.
     reads: Callable[[_Args], Iterable[str]] = lambda args: ()
 
@@ -220,68 +204,6 @@ def _group_streams(args: _Args) -> Iterable[str]:
     return config.streams.keys()
 
 
-# --- Replies: each method's typed result as the JSON object the client stub decodes -------------------
-
-
-def _nothing(result: None) -> dict[str, Any]:
-    return {}
-
-
-def _field(name: str) -> Callable[[Any], dict[str, Any]]:
-    def encode(result: Any) -> dict[str, Any]:
-        return {name: result}
-    return encode
-
-
-def _cut_reply(cut: StreamCut) -> dict[str, Any]:
-    return {"cut": cut.to_wire()}
-
-
-def _segments(segments: Iterable[SegmentWithRange]) -> list[dict[str, Any]]:
-    return [s.to_json_object() for s in segments]
-
-
-def _stream_description(description: StreamDescription) -> dict[str, Any]:
-    return {"config": description.config.to_json_object(), "sealed": description.sealed,
-            "epoch": description.epoch, "state": description.state, "segments": _segments(description.segments)}
-
-
-def _stream_segments(current: StreamSegments) -> dict[str, Any]:
-    return {"epoch": current.epoch, "segments": _segments(current.segments)}
-
-
-def _successors(successors: list[SuccessorSegment]) -> dict[str, Any]:
-    return {"successors": [{**s.segment.to_json_object(), "predecessors": sorted(s.predecessors)}
-                           for s in successors]}
-
-
-def _slices(slices: list[SegmentSlice]) -> dict[str, Any]:
-    return {"segments": [{**s.segment.to_json_object(), "start_offset": s.start_offset,
-                          "end_offset": -1 if s.end_offset is None else s.end_offset,
-                          "predecessors": sorted(s.predecessors)} for s in slices]}
-
-
-def _reader_group(info: ReaderGroupInfo) -> dict[str, Any]:
-    return {"config": info.config.to_json_object(), "state_segment": info.state_segment,
-            "generation": info.generation}
-
-
-def _transaction(info: TransactionInfo) -> dict[str, Any]:
-    return info.to_json_object()
-
-
-def _status(status: TransactionStatus) -> dict[str, Any]:
-    return {"status": status.value}
-
-
-def _transactions(statuses: dict[UUID, TransactionStatus]) -> dict[str, Any]:
-    return {"transactions": [{"txn": txn.hex, "status": status.value} for txn, status in statuses.items()]}
-
-
-def _multi_commit(result: MultiCommitResult) -> dict[str, Any]:
-    return {"outcome": result.outcome.value, "recorded": result.recorded}
-
-
 _READ, _UPDATE = Permission.READ, Permission.READ_UPDATE
 _STREAM_FIELDS: Final = {"scope": _SCOPE, "stream": _STREAM}
 _GROUP_FIELDS: Final = {"scope": _SCOPE, "group": _GROUP}
@@ -289,84 +211,78 @@ _GROUP_FIELDS: Final = {"scope": _SCOPE, "group": _GROUP}
 #: Every controller method: its fields, permission, resource and the controller call.
 METHODS: Final[dict[str, _Method]] = {
     "create_scope": _Method({"scope": _SCOPE}, {}, _UPDATE, _scope_resource,
-                            lambda c, a: c.create_scope(a["scope"]), encode=_nothing),
+                            lambda c, a: c.create_scope(a["scope"])),
     "delete_scope": _Method({"scope": _SCOPE}, {}, _UPDATE, _scope_resource,
-                            lambda c, a: c.delete_scope(a["scope"]), encode=_nothing),
-    "list_scopes": _Method({}, {}, _READ, lambda a: "*", lambda c, a: c.list_scopes(), encode=_field("scopes")),
+                            lambda c, a: c.delete_scope(a["scope"])),
+    "list_scopes": _Method({}, {}, _READ, lambda a: "*", lambda c, a: c.list_scopes()),
     "create_stream": _Method({**_STREAM_FIELDS, "config": _stream_config}, {}, _UPDATE, _stream_resource,
-                             lambda c, a: c.create_stream(a["scope"], a["stream"], a["config"]), encode=_nothing),
+                             lambda c, a: c.create_stream(a["scope"], a["stream"], a["config"])),
     "update_stream": _Method({**_STREAM_FIELDS, "config": _stream_config}, {}, _UPDATE, _stream_resource,
-                             lambda c, a: c.update_stream(a["scope"], a["stream"], a["config"]), encode=_nothing),
+                             lambda c, a: c.update_stream(a["scope"], a["stream"], a["config"])),
     "get_stream": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
-                          lambda c, a: c.get_stream(a["scope"], a["stream"]), encode=_stream_description),
-    "list_streams": _Method({"scope": _SCOPE}, {}, _READ, _scope_resource, lambda c, a: c.list_streams(a["scope"]),
-    encode=_field("streams")),
+                          lambda c, a: c.get_stream(a["scope"], a["stream"])),
+    "list_streams": _Method({"scope": _SCOPE}, {}, _READ, _scope_resource, lambda c, a: c.list_streams(a["scope"])),
     "seal_stream": _Method(_STREAM_FIELDS, {}, _UPDATE, _stream_resource,
-                           lambda c, a: c.seal_stream(a["scope"], a["stream"]), encode=_nothing),
+                           lambda c, a: c.seal_stream(a["scope"], a["stream"])),
     "delete_stream": _Method(_STREAM_FIELDS, {}, _UPDATE, _stream_resource,
-                             lambda c, a: c.delete_stream(a["scope"], a["stream"]), encode=_nothing),
+                             lambda c, a: c.delete_stream(a["scope"], a["stream"])),
     "get_current_segments": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
-                                    lambda c, a: c.get_current_segments(a["scope"], a["stream"]),
-                                    encode=_stream_segments),
+                                    lambda c, a: c.get_current_segments(a["scope"], a["stream"])),
     "get_successors": _Method({**_STREAM_FIELDS, "segment_id": _segment_id}, {}, _READ, _stream_resource,
-                              lambda c, a: c.get_successors(a["scope"], a["stream"], a["segment_id"]),
-                              encode=_successors),
+                              lambda c, a: c.get_successors(a["scope"], a["stream"], a["segment_id"])),
     "scale_stream": _Method({**_STREAM_FIELDS, "seal": _segment_ids, "new_ranges": _ranges}, {}, _UPDATE,
                             _stream_resource,
-                            lambda c, a: c.scale_stream(a["scope"], a["stream"], a["seal"], a["new_ranges"]),
-                            encode=_field("epoch")),
+                            lambda c, a: c.scale_stream(a["scope"], a["stream"], a["seal"], a["new_ranges"])),
     "get_head_cut": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
-                            lambda c, a: c.get_head_cut(a["scope"], a["stream"]), encode=_cut_reply),
+                            lambda c, a: c.get_head_cut(a["scope"], a["stream"])),
     "get_tail_cut": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
-                            lambda c, a: c.get_tail_cut(a["scope"], a["stream"]), encode=_cut_reply),
+                            lambda c, a: c.get_tail_cut(a["scope"], a["stream"])),
     "get_cut_at": _Method({**_STREAM_FIELDS, "time": _time}, {}, _READ, _stream_resource,
-                          lambda c, a: c.get_cut_at(a["scope"], a["stream"], a["time"]), encode=_cut_reply),
+                          lambda c, a: c.get_cut_at(a["scope"], a["stream"], a["time"])),
     "truncate_stream": _Method({**_STREAM_FIELDS, "cut": _cut}, {}, _UPDATE, _stream_resource,
-                               lambda c, a: c.truncate_stream(a["scope"], a["stream"], a["cut"]), encode=_nothing),
+                               lambda c, a: c.truncate_stream(a["scope"], a["stream"], a["cut"])),
     "check_stream_cut": _Method({**_STREAM_FIELDS, "cut": _cut}, {}, _READ, _stream_resource,
-                                lambda c, a: c.check_stream_cut(a["scope"], a["stream"], a["cut"]), encode=_nothing),
+                                lambda c, a: c.check_stream_cut(a["scope"], a["stream"], a["cut"])),
     "get_segments_between": _Method(
         {**_STREAM_FIELDS, "from_cut": _optional_cut, "to_cut": _optional_cut}, {}, _READ, _stream_resource,
-        lambda c, a: c.get_segments_between(a["scope"], a["stream"], a["from_cut"], a["to_cut"]), encode=_slices),
+        lambda c, a: c.get_segments_between(a["scope"], a["stream"], a["from_cut"], a["to_cut"])),
     "create_reader_group": _Method({**_GROUP_FIELDS, "config": _group_config}, {}, _UPDATE, _group_resource,
                                    lambda c, a: c.create_reader_group(a["scope"], a["group"], a["config"]),
-                                   reads=_group_streams, encode=_field("state_segment")),
+                                   reads=_group_streams),
     "get_reader_group": _Method(_GROUP_FIELDS, {}, _READ, _group_resource,
-                                lambda c, a: c.get_reader_group(a["scope"], a["group"]), encode=_reader_group),
+                                lambda c, a: c.get_reader_group(a["scope"], a["group"])),
     "update_reader_group": _Method(
         {**_GROUP_FIELDS, "config": _group_config}, {"expected_generation": _optional_generation}, _UPDATE,
         _group_resource,
         lambda c, a: c.update_reader_group(a["scope"], a["group"], a["config"], a.get("expected_generation")),
-        reads=_group_streams, encode=_field("generation")),
+        reads=_group_streams),
     "delete_reader_group": _Method(_GROUP_FIELDS, {}, _UPDATE, _group_resource,
-                                   lambda c, a: c.delete_reader_group(a["scope"], a["group"]), encode=_nothing),
+                                   lambda c, a: c.delete_reader_group(a["scope"], a["group"])),
     "list_reader_groups": _Method({"scope": _SCOPE}, {}, _READ, _scope_resource,
-                                  lambda c, a: c.list_reader_groups(a["scope"]), encode=_field("groups")),
+                                  lambda c, a: c.list_reader_groups(a["scope"])),
     "update_subscriber_cut": _Method(
         {**_GROUP_FIELDS, "stream": _qualified_stream, "cut": _cut}, {}, _UPDATE, _group_resource,
-        lambda c, a: c.update_subscriber_cut(a["scope"], a["group"], a["stream"], a["cut"]), encode=_nothing),
+        lambda c, a: c.update_subscriber_cut(a["scope"], a["group"], a["stream"], a["cut"])),
     "get_segment_uri": _Method({"segment": _segment_name}, {}, _READ, lambda a: str(a["segment"]),
-                               lambda c, a: c.get_segment_uri(a["segment"]), encode=_field("uri")),
+                               lambda c, a: c.get_segment_uri(a["segment"])),
     # Stream transactions and the fenced multi-commit.
     "create_transaction": _Method(_STREAM_FIELDS, {"lease": _optional_lease}, _UPDATE, _stream_resource,
-                                  lambda c, a: c.create_transaction(a["scope"], a["stream"], a.get("lease")),
-                                  encode=_transaction),
+                                  lambda c, a: c.create_transaction(a["scope"], a["stream"], a.get("lease"))),
     "ping_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _UPDATE, _stream_resource,
-                                lambda c, a: c.ping_transaction(a["scope"], a["stream"], a["txn"]),
-                                encode=_field("deadline")),
+                                lambda c, a: c.ping_transaction(a["scope"], a["stream"], a["txn"])),
     "commit_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _UPDATE, _stream_resource,
-                                  lambda c, a: c.commit_transaction(a["scope"], a["stream"], a["txn"]), encode=_status),
+                                  lambda c, a: c.commit_transaction(a["scope"], a["stream"], a["txn"])),
     "abort_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _UPDATE, _stream_resource,
-                                 lambda c, a: c.abort_transaction(a["scope"], a["stream"], a["txn"]), encode=_status),
+                                 lambda c, a: c.abort_transaction(a["scope"], a["stream"], a["txn"])),
     "get_transaction": _Method({**_STREAM_FIELDS, "txn": _transaction_id}, {}, _READ, _stream_resource,
-                               lambda c, a: c.get_transaction(a["scope"], a["stream"], a["txn"]), encode=_transaction),
+                               lambda c, a: c.get_transaction(a["scope"], a["stream"], a["txn"])),
     "list_transactions": _Method(_STREAM_FIELDS, {}, _READ, _stream_resource,
-                                 lambda c, a: c.list_transactions(a["scope"], a["stream"]), encode=_transactions),
+                                 lambda c, a: c.list_transactions(a["scope"], a["stream"])),
     "commit_transactions": _Method(
         {**_STREAM_FIELDS, "txns": _transaction_ids}, {"fence": _optional_fence}, _UPDATE, _stream_resource,
-        lambda c, a: c.commit_transactions(a["scope"], a["stream"], a["txns"], a.get("fence")), encode=_multi_commit),
+        lambda c, a: c.commit_transactions(a["scope"], a["stream"], a["txns"], a.get("fence"))),
     "get_fence": _Method({**_STREAM_FIELDS, "key": _fence_key}, {}, _READ, _stream_resource,
-                         lambda c, a: c.get_fence(a["scope"], a["stream"], a["key"]), encode=_field("value")),
+                         lambda c, a: c.get_fence(a["scope"], a["stream"], a["key"])),
 }
 
 
@@ -442,4 +358,4 @@ class ControllerRpc:
             self._authorizer.check(token, spec.resource(args), spec.permission)
             for stream in spec.reads(args):
                 self._authorizer.check(token, stream, _READ)
-        return canonical_json(spec.encode(await spec.call(self.controller, args)))
+        return canonical_json(CONTROLLER_REPLIES[method].encode(await spec.call(self.controller, args)))

@@ -113,6 +113,9 @@ class DurableLog:
         self.processor = OperationProcessor(
             metadata, frame_bytes_max=min(frame_bytes_max, data_log.write_settings.max_write_length_bytes),
             checkpoint_frame_count=checkpoint_frame_count, tracing=tracer is not None)
+        self._frame_capacity = self.processor.frame_capacity
+        #: The latest wall time handed to the processor (ms; it changes far less often than batches are taken).
+        self._wall_time_ms = 0
         self._in_flight_bytes_max = in_flight_bytes_max
         self._space_waiters: deque[asyncio.Future[None]] = deque()
         #: The idle task waits on this future (None while it runs): a bare future costs less per
@@ -235,9 +238,10 @@ class DurableLog:
 
     async def _run(self) -> None:
         processor = self.processor
+        queue = processor.queue
         try:
             while processor.failure is None:
-                if not processor.queue_length:
+                if not queue:
                     if self._closing:
                         return
                     self._idle = self._loop.create_future()
@@ -246,9 +250,10 @@ class DurableLog:
                     finally:
                         self._idle = None
                     continue
-                if processor.in_flight_frames:  # (else the delay is zero: see batching_delay_seconds)
+                in_flight_frames = processor.in_flight_frames
+                if in_flight_frames:  # (else the delay is zero: see batching_delay_seconds)
                     delay = batching_delay_seconds(
-                        processor.in_flight_frames, self._statistics.latency_seconds, self._statistics.fill_ratio,
+                        in_flight_frames, self._statistics.latency_seconds, self._statistics.fill_ratio,
                         limits.BATCHING_DELAY_SECONDS_MAX)
                     if delay > 0.0:
                         await self._clock.sleep(delay)
@@ -258,7 +263,7 @@ class DurableLog:
                 if processor.failure is not None:
                     return
                 self._process_queued()
-                if not processor.queue_length and processor.failure is None:
+                if not queue and processor.failure is None:
                     self._execute(processor.seal_frame())
         except (StorageError, ObjectClosedError) as error:
             self._execute(processor.fail_write(error))
@@ -269,9 +274,12 @@ class DurableLog:
     def _process_queued(self) -> None:
         processor = self.processor
         if self._wall_clock is not None:  # (once per batch, not per operation)
-            processor.advance_wall_time(int(self._wall_clock() * 1000))
+            time_ms = int(self._wall_clock() * 1000)
+            if time_ms > self._wall_time_ms:
+                self._wall_time_ms = time_ms
+                processor.advance_wall_time(time_ms)
         process, execute = processor.process, self._execute
-        for _ in range(min(processor.queue_length, limits.PROCESSOR_TAKE_COUNT_MAX)):
+        for _ in range(min(len(processor.queue), limits.PROCESSOR_TAKE_COUNT_MAX)):
             instructions = process()
             if instructions:
                 execute(instructions)
@@ -284,12 +292,32 @@ class DurableLog:
                 waiter.set_result(None)
 
     def _execute(self, instructions: Sequence[Instruction]) -> None:
-        """Carry out the processor's instructions, in order."""
+        """Carry out the processor's instructions, in order.  (The two of every frame, ``WriteFrame`` and
+        ``Acknowledge``, are carried out here rather than in methods of their own: a lone appender's
+        every operation is a frame, and a call is a measurable part of what one costs.)"""
         for instruction in instructions:
             if type(instruction) is WriteFrame:
-                self._write(instruction)
+                if self.processor.failure is not None:
+                    continue  # (a write failed while this frame's batch was carried out: it must not follow)
+                try:
+                    self._log.append(instruction.data, partial(
+                        self._on_write_done, instruction.frame_number, len(instruction.data), self._clock.monotonic()))
+                except ObjectClosedError as error:
+                    # The log failed (its writer saw the failure before our completion callback did) or
+                    # was closed.  A failure is the real cause: report it as such, so the host recovers.
+                    if isinstance(error.__cause__, StorageError):
+                        raise error.__cause__ from error
+                    raise
             elif type(instruction) is Acknowledge:
-                self._acknowledge(instruction.operations)
+                operations = self._acknowledging = instruction.operations
+                self._on_committed(operations)
+                for operation in operations:
+                    future = operation.future
+                    if future is not None and not future.done():
+                        future.set_result(operation.offset if type(operation) is StreamSegmentAppendOperation
+                                          else operation.result_offset)
+                self._acknowledging = []
+                self._log_capacity.set()
             elif type(instruction) is Reject:
                 future = instruction.operation.future
                 if future is not None and not future.done():
@@ -301,19 +329,6 @@ class DurableLog:
                 self._stop(instruction)
             else:
                 raise InternalError(f"unknown instruction {instruction!r}")
-
-    def _write(self, frame: WriteFrame) -> None:
-        if self.processor.failure is not None:
-            return  # (a write failed while this frame's batch was carried out: it must not follow)
-        try:
-            self._log.append(frame.data, partial(self._on_write_done, frame.frame_number, len(frame.data),
-                                                 self._clock.monotonic()))
-        except ObjectClosedError as error:
-            # The log failed (its writer saw the failure before our completion callback did) or was
-            # closed.  A failure is the real cause: report it as such, so the host recovers.
-            if isinstance(error.__cause__, StorageError):
-                raise error.__cause__ from error
-            raise
 
     def _on_write_done(self, frame_number: int, length: int, issued_at: float,
                        future: asyncio.Future[LogAddress]) -> None:
@@ -329,25 +344,16 @@ class DurableLog:
                 return
             if processor.failure is not None:
                 return
-            self._statistics.record(self._clock.monotonic() - issued_at, length / processor.frame_capacity)
-            self._execute(processor.persist(frame_number))
+            self._statistics.record(self._clock.monotonic() - issued_at, length / self._frame_capacity)
+            instructions = processor.persist(frame_number)
+            if instructions:  # (only when tracing)
+                self._execute(instructions)
             self._execute(processor.complete(frame_number, future.result()))
-            if processor.queue_length:
+            if processor.queue:
                 self._wake()  # (the processor queued a checkpoint)
         except Exception as error:  # a bug: stop (failing everything unacknowledged) rather than hang
             self.fail(InternalError(f"committing frame {frame_number} failed: {error!r}"))
             raise
-
-    def _acknowledge(self, operations: list[Operation]) -> None:
-        self._acknowledging = operations
-        self._on_committed(operations)
-        for operation in operations:
-            future = operation.future
-            if future is not None and not future.done():
-                future.set_result(operation.offset if type(operation) is StreamSegmentAppendOperation
-                                  else operation.result_offset)
-        self._acknowledging = []
-        self._log_capacity.set()
 
     def _stop(self, stop: Stop) -> None:
         unavailable = ContainerUnavailableError(f"the container stopped: {stop.error}")

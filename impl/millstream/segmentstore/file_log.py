@@ -114,6 +114,7 @@ import attrs
 
 from millstream import limits
 from millstream.errors import (
+    DamagedRecordError,
     DataCorruptionError,
     DataLogFencedError,
     DurableDataLogError,
@@ -333,19 +334,10 @@ def _decode_manifest(data: bytes, path: Path) -> _Manifest:
 # --- Records ---------------------------------------------------------------------------------------
 
 
-class _BadRecord(Exception):
-    """Private signal from ``_iter_records``: the record at ``offset`` is damaged or incomplete."""
-
-    def __init__(self, offset: int, reason: str) -> None:
-        super().__init__(f"offset {offset}: {reason}")
-        self.offset = offset
-        self.reason = reason
-
-
 def _iter_records(file: BinaryIO, start: int, end: int) -> Iterator[tuple[int, int, bytes]]:
     """Yield ``(offset, sequence, payload)`` for each intact record in bytes ``[start, end)`` of ``file``.
 
-    Raises ``_BadRecord`` at the first record that is damaged, or that ``end`` (or the end of the
+    Raises ``DamagedRecordError`` at the first record that is damaged, or that ``end`` (or the end of the
     file) cuts short.  Reads in ``_READ_CHUNK_BYTES`` chunks, so memory stays at about one chunk plus
     one record whatever the file's size.
     """
@@ -367,21 +359,21 @@ def _iter_records(file: BinaryIO, start: int, end: int) -> Iterator[tuple[int, i
                 magic, length, sequence, crc = _HEADER.unpack_from(view, position)
                 offset = base + position
                 if magic != RECORD_MAGIC:
-                    raise _BadRecord(offset, "no record header (bad magic)")
+                    raise DamagedRecordError(offset, "no record header (bad magic)")
                 if length > RECORD_PAYLOAD_LENGTH_BYTES_MAX:
-                    raise _BadRecord(offset, f"implausible length {length}")
+                    raise DamagedRecordError(offset, f"implausible length {length}")
                 need = RECORD_HEADER_SIZE_BYTES + length
                 if available < need:
                     break
                 payload = bytes(view[position + RECORD_HEADER_SIZE_BYTES : position + need])
                 if zlib.crc32(payload, zlib.crc32(view[position + 4 : position + 16])) != crc:
-                    raise _BadRecord(offset, "checksum mismatch")
+                    raise DamagedRecordError(offset, "checksum mismatch")
                 yield offset, sequence, payload
                 position += need
         if unread == 0:
             if position == len(buffer):
                 return
-            raise _BadRecord(base + position, "incomplete record (cut short by the end)")
+            raise DamagedRecordError(base + position, "incomplete record (cut short by the end)")
         del buffer[:position]
         base += position
         position = 0
@@ -461,7 +453,7 @@ def _scan_ledger(path: Path, first_sequence: int, sealed_length: int | None) -> 
                     )
                 expected += 1
                 valid_end = offset + RECORD_HEADER_SIZE_BYTES + len(payload)
-        except _BadRecord as bad:
+        except DamagedRecordError as bad:
             later = None if sealed_length is not None else _find_intact_record(file, bad.offset + 1, end, expected)
             if sealed_length is not None or later is not None:
                 raise DataCorruptionError(
@@ -505,7 +497,7 @@ def _read_ledgers(directory: Path, manifest: _Manifest, next_sequence: int) -> I
                         )
                     expected += 1
                     yield LogRecord(LogAddress(sequence, (ledger.number, offset)), payload)
-            except _BadRecord as bad:
+            except DamagedRecordError as bad:
                 raise DataCorruptionError(f"{path}: record at offset {bad.offset} is damaged ({bad.reason})") from None
     if expected != next_sequence:
         raise DataCorruptionError(

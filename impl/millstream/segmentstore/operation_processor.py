@@ -30,6 +30,13 @@ processor queues a metadata checkpoint of its own.
 
 Instructions come back as a sequence, often empty (the empty tuple: nothing is allocated on the hot
 path); the executor must carry them out in order.  An instruction list is the machine's only output.
+(Instructions are plain ``attrs.define`` classes rather than frozen ones: a frozen attrs class costs
+twice as much to build, and a lone appender builds two per operation.  Nothing changes them.)
+
+What the executor reads between actions: ``queue`` (the operations submitted and not processed yet),
+``queue_full``, ``in_flight_bytes`` and ``failure`` -- plain attributes rather than properties,
+because the executor reads them several times per frame (``queue_full`` once per operation); only
+the actions change them.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ __all__ = [
 ]
 
 
-@attrs.frozen
+@attrs.define
 class WriteFrame:
     """Hand frame ``frame_number`` (``data``, a whole DataFrame) to Tier 1; report its completion to
     ``persist`` and ``complete`` (or its failure to ``fail_write``)."""
@@ -76,7 +83,7 @@ class WriteFrame:
     data: bytearray
 
 
-@attrs.frozen
+@attrs.define
 class Acknowledge:
     """``operations`` are durable and committed, in order: apply them to memory, then answer each
     caller with its ``result_offset`` (an append: its ``offset``)."""
@@ -84,7 +91,7 @@ class Acknowledge:
     operations: list[Operation]
 
 
-@attrs.frozen
+@attrs.define
 class Reject:
     """``operation`` was refused (nothing of it is written): answer its caller with ``error``."""
 
@@ -92,7 +99,7 @@ class Reject:
     error: CallerError
 
 
-@attrs.frozen
+@attrs.define
 class Stop:
     """The processor stopped because of ``error``: answer each of ``operations`` as unavailable (its
     outcome is unknown); ``error`` is an ``ObjectClosedError`` for a shutdown or a kill."""
@@ -101,7 +108,7 @@ class Stop:
     operations: list[Operation]
 
 
-@attrs.frozen
+@attrs.define
 class Trace:
     """The step just taken, in ``spec/DurableLog.tla``'s vocabulary (``segmentstore.tracing``).
     Produced only by a processor built with ``tracing=True``."""
@@ -149,13 +156,18 @@ class OperationProcessor:
         #: Instructions of the action under way (frames sealed while an operation is serialized).
         self._outbox: list[Instruction] = []
         self._time_ms = 0
-        self._queue: deque[Operation] = deque()
+        #: Operations submitted and not processed yet (read-only outside the processor).
+        self.queue: deque[Operation] = deque()
         self._queue_bytes = 0
+        #: True while the queue holds ``queue_length_max`` operations or ``queue_bytes_max`` bytes
+        #: (read-only outside the processor; an attribute the actions keep, because every append asks).
+        self.queue_full = False
         self._queue_length_max = queue_length_max
         self._queue_bytes_max = queue_bytes_max
         self._active = ContainerMetadataUpdateTransaction(metadata, None)
         self._in_flight: deque[_Frame] = deque()
-        self._in_flight_bytes = 0
+        #: Bytes of the frames handed to Tier 1 and not committed yet (read-only outside the processor).
+        self.in_flight_bytes = 0
         self._frame_operations: list[Operation] = []
         self._processing: Operation | None = None
         self._builder = DataFrameBuilder(frame_bytes_max, self._on_frame_sealed)
@@ -192,21 +204,12 @@ class OperationProcessor:
 
     @property
     def queue_length(self) -> int:
-        return len(self._queue)
-
-    @property
-    def queue_full(self) -> bool:
-        """True while the queue holds ``queue_length_max`` operations or ``queue_bytes_max`` bytes."""
-        return len(self._queue) >= self._queue_length_max or self._queue_bytes >= self._queue_bytes_max
+        return len(self.queue)
 
     @property
     def in_flight_frames(self) -> int:
         """Frames handed to Tier 1 and not committed yet."""
         return len(self._in_flight)
-
-    @property
-    def in_flight_bytes(self) -> int:
-        return self._in_flight_bytes
 
     def peek(self, name: str) -> SegmentMetadata | SegmentMetadataUpdateTransaction | None:
         """Segment ``name`` as the next operation would see it (operations in flight included), or None."""
@@ -244,11 +247,14 @@ class OperationProcessor:
         submits: see ``queue_full``).  Raises ``ContainerUnavailableError`` unless running."""
         if self.failure is not None or not self._recovered:
             raise ContainerUnavailableError("the container is not running") from self.failure
-        self._queue.append(operation)
+        queue = self.queue
+        queue.append(operation)
         if type(operation) is StreamSegmentAppendOperation:  # the hot path: skip the property lookup
             self._queue_bytes += len(operation.data)
         else:
             self._queue_bytes += operation.payload_length
+        if len(queue) >= self._queue_length_max or self._queue_bytes >= self._queue_bytes_max:
+            self.queue_full = True
         if self._tracing:
             self._trace_submit(operation)
             return self._take()
@@ -258,13 +264,15 @@ class OperationProcessor:
         """[Process] Validate the head of the queue against the chain; reject it, or give it the next
         sequence number and serialize it into the open frame (``WriteFrame`` for every frame it fills).
         Raises ``InternalError`` if the queue is empty or the processor is not running."""
-        if not self._queue or self.failure is not None:
+        if not self.queue or self.failure is not None:
             raise InternalError("Process is not enabled: the queue is empty or the processor stopped")
-        operation = self._queue.popleft()
+        operation = self.queue.popleft()
         self._processing = operation  # so that a failure inside still answers it
         # Appends are nearly every operation: they skip the ``payload_length`` and ``header`` dispatch.
         append = operation if type(operation) is StreamSegmentAppendOperation else None
         self._queue_bytes -= operation.payload_length if append is None else len(append.data)
+        if self.queue_full:
+            self.queue_full = len(self.queue) >= self._queue_length_max or self._queue_bytes >= self._queue_bytes_max
         try:
             self._active.pre_process(operation)
         except CallerError as error:
@@ -308,7 +316,11 @@ class OperationProcessor:
             self._builder.flush()
         finally:
             self._explicit_seal = False
-        return self._take()
+        outbox = self._outbox  # (``_take``, inlined: this runs once per frame)
+        if not outbox:
+            return _NOTHING
+        self._outbox = []
+        return outbox
 
     def persist(self, frame_number: int) -> Sequence[Instruction]:
         """[Persist] Tier 1 made every frame up to ``frame_number`` durable (a completion notice says so)."""
@@ -351,7 +363,8 @@ class OperationProcessor:
                 self._queue_checkpoint()
         elif checkpoint.sequence_number and committed and committed[-1].sequence_number >= checkpoint.sequence_number:
             self._queued_checkpoint = None  # committed: the next one may be queued from the next notice on
-        return self._take()
+        self._outbox = []  # (``_take``, inlined: this runs once per frame; ``outbox`` holds the Acknowledge)
+        return outbox
 
     def fail_write(self, error: BaseException, frame_number: int | None = None) -> Sequence[Instruction]:
         """[FailWrite] A Tier-1 write (of ``frame_number``, if known) failed: stop.  Ignored once stopped."""
@@ -373,11 +386,12 @@ class OperationProcessor:
             self._processing = None
         doomed += [op for frame in self._in_flight for op in frame.operations]
         doomed += self._frame_operations
-        doomed += self._queue
+        doomed += self.queue
         self._in_flight.clear()
         self._frame_operations = []
-        self._queue.clear()
-        self._queue_bytes = self._in_flight_bytes = 0
+        self.queue.clear()
+        self._queue_bytes = self.in_flight_bytes = 0
+        self.queue_full = False
         self._outbox.append(Stop(error, doomed))
         return self._take()
 
@@ -401,7 +415,9 @@ class OperationProcessor:
         checkpoint = MetadataCheckpointOperation()
         self._queued_checkpoint = checkpoint
         self._frames_since_checkpoint = self._bytes_since_checkpoint = 0
-        self._queue.append(checkpoint)
+        self.queue.append(checkpoint)
+        if len(self.queue) >= self._queue_length_max:
+            self.queue_full = True
         if self._tracing:
             self._trace_submit(checkpoint)
 
@@ -421,7 +437,7 @@ class OperationProcessor:
         self._frame_operations = []
         self._active = ContainerMetadataUpdateTransaction(self._metadata, frame.transaction)
         self._in_flight.append(frame)
-        self._in_flight_bytes += frame.length
+        self.in_flight_bytes += frame.length
         if self._explicit_seal and self._tracing:
             self._outbox.append(Trace("SealFrame", {"frame": number}))
         self._outbox.append(WriteFrame(number, sealed.data))
@@ -433,7 +449,7 @@ class OperationProcessor:
             frame = in_flight.popleft()
             frame.transaction.commit()
             (in_flight[0].transaction if in_flight else self._active).previous = None
-            self._in_flight_bytes -= frame.length
+            self.in_flight_bytes -= frame.length
             committed.extend(frame.operations)
             self._frames_since_checkpoint += 1
             self._bytes_since_checkpoint += frame.length
