@@ -62,7 +62,7 @@ class MillstreamDriver(Driver):
             return Availability(False, "the `millstream standalone` command is not available yet")
         import millstream
 
-        return Availability(True, f"millstream {millstream.__version__} ({Path(millstream.__file__).parent})")
+        return Availability(True, f"millstream {millstream.__version__}")  # (the report names the revision)
 
     def configuration(self) -> str:
         return ("millstream standalone --data-dir DATA --port PORT\n"
