@@ -463,6 +463,11 @@ CONTROLLER_STREAM_LOCK_WAIT_SECONDS: Final = 60.0
 #: metadata log takes seconds; a minute is far beyond it.
 CONTROLLER_START_WAIT_SECONDS: Final = 60.0
 
+#: A background task being stopped is cancelled again after this long if it is still running: on
+#: CPython 3.11 a cancellation can be lost (``millstream.tasks``); a loop that lost it must not keep a
+#: stop waiting forever.
+TASK_CANCEL_RETRY_SECONDS: Final = 1.0
+
 #: A ``ControllerRequest`` body (JSON) larger than this is refused unparsed.
 CONTROLLER_REQUEST_BODY_BYTES_MAX: Final = 4 * MIB
 

@@ -94,6 +94,7 @@ from millstream.naming import (
 )
 from millstream.randomness import RandomSource, SystemRandomSource
 from millstream.segmentstore.tracing import Tracer
+from millstream.tasks import cancel_and_wait
 from millstream.values import (
     ReaderGroupConfig,
     ReaderGroupInfo,
@@ -222,8 +223,7 @@ class Controller(TransactionWorkflows):
         self._closed = True
         task, self._periodic = self._periodic, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(task)
         await self._stop_transaction_workers()
 
     async def __aenter__(self) -> Controller:

@@ -70,6 +70,7 @@ from millstream.segmentstore.operations import (
     StreamSegmentTruncateOperation,
 )
 from millstream.segmentstore.read_index import ReadIndex, TierTwo
+from millstream.tasks import cancel_and_wait
 
 __all__ = ["StorageWriter", "chunk_name"]
 
@@ -170,9 +171,7 @@ class StorageWriter(TierTwo):
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)  # (a flush's Tier-2 call can outlive one cancellation)
         self._progress.set()
 
     def kill(self) -> None:

@@ -32,6 +32,7 @@ from millstream.server._connection import Connection
 from millstream.server._memory import trim_memory
 from millstream.server._stats import ReadPositions, SegmentStatistics
 from millstream.server._transient import TransientSegments
+from millstream.tasks import cancel_and_wait
 
 __all__ = ["SERVER_LIFECYCLE", "ControllerEndpoint", "SegmentStoreServer", "ServerState"]
 
@@ -230,8 +231,7 @@ class SegmentStoreServer:
         self._transition("stop")
         for task in (self._sweeper, self._housekeeper):
             if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await cancel_and_wait(task)
         self._sweeper = self._housekeeper = None
         if self._listener is not None:
             self._listener.close()
