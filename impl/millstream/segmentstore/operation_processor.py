@@ -34,7 +34,7 @@ path); the executor must carry them out in order.  An instruction list is the ma
 twice as much to build, and a lone appender builds two per operation.  Nothing changes them.)
 
 What the executor reads between actions: ``queue`` (the operations submitted and not processed yet),
-``queue_full``, ``in_flight_bytes`` and ``failure`` -- plain attributes rather than properties,
+``queue_full``, ``in_flight_frames``, ``in_flight_bytes`` and ``failure`` -- plain attributes rather than properties,
 because the executor reads them several times per frame (``queue_full`` once per operation); only
 the actions change them.
 """
@@ -166,7 +166,8 @@ class OperationProcessor:
         self._queue_bytes_max = queue_bytes_max
         self._active = ContainerMetadataUpdateTransaction(metadata, None)
         self._in_flight: deque[_Frame] = deque()
-        #: Bytes of the frames handed to Tier 1 and not committed yet (read-only outside the processor).
+        #: Frames handed to Tier 1 and not committed yet, and their bytes (read-only outside the processor).
+        self.in_flight_frames = 0
         self.in_flight_bytes = 0
         self._frame_operations: list[Operation] = []
         self._processing: Operation | None = None
@@ -206,11 +207,6 @@ class OperationProcessor:
     def queue_length(self) -> int:
         return len(self.queue)
 
-    @property
-    def in_flight_frames(self) -> int:
-        """Frames handed to Tier 1 and not committed yet."""
-        return len(self._in_flight)
-
     def peek(self, name: str) -> SegmentMetadata | SegmentMetadataUpdateTransaction | None:
         """Segment ``name`` as the next operation would see it (operations in flight included), or None."""
         return self._active.peek(name)
@@ -218,7 +214,8 @@ class OperationProcessor:
     def advance_wall_time(self, time_ms: int) -> None:
         """Operations processed from now on are stamped with ``time_ms`` (ms since the Unix epoch;
         ``SegmentMetadata.last_modified_ms``), unless an earlier stamp was later: times never go back."""
-        self._time_ms = self._active.time_ms = max(self._time_ms, time_ms)
+        if time_ms > self._time_ms:
+            self._time_ms = self._active.time_ms = time_ms
 
     # --- the spec's actions ------------------------------------------------------------------------------
 
@@ -390,7 +387,7 @@ class OperationProcessor:
         self._in_flight.clear()
         self._frame_operations = []
         self.queue.clear()
-        self._queue_bytes = self.in_flight_bytes = 0
+        self._queue_bytes = self.in_flight_bytes = self.in_flight_frames = 0
         self.queue_full = False
         self._outbox.append(Stop(error, doomed))
         return self._take()
@@ -437,6 +434,7 @@ class OperationProcessor:
         self._frame_operations = []
         self._active = ContainerMetadataUpdateTransaction(self._metadata, frame.transaction)
         self._in_flight.append(frame)
+        self.in_flight_frames += 1
         self.in_flight_bytes += frame.length
         if self._explicit_seal and self._tracing:
             self._outbox.append(Trace("SealFrame", {"frame": number}))
@@ -449,6 +447,7 @@ class OperationProcessor:
             frame = in_flight.popleft()
             frame.transaction.commit()
             (in_flight[0].transaction if in_flight else self._active).previous = None
+            self.in_flight_frames -= 1
             self.in_flight_bytes -= frame.length
             committed.extend(frame.operations)
             self._frames_since_checkpoint += 1
