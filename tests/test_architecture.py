@@ -2,14 +2,28 @@
 
 The graph is read from the source files with ``ast`` (no import runs), through the same mapping of
 import name onto its source root that ``pyproject.toml`` gives setuptools (``impl/millstream/``, with
-``millstream.model`` and ``millstream.spark`` linked in from ``model/`` and ``spark_pipeline/``).  Two
-graphs:
+``millstream.model`` and ``millstream.spark`` linked in from ``model/`` and ``spark_pipeline/``).  An
+import is every ``import`` statement -- at the top, inside a function (lazy), under
+``if TYPE_CHECKING:`` (type-only) -- and every ``import_module("millstream....")`` /
+``__import__("millstream....")`` call with a literal name.  Three graphs:
 
+* modules, counting every import: no cycle at all, so each module can be read knowing only the ones
+  below it (a type-only or lazy import is still a dependency; it only hides the cycle from Python);
 * modules, counting only the imports that run when a module is imported (top level, outside
-  ``if TYPE_CHECKING:``): a cycle there makes import order matter;
+  ``if TYPE_CHECKING:``): a cycle there would make import order matter (implied by the first; kept
+  for the message it gives);
 * *parts* -- ``millstream.client``, ``millstream.controller``, ``millstream.values``... (a
-  subpackage, or a top-level module) -- counting every import, lazy and type-only ones too: a cycle
-  there means two layers each need the other.
+  subpackage, or a top-level module) -- counting every import: a cycle there means two layers each
+  need the other.
+
+A package's ``__init__.py`` is a module like any other, and its imports count like any others.  When
+it imports its own submodules to re-export their names, those arrows point down into the package:
+that is the package's face, not a cycle.  It becomes one only if a module inside the package imports
+the ``__init__`` back (``from millstream.client import X`` in ``millstream.client._writer``), directly
+or through others -- and then the first graph shows it.  So the rule a reader checks is one line: a
+module does not import the ``__init__`` of its own package when that ``__init__`` reaches it; it
+imports the name from the submodule that defines it.  (Importing an enclosing package that does not
+reach back stays allowed: ``millstream.cli._group`` reads ``millstream.__version__``.)
 """
 
 from __future__ import annotations
@@ -91,6 +105,19 @@ def _statements(body: list[ast.stmt], eager: bool) -> Iterator[tuple[ast.stmt, b
             yield from _statements(statement.body, eager and isinstance(statement, ast.ClassDef))
 
 
+def _named_imports(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    """The module name and line of each call ``import_module("...")``, ``importlib.import_module("...")``
+    or ``__import__("...")`` with a literal name (a name built at run time cannot be followed: the CLI's
+    ``__init__`` loads its own command modules so, and ``millstream bench`` the benchmarks)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            function = node.func
+            name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+            if name in ("import_module", "__import__"):
+                yield node.args[0].value, node.lineno
+
+
 def _imports(modules: Mapping[str, pathlib.Path]) -> list[Import]:
     def known(name: str) -> str:
         while name not in modules:
@@ -117,7 +144,19 @@ def _imports(modules: Mapping[str, pathlib.Path]) -> list[Import]:
             for target in targets:
                 if target == "millstream" or target.startswith("millstream."):
                     found.append(Import(module, known(target), statement.lineno, eager))
+        for target, line in _named_imports(tree):
+            if target == "millstream" or target.startswith("millstream."):
+                found.append(Import(module, known(target), line, False))  # (counted as lazy: it runs when called)
     return found
+
+
+def _module_edges(imports: list[Import], *, eager_only: bool) -> dict[str, set[str]]:
+    """``source -> targets`` over ``imports`` (only those that run at import time, with ``eager_only``)."""
+    edges: dict[str, set[str]] = {}
+    for found in imports:
+        if (found.eager or not eager_only) and found.source != found.target:
+            edges.setdefault(found.source, set()).add(found.target)
+    return edges
 
 
 def part(module: str) -> str:
@@ -179,11 +218,74 @@ def test_the_graph_reader_finds_what_it_must(imports: list[Import]) -> None:
 
 
 def test_modules_import_each_other_without_cycles(imports: list[Import]) -> None:
-    edges: dict[str, set[str]] = {}
-    for found in imports:
-        if found.eager and found.source != found.target:
-            edges.setdefault(found.source, set()).add(found.target)
-    assert _cycles(edges) == []
+    assert _cycles(_module_edges(imports, eager_only=True)) == []
+
+
+def _cycle_report(imports: list[Import], cycles: list[list[str]]) -> str:
+    """Each cycle with the imports that tie it (file and line), for the failure message."""
+    lines = []
+    for cycle in cycles:
+        members = set(cycle)
+        lines.append("cycle: " + ", ".join(cycle))
+        lines.append(_show(sorted({i for i in imports if i.source in members and i.target in members
+                                   and i.source != i.target}, key=lambda i: (i.source, i.line, i.target))))
+    return "\n".join(lines)
+
+
+def test_modules_import_each_other_without_cycles_counting_every_import(imports: list[Import]) -> None:
+    """No cycle among modules, lazy and type-only imports counted (issue 22: "the import graph has no
+    cycles").  Break one the way the design reads: helpers into a small private module of the
+    package, values into ``millstream.values`` or a module low in the package, and where a lower
+    module needs a few members of a higher object, a ``Protocol`` of just those in the lower module.
+    (On b5a0a99 this failed with the issue's five circles: cli, client's stubs, the reader and its
+    group, the controller, the server's connection parts.)"""
+    cycles = _cycles(_module_edges(imports, eager_only=False))
+    assert cycles == [], f"modules that import each other (every import counted):\n{_cycle_report(imports, cycles)}"
+
+
+def _synthetic(folder: pathlib.Path, files: Mapping[str, str]) -> list[Import]:
+    """The imports of a small package written under ``folder``: ``{"millstream.p.__init__": source,
+    "millstream.p.a": source}`` (a package's module named by its ``__init__``)."""
+    modules: dict[str, pathlib.Path] = {}
+    for name, source in files.items():
+        path = folder.joinpath(*name.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        modules[name.removesuffix(".__init__")] = path
+    return _imports(modules)
+
+
+def test_the_every_import_check_finds_a_type_only_cycle(tmp_path: pathlib.Path) -> None:
+    """The reader and the graph see through ``if TYPE_CHECKING:``, functions and ``import_module``: a
+    cycle closed by a type-only import is found by the every-import graph and not by the eager one;
+    so is one closed by a lazy ``import_module``."""
+    typed = _synthetic(tmp_path / "typed", {
+        "millstream.__init__": "",
+        "millstream.a": "from millstream.b import B\n",
+        "millstream.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from millstream.a import A\n",
+    })
+    assert _cycles(_module_edges(typed, eager_only=True)) == []
+    assert _cycles(_module_edges(typed, eager_only=False)) == [["millstream.a", "millstream.b"]]
+    lazy = _synthetic(tmp_path / "lazy", {
+        "millstream.__init__": "",
+        "millstream.a": "from millstream import b\n",
+        "millstream.b": "def f():\n    import importlib\n    return importlib.import_module('millstream.a')\n",
+    })
+    assert _cycles(_module_edges(lazy, eager_only=False)) == [["millstream.a", "millstream.b"]]
+
+
+def test_a_package_face_is_no_cycle_until_a_submodule_imports_it(tmp_path: pathlib.Path) -> None:
+    """The ``__init__`` rule of the module docstring, on a small package: an ``__init__`` that
+    re-exports its submodule's name is no cycle; the submodule importing that ``__init__`` makes one."""
+    face = "from millstream.p._a import A\n"
+    alone = _synthetic(tmp_path / "alone", {"millstream.__init__": "", "millstream.p.__init__": face,
+                                            "millstream.p._a": "A = 1\n"})
+    assert ("millstream.p", "millstream.p._a", True) in {(i.source, i.target, i.eager) for i in alone}
+    assert _cycles(_module_edges(alone, eager_only=False)) == []
+    back = _synthetic(tmp_path / "back", {"millstream.__init__": "", "millstream.p.__init__": face,
+                                          "millstream.p._a": "A = 1\ndef f():\n    from millstream.p import B\n",
+                                          "millstream.p._b": "B = 2\n"})
+    assert _cycles(_module_edges(back, eager_only=False)) == [["millstream.p", "millstream.p._a"]]
 
 
 def test_parts_import_each_other_without_cycles(imports: list[Import]) -> None:

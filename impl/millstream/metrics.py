@@ -52,8 +52,7 @@ from millstream.naming import container_of
 from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord, OnDone, WriteSettings
 
 if TYPE_CHECKING:
-    from millstream.server import SegmentStoreServer
-    from millstream.server._server import ControllerEndpoint
+    from millstream.server import ControllerEndpoint, SegmentStoreServer
 
 __all__ = [
     "CONTENT_TYPE",

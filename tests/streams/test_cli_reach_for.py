@@ -146,10 +146,10 @@ def test_read_stream_reads_every_key_in_order_across_a_scale_and_leaves_no_group
 def test_read_stream_deletes_its_group_after_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while reading (here: right after the first event) stops the command -- click says
     "Aborted!" -- and the group it made is gone."""
-    import millstream.cli.groups as groups
+    import millstream.cli.client as client_command
 
     seen: list[list[str]] = []
-    original = groups._read_as_reader
+    original = client_command._read_as_reader
 
     def interrupted(client: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         seen.append(client.run(client.async_client.controller().list_reader_groups("s")))
@@ -157,7 +157,7 @@ def test_read_stream_deletes_its_group_after_ctrl_c(tmp_path: Path, monkeypatch:
         original(client, name, *args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(groups, "_read_as_reader", interrupted)
+    monkeypatch.setattr(client_command, "_read_as_reader", interrupted)
     with millstream.standalone(tmp_path) as node:
         uri = node.uri
         assert invoke(uri, "scope", "create", "s")[0] == 0

@@ -17,20 +17,28 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 import click
 
 from millstream import limits
+from millstream.cli._common import (
+    _client,
+    _connection_options,
+    _count,
+    _group_name,
+    _position_prefix,
+    _print_group_reads,
+    _read_as_reader,
+    _stream_name,
+    _stream_segments,
+)
 from millstream.cli._group import main
 from millstream.cli._output import EventPrinter, output_options
 from millstream.cli._progress import Progress
 
 __all__ = ["read", "segment", "write"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-_DEFAULT_URI = "tcp://127.0.0.1:9090"
 _FLUSH_EVENTS_MAX = limits.CLI_WRITE_FLUSH_EVENTS
 _RECONNECT_BUDGET_DEFAULT = limits.CLIENT_RECONNECT_BUDGET_SECONDS
 
@@ -53,47 +61,6 @@ class _BudgetType(click.ParamType):  # type: ignore[type-arg]  # (generic only i
         if not number > 0:
             self.fail(f"{value!r} must be positive (or 'forever')", param, ctx)
         return number
-
-
-def _connection_options(command: F) -> F:
-    """--uri, --token and --tls-ca, shared by every command here.  Each comes from the command line,
-    else its MILLSTREAM_* variable, else the [client] table of $MILLSTREAM_CONFIG (``file_default``)."""
-    from millstream.cli._client_config import file_default
-
-    command = click.option(
-        "--tls-ca", "tls_ca", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-        default=file_default("tls_ca", None), envvar="MILLSTREAM_TLS_CA", show_envvar=True,
-        help="Use TLS and trust the server's certificate if this CA file (PEM) signed it.  "
-             "(A tls:// URI without it trusts the system's CAs.)")(command)
-    command = click.option(
-        "--token", envvar="MILLSTREAM_TOKEN", default=file_default("token", ""), show_envvar=True,
-        help="Access token for a server that checks tokens (issue one with `millstream token issue`).")(command)
-    command = click.option(
-        "--uri", envvar="MILLSTREAM_URI", default=file_default("uri", _DEFAULT_URI), show_default=_DEFAULT_URI,
-        show_envvar=True,
-        help="The server: tcp://HOST:PORT or tls://HOST:PORT, as `millstream standalone` prints it.")(command)
-    return command
-
-
-@contextlib.contextmanager
-def _client(uri: str, token: str, tls_ca: Path | None, *, config: Any = None) -> Iterator[Any]:
-    """A blocking client (``config``: a ``ClientConfig``, default the defaults); the server's errors
-    become one-line messages (exit status 1)."""
-    import ssl
-
-    import millstream
-    from millstream.errors import MillstreamError
-
-    context = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca is not None else None
-    try:
-        with millstream.connect(uri, token=token, ssl_context=context, config=config) as client:
-            yield client
-    except MillstreamError as error:
-        raise click.ClickException(f"{type(error).__name__}: {error}") from error
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 # --- millstream segment ----------------------------------------------------------------------------
@@ -151,28 +118,6 @@ def info(name: str, as_json: bool, uri: str, token: str, tls_ca: Path | None) ->
         return
     for key, value in fields.items():
         click.echo(f"{key + ':':<18}{str(value).lower() if isinstance(value, bool) else value}")
-
-
-def _stream_segments(client: Any, stream: str) -> list[dict[str, Any]]:
-    """Every segment of ``stream`` that still holds data (from its head on: sealed predecessors
-    included, those wholly truncated away not), ordered by epoch then key, each with its key range,
-    whether it is in the current epoch, and its length, start offset and state from its server."""
-    from millstream.client import split_stream_name
-
-    scope, name = split_stream_name(stream)
-    controller = client.async_client.controller()
-    slices = client.run(controller.get_segments_between(scope, name, None, None))
-    current = {s.segment_id for s in client.stream_manager().current_segments(stream).segments}
-    rows = []
-    for piece in slices:
-        segment = piece.segment
-        properties = client.segments().info(segment.name)
-        rows.append({"stream": stream, "id": segment.segment_id, "epoch": segment.epoch, "number": segment.number,
-                     "name": segment.name, "key_start": segment.key_start, "key_end": segment.key_end,
-                     "current": segment.segment_id in current, "sealed": properties.sealed,
-                     "start_offset": properties.start_offset, "length": properties.length,
-                     "bytes": properties.length - properties.start_offset})
-    return rows
 
 
 @segment.command("list", short_help="List the segments of a stream, or of every stream of a scope.")
@@ -418,8 +363,6 @@ def write(files: tuple[Path, ...], stream: str | None, segments: tuple[str, ...]
         raise click.UsageError("--routing-key gives every event the same key; --key-field takes each one's from "
                                "its JSON: choose one")
     if stream is not None:
-        from millstream.cli.streams import _stream_name
-
         _stream_name(stream)
     if whole_files and (not files or any(str(f) == "-" for f in files)):
         raise click.UsageError("--whole-files needs FILE arguments (standard input is read as lines)")
@@ -533,7 +476,6 @@ def _read_stream(client: Any, stream: str, start: str, follow: bool, max_events:
     redo that.  The group's name (``SCOPE/cli-read-<random>``) says what it is, should the process be
     killed before it can delete it (`millstream group delete` removes it then).  Without --follow the
     group ends at the stream's tail when the command starts, so the read stops exactly there."""
-    from millstream.cli.groups import _read_as_reader
     from millstream.client import ReaderGroupConfig
     from millstream.errors import MillstreamError
 
@@ -618,18 +560,12 @@ def read(stream: str | None, start: str | None, name: str | None, group: str | N
     if reader_id is not None and group is None:
         raise click.UsageError("--reader-id is for --group")
     if group is not None:
-        from millstream.cli.groups import _group_name, group_read
-
-        context = click.get_current_context()
-        context.invoke(group_read, name=_group_name(group), reader_id=reader_id or f"cli-{uuid.uuid4().hex[:12]}",
-                       follow=follow, idle_seconds=1.0, max_events=max_events, show_positions=show_offsets,
-                       output_format=output_format, null=null, length_prefixed=length_prefixed,
-                       uri=uri, token=token, tls_ca=tls_ca)
+        _print_group_reads(_group_name(group), reader_id or f"cli-{uuid.uuid4().hex[:12]}", follow=follow,
+                           idle_seconds=1.0, max_events=max_events, show_positions=show_offsets,
+                           output_format=output_format, null=null, length_prefixed=length_prefixed,
+                           uri=uri, token=token, tls_ca=tls_ca)
         return
     if stream is not None:
-        from millstream.cli.groups import _position_prefix
-        from millstream.cli.streams import _stream_name
-
         _stream_name(stream)
         printer = EventPrinter(sys.stdout.buffer, output_format, null=null, length_prefixed=length_prefixed,
                                prefix=_position_prefix if show_offsets else None)

@@ -9,35 +9,17 @@ form `millstream stream describe --json` prints a stream's head and tail in.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from millstream.cli._common import _client, _connection_options, _group_name, _print_group_reads
 from millstream.cli._group import main
-from millstream.cli._output import EventPrinter, output_options
-from millstream.cli.client import _client, _connection_options, _count
+from millstream.cli._output import output_options
 
 __all__ = ["group"]
-
-#: ``group read`` without --follow waits this long for the group to give it segments before its idle
-#: time starts counting anyway (a reader takes its first segments within one rebalancing time unit).
-_FIRST_SEGMENTS_WAIT_SECONDS = 3.0
-
-
-def _group_name(value: str) -> str:
-    from millstream.client import split_stream_name
-    from millstream.errors import InvalidArgumentError
-
-    try:
-        split_stream_name(value)
-    except InvalidArgumentError as error:
-        raise click.BadParameter(str(error).replace("stream", "reader group")) from None
-    return value
 
 
 def _cuts(values: tuple[str, ...], option: str) -> dict[str, Any]:
@@ -247,75 +229,9 @@ def group_read(name: str, reader_id: str, follow: bool, idle_seconds: float, max
       millstream group read iot/analytics --reader-id r1 --max-events 100 --show-positions
       millstream group read iot/analytics --reader-id r1 --format json
     """
-    printer = EventPrinter(sys.stdout.buffer, output_format, null=null, length_prefixed=length_prefixed,
-                           prefix=_position_prefix if show_positions else None)
-    with _client(uri, token, tls_ca) as client:
-        printed, ended = _read_as_reader(client, name, reader_id, printer, follow=follow, idle_seconds=idle_seconds,
-                                        max_events=max_events)
-    if printed is None:
-        return
-    end = " (end of the group's streams)" if ended else ""
-    click.echo(f"read {_count(printed, 'event')}{end}", err=True)
-
-
-def _position_prefix(segment: str, offset: int) -> bytes:
-    return f"{segment}\t{offset}\t".encode()
-
-
-def _read_as_reader(client: Any, name: str, reader_id: str, printer: EventPrinter, *, follow: bool,
-                   idle_seconds: float, max_events: int | None) -> tuple[int | None, bool]:
-    """Join group ``name`` as ``reader_id`` and print what it hands this reader, until ``max_events``,
-    the end of the group's streams, Ctrl-C (exit status 130) or, without ``follow``, ``idle_seconds``
-    without an event.  The reader leaves the group at its position, however this ends.  Returns how
-    many events were printed and whether the streams ended (None printed: the output went away)."""
-    out = sys.stdout.buffer
-    printed = 0
-    ended = False
-    handle = client.reader_group(name)
-    try:
-        reader = handle.reader(reader_id)
-    except BaseException:
-        handle.close()
-        raise
-    try:
-        idle = waited = 0.0
-        wait = 0.25
-        while max_events is None or printed < max_events:
-            read = reader.read_next_event(wait)
-            if read.checkpoint_name is not None:
-                out.flush()
-                click.echo(f"checkpoint {read.checkpoint_name}", err=True)
-                continue
-            if read.event is None:
-                out.flush()
-                if read.end_of_stream:
-                    ended = True
-                    break
-                # Idle time counts once the group gave this reader segments (a reader takes its
-                # first ones after a short random delay), or after a few seconds without any.
-                waited += wait
-                if reader.segments or waited >= _FIRST_SEGMENTS_WAIT_SECONDS:
-                    idle += wait
-                if not follow and idle >= idle_seconds:
-                    break
-                continue
-            idle = 0.0
-            printer.print(read.event, read.segment, read.offset)
-            printed += 1
-        out.flush()
-    except KeyboardInterrupt:
-        with contextlib.suppress(OSError):
-            out.flush()
-        click.echo(f"\nstopped after {_count(printed, 'event')}", err=True)
-        sys.exit(130)
-    except BrokenPipeError:  # whoever read our output went away (e.g. `| head`): that is fine
-        with contextlib.suppress(OSError):
-            os.close(sys.stdout.fileno())
-        return None, ended
-    finally:
-        reader.close()  # the segments go back to the group at this reader's position
-        handle.close()
-    return printed, ended
+    _print_group_reads(name, reader_id, follow=follow, idle_seconds=idle_seconds, max_events=max_events,
+                       show_positions=show_positions, output_format=output_format, null=null,
+                       length_prefixed=length_prefixed, uri=uri, token=token, tls_ca=tls_ca)
 
 
 @group.command("checkpoint", short_help="Take a checkpoint of the group and print it.")

@@ -18,21 +18,10 @@ from typing import Any
 import click
 
 from millstream import limits
+from millstream.cli._common import _client, _connection_options, _stream_name, _stream_segments
 from millstream.cli._group import main
-from millstream.cli.client import _client, _connection_options
 
 __all__ = ["scope", "stream"]
-
-
-def _stream_name(value: str) -> str:
-    from millstream.client import split_stream_name
-    from millstream.errors import InvalidArgumentError
-
-    try:
-        split_stream_name(value)
-    except InvalidArgumentError as error:
-        raise click.BadParameter(str(error)) from None
-    return value
 
 
 # --- millstream scope ------------------------------------------------------------------------------
@@ -262,8 +251,6 @@ def stream_describe(name: str, rate_seconds: float, as_json: bool, uri: str, tok
       millstream stream describe iot/sensors
       millstream stream describe iot/sensors --rate-seconds 5 --json
     """
-    from millstream.cli.client import _stream_segments
-
     with _client(uri, token, tls_ca) as client:
         manager = client.stream_manager()
         description = manager.describe_stream(name)

@@ -2,7 +2,7 @@
 
 Theory of operation.  The controller shares the segment store's TCP connection: a call is one
 ``ControllerRequest(request_id, method, body)`` whose body is the method's request as canonical JSON
-(``_streams.canonical_json``), answered by ``ControllerReply(request_id, body)`` or by an error reply
+(``values.canonical_json``), answered by ``ControllerReply(request_id, body)`` or by an error reply
 that becomes the typed error it names (``ErrorMessage`` with a code from ``wire.error_codes``;
 ``OperationUnsupported`` for a server without a controller or an unknown method).  With a token the
 body carries it as ``"token"`` (the server checks it when it has a secret).  A reply is decoded by the
@@ -35,24 +35,6 @@ from millstream import values as replies
 from millstream.client._config import Endpoint, parse_uri
 from millstream.client._pool import ConnectionPool
 from millstream.client._replies import expect
-from millstream.client._streams import (
-    ReaderGroupConfig,
-    ReaderGroupInfo,
-    SegmentSlice,
-    StreamConfig,
-    StreamCut,
-    StreamDescription,
-    StreamSegments,
-    SuccessorSegment,
-    canonical_json,
-    split_stream_name,
-)
-from millstream.client._transactions import (
-    MultiCommitResult,
-    TransactionInfo,
-    TransactionStatus,
-    transaction_id,
-)
 from millstream.errors import (
     FenceValueError,
     InternalError,
@@ -62,10 +44,26 @@ from millstream.errors import (
     ProtocolError,
 )
 from millstream.naming import validate_scope_or_stream_name
-from millstream.values import CONTROLLER_REPLIES, ReplyCodec
+from millstream.values import (
+    CONTROLLER_REPLIES,
+    MultiCommitResult,
+    ReaderGroupConfig,
+    ReaderGroupInfo,
+    ReplyCodec,
+    SegmentSlice,
+    StreamConfig,
+    StreamCut,
+    StreamDescription,
+    StreamSegments,
+    SuccessorSegment,
+    TransactionInfo,
+    TransactionStatus,
+    canonical_json,
+    split_stream_name,
+)
 from millstream.wire.commands import ControllerReply, ControllerRequest
 
-__all__ = ["CONTROLLER_METHODS", "ControllerClient", "ControllerSegmentLocator"]
+__all__ = ["CONTROLLER_METHODS", "ControllerClient", "ControllerSegmentLocator", "parse_transaction_id"]
 
 T = TypeVar("T")
 
@@ -85,6 +83,19 @@ CONTROLLER_METHODS: Final[dict[str, bool]] = {
     "abort_transaction": True, "get_transaction": True, "list_transactions": True,
     "commit_transactions": True, "get_fence": True,
 }
+
+
+def parse_transaction_id(value: UUID | str) -> UUID:
+    """A transaction's id from a ``UUID`` or its hex or canonical string (``_transactions.transaction_id``
+    takes a transaction too).  Raises ``InvalidArgumentError``."""
+    if isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise InvalidArgumentError(f"a transaction id is a UUID (or its string), not {value!r}")
 
 
 def _scope(scope: str) -> str:
@@ -315,7 +326,7 @@ class ControllerClient:
     # --- Stream transactions -----------------------------------------------------------------------
 
     def _txn_body(self, scope: str, stream: str, txn_id: UUID | str) -> dict[str, Any]:
-        return {"scope": _scope(scope), "stream": _name(stream, "stream"), "txn": transaction_id(txn_id).hex}
+        return {"scope": _scope(scope), "stream": _name(stream, "stream"), "txn": parse_transaction_id(txn_id).hex}
 
     async def create_transaction(self, scope: str, stream: str, lease_seconds: float | None = None,
                                  ) -> TransactionInfo:
@@ -359,7 +370,7 @@ class ControllerClient:
         if isinstance(txn_ids, (str, bytes)) or not isinstance(txn_ids, Sequence):
             raise InvalidArgumentError(f"txn_ids is a list of transaction ids, not {txn_ids!r}")
         body: dict[str, Any] = {"scope": _scope(scope), "stream": _name(stream, "stream"),
-                                "txns": [transaction_id(t).hex for t in txn_ids]}
+                                "txns": [parse_transaction_id(t).hex for t in txn_ids]}
         if fence is not None:
             if isinstance(fence, (str, bytes)) or not isinstance(fence, Sequence) or len(fence) != 2:
                 raise FenceValueError(f"a fence is a (key, value) pair, not {fence!r}")

@@ -53,13 +53,15 @@ import math
 import struct
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, NoReturn, TypeVar
+from typing import Any, Final, Generic, NamedTuple, NoReturn, Protocol, TypeVar
 
 import attrs
 
 from millstream import limits
+from millstream.client._config import RandomSource
+from millstream.client._controller import ControllerClient
 from millstream.client._large_events import AsyncEventReader
-from millstream.client._reader_group import (
+from millstream.client._reader_group_state import (
     AcquireSegment,
     AddReader,
     CheckpointReader,
@@ -77,7 +79,7 @@ from millstream.client._reader_group import (
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import Serializer
 from millstream.client._state_synchronizer import StateSynchronizer
-from millstream.client._streams import canonical_json, split_stream_name
+from millstream.clock import Clock
 from millstream.errors import (
     EventReaderOpenError,
     EventTooLargeError,
@@ -93,19 +95,40 @@ from millstream.errors import (
     UndecodableEventError,
 )
 from millstream.naming import parse_stream_segment_name, stream_segment_name
-from millstream.values import ReadResult
+from millstream.values import ReadResult, canonical_json, split_stream_name
 from millstream.wire.codec import MalformedEventError
 
-if TYPE_CHECKING:
-    from millstream.client._reader_group import AsyncReaderGroup
-
-__all__ = ["AsyncEventStreamReader", "EventRead", "EventReader", "EventStreamReader", "Position", "ReaderConfig"]
+__all__ = ["AsyncEventStreamReader", "EventRead", "EventReader", "EventStreamReader", "Position", "ReaderConfig",
+           "ReaderGroupAccess"]
 
 log = logging.getLogger("millstream.client.reader")
 
 T = TypeVar("T")
 
 _HEADER: Final = struct.Struct(">ii")
+
+
+class ReaderGroupAccess(Protocol):
+    """What a reader uses of the group that made it (``_reader_group.AsyncReaderGroup``, which makes
+    readers and so imports this module): where it reads and with what, the group's names, and two
+    calls back -- a checkpoint a reader completed, a reader that left."""
+
+    @property
+    def qualified_name(self) -> str: ...
+    @property
+    def state_segment(self) -> str: ...
+    @property
+    def _segments(self) -> AsyncSegments: ...
+    @property
+    def _controller(self) -> ControllerClient: ...
+    @property
+    def _clock(self) -> Clock: ...
+    @property
+    def _rng(self) -> RandomSource: ...
+    @property
+    def _read_length_bytes(self) -> int: ...
+    async def _publish_completed(self, before: ReaderGroupState | None, after: ReaderGroupState | None) -> None: ...
+    def _forget(self, reader: AsyncEventStreamReader[Any]) -> None: ...
 
 
 def _seconds(value: Any, what: str, *, zero: bool = False) -> float:
@@ -324,7 +347,7 @@ class AsyncEventStreamReader(Generic[T]):
     ``read_next_event(timeout)``; ``close()`` leaves the group.  Not for concurrent use by several
     tasks at once (``read_next_event`` refuses to be entered twice)."""
 
-    def __init__(self, group: AsyncReaderGroup, reader_id: str, serializer: Serializer[T],
+    def __init__(self, group: ReaderGroupAccess, reader_id: str, serializer: Serializer[T],
                  config: ReaderConfig) -> None:
         self._group = group
         self.reader_id = validate_name(reader_id, "reader id")

@@ -21,11 +21,12 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from millstream import limits
 from millstream.client._config import RandomSource
 from millstream.client._controller import ControllerClient
+from millstream.client._event_reader import AsyncEventStreamReader, EventStreamReader, Position, ReaderConfig
 from millstream.client._reader_group_state import (  # (the state's names, where they were before the split)
     _TRANSITIONS,  # noqa: F401  (tests plant a bug in the state's updates through this module)
     SILENT_SUFFIX,
@@ -52,12 +53,6 @@ from millstream.client._reader_group_state import (  # (the state's names, where
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import BytesSerializer, Serializer
 from millstream.client._state_synchronizer import NewState, StateSynchronizer
-from millstream.client._streams import (
-    ReaderGroupConfig,
-    ReaderGroupInfo,
-    StreamCut,
-    split_stream_name,
-)
 from millstream.clock import Clock
 from millstream.errors import (
     CheckpointFailedError,
@@ -70,9 +65,7 @@ from millstream.errors import (
     StreamSegmentNotExistsError,
 )
 from millstream.naming import validate_scope_or_stream_name
-
-if TYPE_CHECKING:
-    from millstream.client._event_reader import AsyncEventStreamReader, EventStreamReader, Position, ReaderConfig
+from millstream.values import ReaderGroupConfig, ReaderGroupInfo, StreamCut, split_stream_name
 
 _T = TypeVar("_T")
 
@@ -264,8 +257,6 @@ class AsyncReaderGroup:
         (default: bytes) -- an ``AsyncEventStreamReader[T]`` for a ``Serializer[T]``; ``config``: its
         ``ReaderConfig``.  Raises ``ReaderExistsError`` if that id is online (nothing changed),
         ``ReaderGroupNotFoundError`` if the group was deleted."""
-        from millstream.client._event_reader import AsyncEventStreamReader, ReaderConfig
-
         self._check_open()
         validate_name(reader_id, "reader id")
         if config is not None and not isinstance(config, ReaderConfig):
@@ -284,8 +275,6 @@ class AsyncReaderGroup:
         ``position`` (a ``Position`` the application stored) where it names them, else at their
         last checkpointed offsets (segments of the position the reader no longer holds are ignored).
         Returns False if the reader was not online."""
-        from millstream.client._event_reader import Position
-
         self._check_open()
         validate_name(reader_id, "reader id")
         if position is not None and not isinstance(position, Position):
@@ -544,8 +533,6 @@ class ReaderGroup:
                config: ReaderConfig | None = None) -> EventStreamReader[Any]:
         """A blocking reader: an ``EventStreamReader[T]`` for a ``Serializer[T]`` (default bytes; see
         ``AsyncReaderGroup.reader``)."""
-        from millstream.client._event_reader import EventStreamReader
-
         core: AsyncEventStreamReader[Any] = self._run(
             self._core.reader(reader_id, serializer or BytesSerializer(), config=config))
         return EventStreamReader(core, self._run)

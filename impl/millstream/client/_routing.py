@@ -41,8 +41,8 @@ from typing import Final, Protocol
 import mmh3
 
 from millstream import limits
-from millstream.client._streams import SegmentWithRange
 from millstream.errors import InternalError, InvalidArgumentError, ProtocolError
+from millstream.values import SegmentWithRange
 
 __all__ = ["KeySpaceRouter", "Router", "RoutedRange", "StreamRouter", "routing_key_fraction"]
 

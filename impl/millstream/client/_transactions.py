@@ -41,17 +41,17 @@ import logging
 import math
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 from uuid import UUID
 
 import attrs
 
 from millstream import limits
 from millstream.client._config import ClientConfig, RandomSource
+from millstream.client._controller import ControllerClient, parse_transaction_id
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import StreamRouter
 from millstream.client._serializers import Serializer
-from millstream.client._streams import split_stream_name
 from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter
 from millstream.clock import Clock
 from millstream.errors import (
@@ -65,10 +65,7 @@ from millstream.errors import (
     TransactionNotFoundError,
     TransactionNotOpenError,
 )
-from millstream.values import CommitOutcome, MultiCommitResult, TransactionInfo, TransactionStatus
-
-if TYPE_CHECKING:
-    from millstream.client._controller import ControllerClient
+from millstream.values import CommitOutcome, MultiCommitResult, TransactionInfo, TransactionStatus, split_stream_name
 
 __all__ = [
     "AsyncTransaction",
@@ -104,16 +101,9 @@ LIFECYCLE: Mapping[TransactionStatus, Mapping[str, TransactionStatus]] = {
 def transaction_id(value: UUID | str | AsyncTransaction[Any] | Transaction[Any]) -> UUID:
     """A transaction's id from a ``UUID``, its hex or canonical string, or a transaction.  Raises
     ``InvalidArgumentError``."""
-    if isinstance(value, UUID):
-        return value
     if isinstance(value, (AsyncTransaction, Transaction)):
         return value.txn_id
-    if isinstance(value, str):
-        try:
-            return UUID(value)
-        except ValueError:
-            pass
-    raise InvalidArgumentError(f"a transaction id is a UUID (or its string), not {value!r}")
+    return parse_transaction_id(value)
 
 
 def ping_interval_seconds(lease_seconds: float) -> float:

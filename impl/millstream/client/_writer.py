@@ -107,7 +107,6 @@ from millstream.client._segment_writer_state import (
 )
 from millstream.client._segments import AsyncSegments
 from millstream.client._serializers import Serializer, is_identity
-from millstream.client._streams import SegmentWithRange
 from millstream.errors import (
     ConnectionLostError,
     InternalError,
@@ -122,6 +121,7 @@ from millstream.errors import (
     StreamSegmentSealedError,
 )
 from millstream.model.types import NULL_ATTRIBUTE_VALUE
+from millstream.values import SegmentWithRange
 from millstream.wire.commands import AppendBlock, AppendSetup, DataAppended
 
 __all__ = ["OVER_BUDGET", "REROUTE", "SHIPPED", "AsyncEventStreamWriter", "SegmentWriter", "StreamBinding", "Tracking",

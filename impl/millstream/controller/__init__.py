@@ -20,6 +20,7 @@ Where to read on:
   replayed on start, compacted by snapshots;
 * ``_autoscale`` -- moving-average rates and the split/merge decisions;
 * ``_retention`` -- where size-, time- and consumption-based retention truncate;
+* ``_config`` -- ``ControllerConfig``, the controller's periods and thresholds;
 * ``_controller`` -- the workflows (create, scale, seal, truncate, delete), queries and periodic work;
 * ``_transactions`` -- stream transactions: records, the lifecycle table, leases, commit order, the
   targets of a commit and a roll's epochs, the fenced multi-commit's decision (pure);
@@ -40,10 +41,10 @@ from millstream.controller._autoscale import (
     plan_auto_scale,
     scale_signal,
 )
+from millstream.controller._config import ControllerConfig
 from millstream.controller._controller import (
     READER_GROUP_STATE_PREFIX,
     Controller,
-    ControllerConfig,
     reader_group_state_segment,
 )
 from millstream.controller._cuts import (

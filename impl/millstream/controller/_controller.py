@@ -44,11 +44,10 @@ import time as _time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import attrs
-
 from millstream import limits
 from millstream.clock import Clock, SystemClock
 from millstream.controller._autoscale import SegmentRates, fold_sample, plan_auto_scale, scale_signal
+from millstream.controller._config import ControllerConfig
 from millstream.controller._cuts import (
     is_at_or_after,
     segments_before,
@@ -57,7 +56,6 @@ from millstream.controller._cuts import (
 )
 from millstream.controller._epochs import EpochRecord, next_epoch
 from millstream.controller._metadata_log import (
-    METADATA_SEGMENT,
     LoggedRecord,
     MetadataConflictError,
     MetadataLog,
@@ -107,7 +105,7 @@ from millstream.values import (
     SuccessorSegment,
 )
 
-__all__ = ["READER_GROUP_STATE_PREFIX", "Controller", "ControllerConfig", "reader_group_state_segment"]
+__all__ = ["READER_GROUP_STATE_PREFIX", "Controller", "reader_group_state_segment"]
 
 log = logging.getLogger("millstream.controller")
 
@@ -120,35 +118,6 @@ def reader_group_state_segment(scope: str, group: str) -> str:
     """A new reader group's state segment: ``<scope>/_RG<group>``, in its scope, so that a token for
     the scope covers it (``naming.reader_group_state_segment_name``)."""
     return reader_group_state_segment_name(scope, group)
-
-
-def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InvalidArgumentError(f"{attribute.name} must be a positive number, not {value!r}")
-
-
-@attrs.frozen(kw_only=True)
-class ControllerConfig:
-    """The controller's periods and thresholds (defaults and reasons in ``millstream.limits``).
-    ``periodic=False`` runs no background loop: the owner calls ``tick`` (tests on a manual clock).
-    ``transaction_workflows=False`` runs no step of a stream transaction's workflows by itself (no
-    worker, no lease expiry on ``tick``, no commit resumed on ``start``): the owner calls the steps
-    (``start_commit``, ``merge_transaction_segment``, ``finish_commit``, ``finish_abort``,
-    ``expire_leases``, ``drive_transactions``) -- the stateful test against the model does."""
-
-    tick_seconds: float = attrs.field(default=limits.CONTROLLER_TICK_SECONDS, validator=_positive)
-    tail_cut_interval_seconds: float = attrs.field(default=limits.CONTROLLER_TAIL_CUT_INTERVAL_SECONDS,
-                                                   validator=_positive)
-    auto_scale_cooldown_seconds: float = attrs.field(default=limits.AUTO_SCALE_COOLDOWN_SECONDS,
-                                                     validator=_positive)
-    auto_scale_mute_seconds: float = attrs.field(default=limits.AUTO_SCALE_MUTE_SECONDS, validator=_positive)
-    snapshot_records: int = attrs.field(default=limits.CONTROLLER_SNAPSHOT_RECORDS, validator=_positive)
-    snapshot_bytes: int = attrs.field(default=limits.CONTROLLER_SNAPSHOT_BYTES, validator=_positive)
-    stream_lock_wait_seconds: float = attrs.field(default=limits.CONTROLLER_STREAM_LOCK_WAIT_SECONDS,
-                                                  validator=_positive)
-    metadata_segment: str = METADATA_SEGMENT
-    periodic: bool = True
-    transaction_workflows: bool = True
 
 
 _Key = tuple[str, str]

@@ -41,7 +41,12 @@ from millstream.errors import (
     StreamSegmentSealedError,
 )
 from millstream.model.types import AttributeUpdate
-from millstream.naming import container_of, is_hidden_segment, parse_stream_segment_name
+from millstream.naming import (
+    LEGACY_READER_GROUP_STATE_PREFIX,
+    container_of,
+    is_hidden_segment,
+    parse_stream_segment_name,
+)
 from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
 from millstream.values import ReadResult
 
@@ -281,9 +286,7 @@ class LocalSegmentStore:
 def _holds_events(name: str) -> bool:
     """Whether the controller's segment ``name`` holds events: a stream's segment, or a reader
     group's state segment (records framed as events); not its own metadata log."""
-    from millstream.controller._controller import READER_GROUP_STATE_PREFIX
-
-    if name.startswith(READER_GROUP_STATE_PREFIX):
+    if name.startswith(LEGACY_READER_GROUP_STATE_PREFIX):
         return True
     if is_hidden_segment(name):
         return False  # (a transaction's segment: merged whole into its parent, never truncated)

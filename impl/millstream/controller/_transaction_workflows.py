@@ -81,7 +81,7 @@ from millstream.randomness import random_uuid
 from millstream.values import CommitOutcome, MultiCommitResult, SegmentWithRange, TransactionInfo, TransactionStatus
 
 if TYPE_CHECKING:
-    from millstream.controller._controller import ControllerConfig
+    from millstream.controller._config import ControllerConfig
     from millstream.controller._segment_store import SegmentStore
     from millstream.randomness import RandomSource
     from millstream.segmentstore.tracing import Tracer

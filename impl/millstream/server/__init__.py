@@ -40,7 +40,8 @@ connections and stops the containers.
 from millstream.server._appends import WriterSession, scan_events
 from millstream.server._config import FramePool, IngressBudget, ReceiveBudget, ServerConfig
 from millstream.server._connection import Connection
-from millstream.server._server import SERVER_LIFECYCLE, ControllerEndpoint, SegmentStoreServer, ServerState
+from millstream.server._connection_state import ControllerEndpoint
+from millstream.server._server import SERVER_LIFECYCLE, SegmentStoreServer, ServerState
 from millstream.server._stats import SegmentStatistics
 
 __all__ = [

@@ -55,6 +55,7 @@ from millstream.errors import (
 )
 from millstream.server._append_requests import AppendRequests
 from millstream.server._appends import WriterSession
+from millstream.server._connection_state import ConnectionServer
 from millstream.server._error_replies import ErrorReplies, _text
 from millstream.server._ingress import Ingress
 from millstream.server._segment_requests import SegmentRequests
@@ -94,7 +95,6 @@ from millstream.wire.error_codes import error_code_of
 
 if TYPE_CHECKING:
     from millstream.segmentstore.container import SegmentContainer
-    from millstream.server._server import SegmentStoreServer
 
 __all__ = ["Connection"]
 
@@ -104,7 +104,7 @@ log = logging.getLogger("millstream.server")
 class Connection(Ingress, AppendRequests, SegmentRequests, ErrorReplies, asyncio.BufferedProtocol):
     """One client connection.  Created by the server for each accepted socket."""
 
-    def __init__(self, server: SegmentStoreServer) -> None:
+    def __init__(self, server: ConnectionServer) -> None:
         self._server = server
         self._config = server.config
         self._clock = server.clock

@@ -39,7 +39,6 @@ sends little and slowly is closed by a deadline.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, cast
 
 from millstream import limits
 from millstream.server._connection_state import ConnectionState
@@ -50,9 +49,6 @@ from millstream.wire import (
     Decoder,
     WireProtocolError,
 )
-
-if TYPE_CHECKING:
-    from millstream.server._connection import Connection
 
 __all__ = ["Ingress"]
 
@@ -446,7 +442,7 @@ class Ingress(ConnectionState):
         self._receive_waiting = False
         self._server.receive_budget.finish(self)
         self._give_back_receive(self._buffered)
-        self._server.forget(cast("Connection", self))  # (Ingress is a part of Connection, never alone)
+        self._server.forget(self)  # (Ingress is a part of Connection, never alone)
 
     def _must_pause(self) -> bool:
         return (self._task_group is None or self._writing_paused or self._draining
@@ -468,7 +464,7 @@ class Ingress(ConnectionState):
         if pause != self._reading_paused:
             self._set_reading(not pause)
         if pause and not self._writing_paused and self._task_group is not None:
-            self._server.watch_paused(cast("Connection", self))
+            self._server.watch_paused(self)
 
     def recheck_reading(self) -> None:
         """The server's budget changed: resume if nothing holds this connection back any more."""

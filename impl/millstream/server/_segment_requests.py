@@ -30,7 +30,7 @@ from millstream.errors import (
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType
 from millstream.naming import is_transient_segment
 from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
-from millstream.server._connection_state import ConnectionState
+from millstream.server._connection_state import ConnectionState, ControllerEndpoint
 from millstream.server._error_replies import _PAYLOAD_TOO_LARGE
 from millstream.server._transient import check_merge
 from millstream.wire import (
@@ -63,7 +63,6 @@ from millstream.wire.error_codes import error_code_of
 
 if TYPE_CHECKING:
     from millstream.segmentstore.container import SegmentContainer
-    from millstream.server._server import ControllerEndpoint
 
 __all__ = ["SegmentRequests"]
 

@@ -8,7 +8,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from millstream import limits
 from millstream.auth import Authorizer
@@ -29,28 +29,15 @@ from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
 from millstream.server._config import FramePool, IngressBudget, ReceiveBudget, ServerConfig
 from millstream.server._connection import Connection
+from millstream.server._connection_state import ControllerEndpoint
 from millstream.server._memory import trim_memory
 from millstream.server._stats import ReadPositions, SegmentStatistics
 from millstream.server._transient import TransientSegments
 from millstream.tasks import cancel_and_wait
 
-__all__ = ["SERVER_LIFECYCLE", "ControllerEndpoint", "SegmentStoreServer", "ServerState"]
+__all__ = ["SERVER_LIFECYCLE", "SegmentStoreServer", "ServerState"]
 
 log = logging.getLogger("millstream.server")
-
-
-class ControllerEndpoint(Protocol):
-    """What the server needs of a controller it hosts: ``ControllerRequest``s are handed to it."""
-
-    def knows(self, method: str) -> bool:
-        """Whether ``method`` is a controller method (else the request is answered OperationUnsupported)."""
-        ...
-
-    async def handle(self, method: str, body: bytes) -> bytes:
-        """The reply body of ``method`` called with ``body``; raises the typed error to answer with --
-        ``AuthenticationError`` if the server's ``authorizer`` refuses the request's token (a reply
-        counts as proof that the connection authenticated)."""
-        ...
 
 
 class ServerState(enum.Enum):
