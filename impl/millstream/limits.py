@@ -789,6 +789,10 @@ EVENT_BOUNDARY_INDEX_ENTRIES_MAX: Final = 1024
 #: events; beyond, an offset far from any known boundary among small events is refused as
 #: unconfirmable (``EventBoundaryError`` says so) rather than read without bound.
 EVENT_BOUNDARY_SCAN_BYTES_MAX: Final = 16 * MIB
+#: Offsets in one ``EventBoundaries`` reply (8 bytes each: 16 KiB).  A segment's index holds at most
+#: ``EVENT_BOUNDARY_INDEX_ENTRIES_MAX`` entries, plus its start and length, so a reply holds all the
+#: known boundaries of any range; the bound is what a request naming a huge range gets at most.
+EVENT_BOUNDARIES_REPLY_ENTRIES_MAX: Final = 2 * EVENT_BOUNDARY_INDEX_ENTRIES_MAX
 
 # --- Writers with a stable writer id (issue 20, item 4) ------------------------------------------------
 
