@@ -619,6 +619,10 @@ SPARK_CONTROLLER_CONNECT_TIMEOUT_SECONDS: Final = 5.0
 #: successors are sealed and empty too (scales in quick succession); each round moves one epoch on, so
 #: this bounds the epochs one planning call crosses -- reaching it is a bug (``InternalError``).
 SPARK_PLAN_SCALE_ROUNDS_MAX: Final = 10_000
+#: The bytes of a segment's range the source's planner reads to learn the mean size of its events,
+#: from which ``maxRowsPerBatch`` becomes a byte offset at a known event boundary (the store's index,
+#: ``EventBoundaries``) instead of a count of every event: one small read per segment and batch.
+SPARK_PLAN_SAMPLE_BYTES: Final = 64 * KIB
 
 #: The lease of the sink's store transactions by default.  A task's transaction stays open from its
 #: first row until the driver commits the batch, and nothing pings it once the task has returned, so
