@@ -7,9 +7,11 @@ the same machine at the same moment:
 * **source**: ``rows`` readings (16 sensors, the sensor workload's shape, about 90 bytes each) are written to a
   stream of two segments first; then a query reads them through the millstream source -- Arrow record
   batches out of ``read()`` -- into Spark's ``noop`` sink, in ``BATCHES`` micro-batches of
-  ``rows / BATCHES`` (admission control): once as ``value`` bytes (``serializer=raw``), once parsed
-  into columns (``serializer=json`` with the workload's schema).  Beside them, Spark's built-in
-  ``rate-micro-batch`` source makes the same number of rows per batch, into the same ``noop`` sink.
+  ``rows / BATCHES`` (admission control): once as ``value`` bytes (``serializer=raw``) with the
+  default columns, once parsed into columns (``serializer=json`` with the workload's schema), once
+  with only the ``value`` column (``.schema("value BINARY")``: fewer columns for Spark to convert).
+  Beside them, Spark's built-in ``rate-micro-batch`` source makes the same number of rows per batch,
+  into the same ``noop`` sink.
 * **sink**: ``rate-micro-batch`` rows (a routing key and a ~90-byte value each) into the millstream
   sink -- one store transaction per task, one fenced multi-commit per batch, durable and merged when
   the batch commits -- with the Arrow writer and with the row writer, beside the same rows into
@@ -99,6 +101,7 @@ SECTION_END: Final = "<!-- millstream pipeline bench: end -->"
 #: The queries' names (the ratios are computed between them).
 SOURCE: Final = "source: millstream (Arrow, raw) -> noop"
 SOURCE_JSON: Final = "source: millstream (Arrow, json) -> noop"
+SOURCE_VALUE: Final = "source: millstream (Arrow, raw, .schema('value BINARY')) -> noop"
 SOURCE_BASELINE: Final = "source: rate-micro-batch -> noop"
 SINK: Final = "sink: rate-micro-batch -> millstream (Arrow writer)"
 SINK_ROWS: Final = "sink: rate-micro-batch -> millstream (row writer)"
@@ -113,9 +116,13 @@ CEILING_SINK_LARGE: Final = ("ceiling: rate-micro-batch -> trivial Python Arrow 
 ARROW_RECORDS_PER_BATCH: Final = "spark.sql.execution.arrow.maxRecordsPerBatch"
 #: query -> (what it is compared with, the ratio it must reach, the rows/s it must reach).
 TARGETS: Final = {SOURCE: (SOURCE_BASELINE, 0.8, 1_000_000.0), SOURCE_JSON: (SOURCE, 0.5, 0.0),
+                  SOURCE_VALUE: (SOURCE_BASELINE, 0.0, 0.0),
                   SINK: (SINK_BASELINE, 0.5, 400_000.0), SINK_ROWS: (SINK_BASELINE, 0.0, 0.0),
                   CEILING_SOURCE: (SOURCE_BASELINE, 0.0, 0.0), CEILING_SOURCE_LARGE: (SOURCE_BASELINE, 0.0, 0.0),
                   CEILING_SINK: (SINK_BASELINE, 0.0, 0.0), CEILING_SINK_LARGE: (SINK_BASELINE, 0.0, 0.0)}
+#: Spark's names of the parts of a throughput query's micro-batch shown per query.
+THROUGHPUT_PARTS: Final = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets",
+                           "triggerExecution")
 #: The parts of a micro-batch's duration Spark reports (``durationMs``), in the order they happen.
 BATCH_PARTS: Final = ("latest_offset_ms", "wal_commit_ms", "get_batch_ms", "query_planning_ms", "add_batch_ms",
                       "commit_offsets_ms")
@@ -147,6 +154,8 @@ class Measurement:
     wall_seconds: float          # the whole query, its start included
     own_cpu_percent: float       # our process tree's CPU over the query, % of all CPUs
     others_cpu_percent: float    # everyone else's, the same way
+    #: Spark's ``durationMs`` parts (``latestOffset``, ``addBatch``, ...), medians over the measured batches.
+    parts_ms: dict[str, float] = attrs.field(factory=dict)
 
     @property
     def rows_per_second(self) -> float:
@@ -217,6 +226,13 @@ class BenchReport:
                 target = ("met: " if met else "NOT met: ") + ", ".join(wanted) if wanted else ""
             lines.append(f"| {m.name} | {m.rows:,} | {m.batches} | {m.rows_per_second:,.0f} | {ratio} | {target} | "
                          f"{m.wall_seconds:.1f} | {m.own_cpu_percent:.0f} | {m.others_cpu_percent:.0f} |")
+        parted = [m for m in self.throughput if m.parts_ms]
+        if parted:
+            lines += ["", "Where a throughput query's micro-batch goes (medians, ms; Spark's ``durationMs``):", "",
+                      "| query | " + " | ".join(THROUGHPUT_PARTS) + " |", "|---|" + "---:|" * len(THROUGHPUT_PARTS)]
+            lines += ["| " + m.name + " | "
+                      + " | ".join(f"{m.parts_ms.get(part, 0.0):.0f}" for part in THROUGHPUT_PARTS) + " |"
+                      for m in parted]
         summary = self.latency_summary()
         if summary:
             met = summary["median_ms"] < LATENCY_TARGETS_MS[0] and summary["p90_ms"] < LATENCY_TARGETS_MS[1]
@@ -428,7 +444,13 @@ def _measure(name: str, start: Callable[[], Any], rows: int, *, stop_after_rows:
     return Measurement(name=name, rows=sum(p["numInputRows"] for p in with_rows), batches=len(with_rows),
                        batch_seconds=sum(p["durationMs"]["triggerExecution"] for p in measured) / 1000.0,
                        measured_rows=sum(p["numInputRows"] for p in measured), wall_seconds=wall,
-                       own_cpu_percent=own, others_cpu_percent=others)
+                       own_cpu_percent=own, others_cpu_percent=others, parts_ms=_median_parts(measured))
+
+
+def _median_parts(progress: list[dict[str, Any]]) -> dict[str, float]:
+    """The median of each ``durationMs`` part over ``progress`` (a part a batch lacks counts 0)."""
+    return {name: float(statistics.median(float(p["durationMs"].get(name) or 0) for p in progress))
+            for name in THROUGHPUT_PARTS} if progress else {}
 
 
 def reading(index: int) -> tuple[bytes, str]:
@@ -491,6 +513,11 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
                 .option("serializer", "json").option("schema", JSON_SCHEMA_DDL)
                 .option("maxRowsPerBatch", str(per_batch)).load())
 
+    def millstream_value_source() -> Any:
+        # Only the payload column: Spark converts fewer Arrow columns to rows.
+        return (spark.readStream.format("millstream").option("controller", uri).option("stream", "bench/source")
+                .option("maxRowsPerBatch", str(per_batch)).schema("value BINARY").load())
+
     def to_noop(frame: Any, name: str, available_now: bool) -> Callable[[], Any]:
         def start() -> Any:
             writer = frame().writeStream.format("noop").option("checkpointLocation", checkpoint(name))
@@ -512,6 +539,7 @@ def _throughput(spark: SparkSession, uri: str, workdir: Path, rows: int, say: Ca
     plan = [
         (SOURCE, to_noop(millstream_source, "source-millstream", True), None),
         (SOURCE_JSON, to_noop(millstream_json_source, "source-millstream-json", True), None),
+        (SOURCE_VALUE, to_noop(millstream_value_source, "source-millstream-value", True), None),
         (SOURCE_BASELINE, to_noop(rate, "source-rate", False), rows),
         (SINK, to_millstream("bench/sink-arrow", "arrow", "sink-arrow"), rows),
         (SINK_ROWS, to_millstream("bench/sink-rows", "rows", "sink-rows"), rows),

@@ -18,8 +18,14 @@ Options (names are case-insensitive; every value is a string):
 ``end``                     source      ``latest`` (default: a streaming query follows the stream; a batch
                                         read reads to the tail), ``tail`` (the tail when the reader is built),
                                         or a stream cut's JSON
-``maxRowsPerBatch``         source      at most this many events per micro-batch
-``maxBytesPerBatch``        source      at most this many bytes of events (frames) per micro-batch
+``maxRowsPerBatch``         source      about this many events per micro-batch: the planner counts a small
+                                        sample of each segment (64 KiB) and ends the batch at an event
+                                        boundary the store knows (about one per MiB written) within the
+                                        rows times the sample's mean event size -- at most this many
+                                        events when later events are no smaller than the sample's (always
+                                        for events of one size), fewer by up to about a MiB of events per
+                                        segment; small budgets are counted exactly (``_planning``)
+``maxBytesPerBatch``        source      at most this many bytes of events (frames) per micro-batch (exact)
 ``serializer``              both        source: ``raw`` (default; ``value`` binary), ``string`` (``value`` as
                                         UTF-8 text) or ``json`` (columns from each event's JSON object, by
                                         ``schema``); sink: ``raw`` (default; the ``value`` column, binary or

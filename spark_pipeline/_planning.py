@@ -21,10 +21,21 @@ Spark in order, batch after batch, and within a batch from one partition, in ord
 
 Admission control (``Budget``): ``maxRowsPerBatch`` and ``maxBytesPerBatch`` are shared among the
 segments with data, smallest first, so what a small segment does not use goes to the larger ones
-("water-filling").  Counting events, and finding where one ends, needs their bytes: the caller's
-``measure`` reads a range from its start and says where the last whole event within the budget ends
-(a cut always lies at an event boundary).  A batch takes at least one event when any is available,
-so a single event larger than the byte budget does not stall the query.
+("water-filling").  A cut always lies at an event boundary.  Counting events needs their bytes: the
+caller's ``measure`` reads a range from its start and says where the last whole event within the
+budget ends.  Reading every event of a large batch to count it cost the planner more than a
+tenth of a second per batch, so with ``known`` -- the event boundaries the store keeps for each
+segment without reading it (``AsyncSegments.event_boundaries``: one about every MiB of appends) --
+a segment's share is placed instead (``_place``): a byte budget ends at the highest known boundary
+within it; a row budget first reads a small sample (``limits.SPARK_PLAN_SAMPLE_BYTES``, counted by
+``measure``), which answers exactly when the share or the range ends inside it, and otherwise gives
+the mean size of the range's events, turning the rows into bytes (rows times the mean) that end at
+the highest known boundary within them.  So a batch holds at most ``maxRowsPerBatch`` rows when the
+events past each sample are on average no smaller than the sample's -- always for events of one
+size -- and about that many otherwise; it never holds more bytes than ``maxBytesPerBatch``.  Only
+where the store knows no boundary within a share is the share counted by reading, as without
+``known``.  A batch takes at least one event when any is available, so a single event larger than
+the byte budget does not stall the query.
 """
 
 from __future__ import annotations
@@ -38,8 +49,8 @@ from millstream import limits
 from millstream.client import SegmentSlice, SegmentWithRange, StreamCut
 from millstream.errors import InternalError
 
-__all__ = ["Budget", "Measure", "SegmentRange", "SegmentView", "covers_key_space", "plan_end", "ranges_between",
-           "views_of"]
+__all__ = ["Budget", "KnownBoundaries", "Measure", "SegmentRange", "SegmentView", "covers_key_space", "plan_end",
+           "ranges_between", "views_of"]
 
 
 @attrs.frozen
@@ -78,6 +89,11 @@ class Budget:
 #: return where the last whole event ends such that at most ``max_events`` events and ``max_bytes``
 #: bytes lie before it (None: no bound), and how many events that is.
 Measure = Callable[[SegmentRange, "int | None", "int | None"], tuple[int, int]]
+
+
+#: ``known(range, end_offset) -> offsets``: the event boundaries the store knows in ``[range.start_offset,
+#: end_offset]`` of the range's segment, ascending, without reading it (``AsyncSegments.event_boundaries``).
+KnownBoundaries = Callable[[SegmentRange, int], Sequence[int]]
 
 
 @attrs.frozen
@@ -151,10 +167,12 @@ def _expand(start: StreamCut, views: Mapping[int, SegmentView]) -> dict[int, int
     raise InternalError(f"more than {limits.SPARK_PLAN_SCALE_ROUNDS_MAX} rounds of successors in one batch")
 
 
-def plan_end(start: StreamCut, views: Mapping[int, SegmentView], budget: Budget, measure: Measure) -> StreamCut:
+def plan_end(start: StreamCut, views: Mapping[int, SegmentView], budget: Budget, measure: Measure,
+             known: KnownBoundaries | None = None) -> StreamCut:
     """Where the batch after ``start`` ends: ``start`` itself when there is nothing to read, else a cut
     of the segments of ``start`` expanded into successors (see the module docstring), each advanced
-    within ``budget`` and never beyond ``views``' ends."""
+    within ``budget`` and never beyond ``views``' ends.  With ``known``, shares are placed at known
+    boundaries rather than counted (``_place``)."""
     frontier = _expand(start, views)
     available = {s: views[s].end - offset for s, offset in frontier.items() if views[s].end > offset}
     if not available:
@@ -175,6 +193,9 @@ def plan_end(start: StreamCut, views: Mapping[int, SegmentView], budget: Budget,
                 offset, events = span.end_offset, -1  # all of it fits; no need to count
             elif rows == 0 or size == 0:
                 continue
+            elif known is not None:
+                offset, events = _place(span, rows, size, measure, known)
+                _check_measured(span, offset, events, rows)
             else:
                 offset, events = measure(span, rows, size)
                 _check_measured(span, offset, events, rows)
@@ -196,6 +217,31 @@ def plan_end(start: StreamCut, views: Mapping[int, SegmentView], budget: Budget,
     if end == frontier:
         return start
     return StreamCut(start.stream, end)
+
+
+def _place(span: SegmentRange, rows: int | None, size: int | None, measure: Measure,
+           known: KnownBoundaries) -> tuple[int, int]:
+    """Where a share of ``rows`` events and ``size`` bytes of ``span`` ends, and about how many events
+    that is (exactly, if it was counted), counting only a sample (see the module docstring)."""
+    limit = span.end_offset if size is None else min(span.end_offset, span.start_offset + size)
+    sampled_end, sampled = span.start_offset, 0
+    if rows is not None:
+        sample = min(limits.SPARK_PLAN_SAMPLE_BYTES, limit - span.start_offset)
+        sampled_end, sampled = measure(span, rows, sample)
+        _check_measured(span, sampled_end, sampled, rows)
+        if sampled == rows or sampled_end == span.end_offset:
+            return sampled_end, sampled  # the share, or the range, ends within the sample: counted
+        # Events no smaller than a sample without a whole one: at least the sample's size each.
+        mean = (sampled_end - span.start_offset) / sampled if sampled else max(sample, 1)
+        limit = min(limit, span.start_offset + math.floor(rows * mean))
+    boundaries = [b for b in known(span, limit) if sampled_end < b <= limit]
+    if not boundaries:  # none known past the sample within the share: count it, as without ``known``
+        return measure(span, rows, limit - span.start_offset)
+    offset = boundaries[-1]
+    if rows is None:
+        return offset, -1  # (not counted: only bytes are budgeted)
+    estimate = sampled + math.floor((offset - sampled_end) / mean)
+    return offset, min(estimate, rows)
 
 
 def _range(stream: str, view: SegmentView, offset: int) -> SegmentRange:

@@ -11,8 +11,9 @@ and the decoder when pickled; each process opens its own client on first use (``
   run (Spark asks twice) and registers the query's reader group, if any.
 * ``latestOffset(start, limit)`` asks the controller for the slices between ``start`` and each
   bound (the tail, the ``end`` option, the available-now target) and lets ``_planning.plan_end``
-  choose the end: successors enter at batch boundaries, admission control reads the events it must
-  count (``_segment_io.measure``).
+  choose the end: successors enter at batch boundaries; admission control places each segment's
+  share at an event boundary the store knows (``event_boundaries``), counting by reading
+  (``_segment_io.measure``) only a small sample of each segment's range.
 * ``partitions(start, end)`` is ``segments_between(start, end)``: one partition per segment
   range -- a pure function of the two cuts, so a replayed batch reads the same events.
 * ``read`` yields Arrow record batches (``_decoding``), each at most
@@ -222,7 +223,9 @@ class MillstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     return begin  # the query stands at (or beyond) the bound: nothing more to read
         views = views_of(begin, tail, bounded)
         client = self._session.client
-        return plan_end(begin, views, budget, lambda span, rows, size: measure(client, span, rows, size))
+        segments = client.segments()
+        return plan_end(begin, views, budget, lambda span, rows, size: measure(client, span, rows, size),
+                        lambda span, end: segments.event_boundaries(span.segment, span.start_offset, end))
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """The stream's tail, for Spark's progress reports."""

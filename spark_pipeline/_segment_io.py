@@ -238,6 +238,8 @@ class _Reads:
         while len(self._pending) < self._depth and self._next < self._span.end_offset and (
                 not self._pending or self._next < self._horizon):
             length = min(self._length_max, self._span.end_offset - self._next)
+            if self._next < self._horizon:
+                length = min(length, self._horizon - self._next)  # a budget's end: no bytes beyond it
             future = asyncio.run_coroutine_threadsafe(
                 self._segments.read(self._span.segment, self._next, length=length), self._client.loop)
             self._pending.append((self._next, length, future))
@@ -322,6 +324,9 @@ def read_blocks(client: Client, span: SegmentRange, *, max_events: int | None = 
                 yield FrameBlock(memoryview(buffer)[:whole] if whole < len(buffer) else buffer, base, starts)
                 buffer = buffer[whole:]  # the partial frame at the end (a copy of at most one event)
                 base += whole
+            if (max_bytes is not None and fetched >= span.start_offset + max_bytes) or (
+                    max_events is not None and events >= max_events):
+                return  # the budget is spent (what is left begins an event ending beyond the bytes)
             if fetched >= span.end_offset and base < span.end_offset and not len(starts):
                 # Everything up to the end is here and no whole event is left in it.
                 raise InvalidStreamCutError(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -47,8 +49,8 @@ def test_the_top_level_namespace_is_what_the_readme_documents() -> None:
     assert documented["millstream"] == set(millstream.__all__)
     assert documented["millstream.lowlevel"] == set(lowlevel.__all__)
     for module in (millstream, lowlevel):
+        assert all(hasattr(module, name) for name in module.__all__)  # imports the names imported on first use
         assert public_names(module) == set(module.__all__), module.__name__
-        assert all(hasattr(module, name) for name in module.__all__)
 
 
 @pytest.mark.parametrize("name", ["SegmentContainer", "FileLog", "ContainerHost", "DurableDataLog", "ChunkStorage",
@@ -82,3 +84,30 @@ def test_help_opens_with_what_the_package_is_and_names_what_exists() -> None:
             assert hasattr(millstream.Client, reference.removeprefix("client.")), name
         else:
             assert reference in millstream.__all__ or reference in lowlevel.__all__, name
+
+
+def run_fresh(program: str) -> str:
+    """What a fresh interpreter prints running ``program``."""
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          check=True).stdout.strip()
+
+
+def test_importing_the_package_does_not_import_a_node() -> None:
+    """A client (a Spark worker above all) imports ``millstream`` often; the node it never runs --
+    segment store, server, controller -- is imported when ``standalone`` is first used."""
+    loaded = run_fresh("import sys, millstream\n"
+                       "print(' '.join(m for m in sys.modules if m.startswith(('millstream.server', "
+                       "'millstream.controller', 'millstream.segmentstore', 'millstream.standalone'))))")
+    assert loaded == ""
+
+
+@pytest.mark.parametrize("first", ["import millstream.standalone", "from millstream.standalone import Node",
+                                   "from millstream import standalone", "import millstream"])
+def test_standalone_stays_the_function_whichever_import_comes_first(first: str) -> None:
+    """``millstream.standalone`` is a function and the name of its submodule: importing the submodule
+    must not replace the function."""
+    printed = run_fresh(f"{first}\nimport millstream\nfrom millstream import standalone, StandaloneNode\n"
+                        "import millstream.standalone\n"
+                        "print(millstream.standalone is standalone, callable(standalone), "
+                        "standalone.__module__, StandaloneNode.__name__)")
+    assert printed == "True True millstream.standalone StandaloneNode"

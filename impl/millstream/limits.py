@@ -619,6 +619,10 @@ SPARK_CONTROLLER_CONNECT_TIMEOUT_SECONDS: Final = 5.0
 #: successors are sealed and empty too (scales in quick succession); each round moves one epoch on, so
 #: this bounds the epochs one planning call crosses -- reaching it is a bug (``InternalError``).
 SPARK_PLAN_SCALE_ROUNDS_MAX: Final = 10_000
+#: The bytes of a segment's range the source's planner reads to learn the mean size of its events,
+#: from which ``maxRowsPerBatch`` becomes a byte offset at a known event boundary (the store's index,
+#: ``EventBoundaries``) instead of a count of every event: one small read per segment and batch.
+SPARK_PLAN_SAMPLE_BYTES: Final = 64 * KIB
 
 #: The lease of the sink's store transactions by default.  A task's transaction stays open from its
 #: first row until the driver commits the batch, and nothing pings it once the task has returned, so
@@ -789,6 +793,10 @@ EVENT_BOUNDARY_INDEX_ENTRIES_MAX: Final = 1024
 #: events; beyond, an offset far from any known boundary among small events is refused as
 #: unconfirmable (``EventBoundaryError`` says so) rather than read without bound.
 EVENT_BOUNDARY_SCAN_BYTES_MAX: Final = 16 * MIB
+#: Offsets in one ``EventBoundaries`` reply (8 bytes each: 16 KiB).  A segment's index holds at most
+#: ``EVENT_BOUNDARY_INDEX_ENTRIES_MAX`` entries, plus its start and length, so a reply holds all the
+#: known boundaries of any range; the bound is what a request naming a huge range gets at most.
+EVENT_BOUNDARIES_REPLY_ENTRIES_MAX: Final = 2 * EVENT_BOUNDARY_INDEX_ENTRIES_MAX
 
 # --- Writers with a stable writer id (issue 20, item 4) ------------------------------------------------
 

@@ -209,3 +209,21 @@ def test_bad_options_fail_the_query_at_its_start_naming_the_option(spark: Any, n
     message = failure(lambda: run_available_now(source(spark, node, other), tmp_path / "switch",
                                                 lambda frame, batch: None))
     assert f"is a position of stream {stream!r}, but the query reads {other!r}" in message
+
+
+def test_a_query_may_ask_for_some_of_the_columns_by_name(spark: Any, node: Any, unique_stream: Any) -> None:
+    """The README: ``.schema("value BINARY")`` (any of the source's columns, in any order) reads only
+    those -- the cheapest rows for Spark to convert."""
+    stream = unique_stream(2)
+    with millstream.connect(node.uri) as client, client.event_writer(stream, millstream.BytesSerializer()) as w:
+        for number in range(50):
+            w.write_event(b"event %d" % number, routing_key=f"k{number % 5}")
+    def base() -> Any:  # (a DataFrameReader keeps the schema it was given: a new one each time)
+        return spark.read.format("millstream").option("controller", node.uri).option("stream", stream)
+
+    values = base().schema("value BINARY").load()
+    assert values.columns == ["value"]
+    assert sorted(bytes(row.value) for row in values.collect()) == sorted(b"event %d" % n for n in range(50))
+    some = base().schema("offset BIGINT, value BINARY").load().collect()
+    assert len(some) == 50 and all(row.offset >= 0 and bytes(row.value).startswith(b"event ") for row in some)
+    assert base().load().columns == ["value", "stream", "segment", "offset", "routing_key"], "the default: all five"

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import pytest
 
+from millstream import limits
 from millstream.client import SegmentSlice, SegmentWithRange, StreamCut
 from millstream.errors import InternalError
 from millstream.naming import segment_id, stream_segment_name
@@ -182,3 +183,66 @@ def test_a_start_segment_the_controller_did_not_list_is_an_internal_error() -> N
     views = views_of(cut(low=0, high=0), cut(low=0, high=0), [[piece(LOW, 0, 0)]])
     with pytest.raises(InternalError, match="not among the segments"):
         plan_end(cut(low=0, high=0), views, Budget(), Measure())
+
+
+class Known:
+    """A fake ``known``: the store knows a boundary every ``spacing`` bytes (10-byte events) and each
+    range's ends; records what it was asked."""
+
+    def __init__(self, spacing: int) -> None:
+        self.spacing = spacing
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, span: SegmentRange, end: int) -> list[int]:
+        self.calls.append((span.segment_id, end))
+        inner = range((span.start_offset // self.spacing + 1) * self.spacing, end + 1, self.spacing)
+        return sorted({span.start_offset, *inner, *([span.end_offset] if span.end_offset <= end else [])})
+
+
+def plan_known(start: StreamCut, tail: StreamCut, slices: Iterable[SegmentSlice], budget: Budget, measure: Measure,
+               known: Known) -> StreamCut:
+    return plan_end(start, views_of(start, tail, [list(slices)]), budget, measure, known)
+
+
+def test_max_rows_are_placed_at_known_boundaries_reading_only_a_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: ``latestOffset`` read every event of a batch to count it.  With the store's known
+    boundaries only a sample is read; events of one size keep the batch within the cap."""
+    monkeypatch.setattr(limits, "SPARK_PLAN_SAMPLE_BYTES", 100)  # 10 events
+    a, b = segment(0, 0, 0.0, 0.5), segment(0, 1, 0.5, 1.0)
+    start = StreamCut(STREAM, {a.segment_id: 0, b.segment_id: 0})
+    tail = StreamCut(STREAM, {a.segment_id: 100_000, b.segment_id: 100_000})  # 10,000 events each
+    measure, known = Measure(), Known(spacing=1_000)
+    end = plan_known(start, tail, [piece(a, 0, 100_000), piece(b, 0, 100_000)], Budget(max_rows=5_000),
+                     measure, known)
+    assert end == StreamCut(STREAM, {a.segment_id: 25_000, b.segment_id: 25_000}), "2,500 events each"
+    assert measure.calls == [(a.segment_id, 2_500, 100), (b.segment_id, 2_500, 100)], "only the samples are read"
+    assert known.calls == [(a.segment_id, 25_000), (b.segment_id, 25_000)]
+    # Boundaries further apart: the share ends at the last one within it (fewer rows, never more).
+    coarse = plan_known(start, tail, [piece(a, 0, 100_000), piece(b, 0, 100_000)], Budget(max_rows=5_000),
+                        Measure(), Known(spacing=7_000))
+    assert coarse == StreamCut(STREAM, {a.segment_id: 21_000, b.segment_id: 21_000 + 7_000}), \
+        "a's 2,100 leave b a share of 2,900"
+
+
+def test_a_share_counted_within_its_sample_or_without_a_known_boundary_is_exact(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "SPARK_PLAN_SAMPLE_BYTES", 100)
+    start, tail = cut(s0=0), cut(s0=100_000)
+    measure, known = Measure(), Known(spacing=1_000)
+    assert plan_known(start, tail, [piece(S0, 0, 100_000)], Budget(max_rows=7), measure, known) == cut(s0=70)
+    assert known.calls == [], "the sample held the whole share"
+    sparse = Measure()
+    assert plan_known(start, tail, [piece(S0, 0, 100_000)], Budget(max_rows=50), sparse, Known(spacing=50_000)) \
+        == cut(s0=500), "no boundary known within 500 bytes: counted"
+    assert sparse.calls == [(S0.segment_id, 50, 100), (S0.segment_id, 50, 500)]
+
+
+def test_max_bytes_end_at_the_last_known_boundary_within_them_without_reading() -> None:
+    start, tail = cut(s0=0), cut(s0=100_000)
+    measure = Measure()
+    assert plan_known(start, tail, [piece(S0, 0, 100_000)], Budget(max_bytes=25_500), measure, Known(1_000)) \
+        == cut(s0=25_000)
+    assert measure.calls == [], "nothing read"
+    assert plan_known(start, tail, [piece(S0, 0, 100_000)], Budget(max_bytes=505), measure, Known(1_000)) \
+        == cut(s0=500), "no known boundary within the budget: counted"
+    assert measure.calls == [(S0.segment_id, None, 505)]

@@ -315,3 +315,40 @@ def test_an_event_that_does_not_decode_goes_to_the_dead_letter_stream_once(node:
     with pytest.raises(OptionError, match="option 'deadLetterStream': 'spark/never-created' does not exist"):
         missing.initialOffset()
     missing.stop()
+
+
+def test_planning_a_row_budget_reads_a_sample_not_every_event(node: Any, unique_stream: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: ``latestOffset`` counted a batch's events by reading them all (over 100 ms a batch
+    at 142,857 rows).  Now it reads at most ``limits.SPARK_PLAN_SAMPLE_BYTES`` of a segment and places
+    the batch's end at a boundary the store knows; events of one size keep it within the cap."""
+    from millstream import limits
+    from millstream.spark import _reader
+
+    stream = unique_stream(1)
+    with millstream.connect(node.uri) as client, client.event_writer(stream, millstream.BytesSerializer()) as w:
+        for number in range(30_000):
+            w.write_event(number.to_bytes(4, "big") * 25)  # 100 bytes each
+    asked: list[int] = []
+
+    def counting(client: Any, span: Any, rows: int | None, size: int | None) -> tuple[int, int]:
+        end, events = measure(client, span, rows, size)
+        asked.append(end - span.start_offset)
+        return end, events
+
+    measure = _reader.measure
+    monkeypatch.setattr(_reader, "measure", counting)
+    raw = StructType([StructField("value", __import__("pyspark.sql.types", fromlist=["BinaryType"]).BinaryType())])
+    reader = reader_for(node.uri, stream, raw, maxRowsPerBatch="20000")
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        assert asked and sum(asked) <= limits.SPARK_PLAN_SAMPLE_BYTES, asked
+        rows = sum(len(read_partition(reader, p)) for p in reader.partitions(start, end))
+        assert 0 < rows <= 20_000, rows
+        batches = run_batches(reader, reader.getDefaultReadLimit())
+        values = [row["value"] for batch in batches for row in batch.rows]
+        assert all(len(batch.rows) <= 20_000 for batch in batches)
+        assert values == [number.to_bytes(4, "big") * 25 for number in range(30_000)], "each once, in order"
+    finally:
+        reader.stop()

@@ -38,9 +38,11 @@ from millstream.wire.codec import (
     UnknownCommandError,
     WireProtocolError,
     count_events,
+    decode_offsets,
     encode,
     encode_event,
     encode_into,
+    encode_offsets,
     iter_events,
     negotiate,
 )
@@ -89,6 +91,11 @@ STRATEGIES: dict[type[c.Command], st.SearchStrategy[c.Command]] = {
     c.SegmentInfo: st.builds(c.SegmentInfo, request_id=request_ids, segment=segment_names, exists=st.booleans(),
                              sealed=st.booleans(), deleted=st.booleans(), start_offset=offsets, length=offsets,
                              last_modified=i64s),
+    c.GetEventBoundaries: st.builds(c.GetEventBoundaries, request_id=request_ids, segment=segment_names,
+                                    start_offset=offsets, end_offset=offsets, token=tokens),
+    c.EventBoundaries: st.builds(c.EventBoundaries, request_id=request_ids, segment=segment_names,
+                                 offsets=st.lists(st.integers(0, 2**63 - 1), max_size=20, unique=True).map(
+                                     lambda values: encode_offsets(sorted(values)))),
     c.CreateSegment: st.builds(c.CreateSegment, request_id=request_ids, segment=segment_names, token=tokens),
     c.SegmentCreated: st.builds(c.SegmentCreated, request_id=request_ids, segment=segment_names),
     c.SealSegment: st.builds(c.SealSegment, request_id=request_ids, segment=segment_names, token=tokens),
@@ -533,3 +540,16 @@ def test_event_argument_errors() -> None:
     with pytest.raises(codec.CommandTooLargeError):
         encode_event(bytes(FRAME_BYTES_MAX - codec.EVENT_HEADER_LENGTH + 1))
     assert len(encode_event(bytes(FRAME_BYTES_MAX - codec.EVENT_HEADER_LENGTH))) == FRAME_BYTES_MAX
+
+
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=50, unique=True))
+def test_offsets_round_trip_and_a_blob_that_is_not_a_list_of_them_is_malformed(values: list[int]) -> None:
+    ascending = sorted(values)
+    assert decode_offsets(encode_offsets(ascending)) == tuple(ascending)
+    if len(ascending) > 1:
+        with pytest.raises(MalformedFrameError, match="ascending"):
+            decode_offsets(encode_offsets(ascending[::-1]))
+    with pytest.raises(MalformedFrameError, match="multiple of 8"):
+        decode_offsets(encode_offsets(ascending) + b"\x00")
+    with pytest.raises(InvalidCommandError, match="non-negative 64-bit"):
+        encode_offsets([*ascending, -1])

@@ -141,7 +141,8 @@ def pipeline_bench(rows: int, pipeline_seconds: float, data_dir: Path | None, js
 
     \b
       source: rows/s from a millstream stream through the Arrow read path into Spark's noop sink,
-              as bytes and parsed as JSON, beside Spark's built-in rate source into the same sink;
+              as bytes (all columns, and the value alone) and parsed as JSON, beside Spark's built-in
+              rate source into the same sink;
       sink:   rows/s from the rate source into a millstream stream (Arrow and row writers, one
               store transaction per task, fenced commit), beside the rate source into noop;
       pipeline: the reference pipeline's per-micro-batch durations (median, p90, max, and where

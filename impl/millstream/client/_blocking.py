@@ -146,6 +146,9 @@ class Segments:
     def read(self, segment: str, offset: int, *, length: int | None = None, wait_seconds: float = 0.0) -> ReadResult:
         return self._run(self._core.read(segment, offset, length=length, wait_seconds=wait_seconds))
 
+    def event_boundaries(self, segment: str, start_offset: int, end_offset: int) -> tuple[int, ...]:
+        return self._run(self._core.event_boundaries(segment, start_offset, end_offset))
+
     def conditional_append(self, segment: str, events: Sequence[bytes], *, expected_offset: int) -> int:
         return self._run(self._core.conditional_append(segment, events, expected_offset=expected_offset))
 

@@ -62,6 +62,7 @@ from millstream.wire.commands import (
     ConditionalCheckFailed,
     ControllerReply,
     DataAppended,
+    EventBoundaries,
     Hello,
     InvalidEventNumber,
     KeepAlive,
@@ -84,7 +85,7 @@ _log = logging.getLogger(__name__)
 _FROM_SERVER: frozenset[type[Command]] = frozenset({
     Hello, KeepAlive, AppendSetup, DataAppended, ConditionalCheckFailed, SegmentRead, SegmentInfo, SegmentCreated,
     SegmentSealed, SegmentDeleted, SegmentAttribute, SegmentAttributeUpdated, SegmentTruncated, SegmentsMerged,
-    ControllerReply,
+    ControllerReply, EventBoundaries,
 }) | ERROR_REPLIES
 
 

@@ -47,6 +47,8 @@ from millstream.wire.commands import (
     CreateSegment,
     DataAppended,
     DeleteSegment,
+    EventBoundaries,
+    GetEventBoundaries,
     GetSegmentAttribute,
     GetSegmentInfo,
     MergeSegments,
@@ -298,6 +300,35 @@ class AsyncSegments:
         if reply.offset != offset:
             raise ProtocolError(f"asked to read {segment!r} at {offset}, the server answered from {reply.offset}")
         return ReadResult(reply.offset, reply.data, reply.at_tail, reply.end_of_segment)
+
+    async def event_boundaries(self, segment: str, start_offset: int, end_offset: int) -> tuple[int, ...]:
+        """Offsets in ``[start_offset, end_offset]`` of ``segment`` (a segment of events: a stream's, or
+        one an event writer writes) where the server knows an event begins or the segment ends,
+        ascending, without reading the bytes: the segment's start offset and length if they lie in the
+        range, and the entries of its sparse index, about one per
+        ``limits.EVENT_BOUNDARY_INDEX_SPACING_BYTES`` of appends (more bytes apart in long segments).
+        Not every boundary: a whole event may lie between two of them.  At most
+        ``limits.EVENT_BOUNDARIES_REPLY_ENTRIES_MAX``, the lowest (ask again from the last for more).
+        Raises ``InvalidArgumentError`` if ``start_offset > end_offset`` (or either is not a
+        non-negative int) or the segment does not hold events, ``StreamSegmentNotExistsError``."""
+        validate_segment_name(segment)
+        _offset(start_offset, "start_offset")
+        _offset(end_offset, "end_offset")
+        if start_offset > end_offset:
+            raise InvalidArgumentError(f"start_offset {start_offset} lies beyond end_offset {end_offset}")
+        reply = await self._call(
+            segment, lambda rid: GetEventBoundaries(rid, segment, start_offset, end_offset, self._token),
+            EventBoundaries, what=f"event boundaries of {segment!r}", idempotent=True)
+        try:
+            offsets = codec.decode_offsets(reply.offsets)
+        except codec.MalformedFrameError as error:
+            raise ProtocolError(f"the event boundaries of {segment!r}: {error}") from None
+        if len(offsets) > limits.EVENT_BOUNDARIES_REPLY_ENTRIES_MAX or any(
+                not start_offset <= offset <= end_offset for offset in offsets):
+            raise ProtocolError(f"asked for at most {limits.EVENT_BOUNDARIES_REPLY_ENTRIES_MAX} event boundaries of "
+                                f"{segment!r} in [{start_offset}, {end_offset}], the server answered {len(offsets)} "
+                                "from outside it")
+        return offsets
 
     # --- Conditional appends -----------------------------------------------------------------------
 

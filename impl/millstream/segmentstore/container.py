@@ -25,6 +25,7 @@ queued, so a slow Tier 2 slows acknowledgements instead of growing memory and th
 from __future__ import annotations
 
 import asyncio
+import bisect
 import enum
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -375,6 +376,26 @@ class SegmentContainer:
             raise BadOffsetError(f"offset {offset} is outside [{segment.start_offset}, {segment.length}] of {name!r}")
         if holds_events(segment.attributes):
             await self._check_event_boundary(segment, offset)
+
+    def event_boundaries(self, name: str, start_offset: int, end_offset: int, limit: int) -> tuple[int, ...]:
+        """The event boundaries known of segment ``name`` (which holds events) in ``[start_offset,
+        end_offset]`` of its committed bytes, without reading them: its start offset, the entries of
+        its sparse index (``event_boundaries``) and its length, ascending -- the lowest ``limit`` of
+        them.  Offsets beyond the segment's bytes are simply not there.  Raises
+        ``InvalidArgumentError`` for offsets that are not non-negative ints, a start beyond the end,
+        a ``limit`` below 1, or a segment that does not hold events (it has no event boundaries)."""
+        if not _is_offset(start_offset) or not _is_offset(end_offset) or start_offset > end_offset:
+            raise InvalidArgumentError(f"an offset range is two non-negative ints, the first at most the second, not "
+                                       f"[{start_offset!r}, {end_offset!r}]")
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgumentError(f"limit must be a positive int, not {limit!r}")
+        segment = self._committed(name)
+        if not holds_events(segment.attributes):
+            raise InvalidArgumentError(f"segment {name!r} does not hold events: it has no event boundaries")
+        known = (segment.start_offset, *segment.boundaries, segment.length)
+        first = bisect.bisect_left(known, start_offset)
+        last = bisect.bisect_right(known, end_offset)
+        return tuple(sorted(set(known[first:min(last, first + limit + 1)])))[:limit]
 
     async def _check_event_boundary(self, segment: SegmentMetadata, offset: int) -> None:
         """Hop event headers from the nearest known boundary to ``offset`` (``event_boundaries``)."""

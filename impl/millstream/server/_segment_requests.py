@@ -41,6 +41,8 @@ from millstream.wire import (
     CreateTransientSegment,
     DeleteSegment,
     ErrorMessage,
+    EventBoundaries,
+    GetEventBoundaries,
     GetSegmentAttribute,
     GetSegmentInfo,
     MergeSegments,
@@ -59,6 +61,7 @@ from millstream.wire import (
     TruncateSegment,
     UpdateSegmentAttribute,
 )
+from millstream.wire.codec import encode_offsets
 from millstream.wire.error_codes import error_code_of
 
 if TYPE_CHECKING:
@@ -133,6 +136,23 @@ class SegmentRequests(ConnectionState):
             return
         self._send(SegmentInfo(request_id, segment, True, info.sealed, False, info.start_offset, info.length,
                                info.last_modified_ms))
+
+    def _on_get_event_boundaries(self, command: GetEventBoundaries) -> None:
+        """The segment's known event boundaries in the range (metadata, answered inline): at most
+        ``limits.EVENT_BOUNDARIES_REPLY_ENTRIES_MAX`` of them, whatever range is asked for."""
+        request_id, segment = command.request_id, command.segment
+        if not self._authorize(request_id, command.token, segment, _READ):
+            return
+        container = self._container(request_id, segment)
+        if container is None:
+            return
+        try:
+            offsets = container.event_boundaries(segment, command.start_offset, command.end_offset,
+                                                 limits.EVENT_BOUNDARIES_REPLY_ENTRIES_MAX)
+        except Exception as error:
+            self._send(self._error_reply(request_id, segment, error))
+            return
+        self._send(EventBoundaries(request_id, segment, encode_offsets(offsets)))
 
     def _on_get_segment_attribute(self, command: GetSegmentAttribute) -> None:
         request_id, segment = command.request_id, command.segment

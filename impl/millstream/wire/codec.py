@@ -84,6 +84,8 @@ The fields of each command, in order (the same order as the command class's attr
        59  SegmentsMerged            request_id:i64 | target:str | source:str | new_target_length:i64
        60  AuthTokenCheckFailed      request_id:i64 | reason:str
        61  ErrorMessage              request_id:i64 | segment:str | error_code:i32 | message:str
+       64  GetEventBoundaries        request_id:i64 | segment:str | start_offset:i64 | end_offset:i64 | token:str
+       65  EventBoundaries           request_id:i64 | segment:str | offsets:blob
        89  ConditionalBlockEnd       writer_id:uuid | event_number:i64 | expected_offset:i64 | data:blob
                                      | request_id:i64
       200  ControllerRequest         request_id:i64 | method:str | body:blob
@@ -98,8 +100,9 @@ test checks them against the table-driven ones.
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 from uuid import UUID
 
@@ -138,9 +141,11 @@ __all__ = [
     "UnknownCommandError",
     "WireProtocolError",
     "count_events",
+    "decode_offsets",
     "encode",
     "encode_event",
     "encode_into",
+    "encode_offsets",
     "iter_events",
     "negotiate",
 ]
@@ -245,6 +250,8 @@ _LAYOUTS: Final[dict[type[Command], str]] = {
     _commands.SegmentsMerged: "request_id:i64 | target:str | source:str | new_target_length:i64",
     _commands.AuthTokenCheckFailed: "request_id:i64 | reason:str",
     _commands.ErrorMessage: "request_id:i64 | segment:str | error_code:i32 | message:str",
+    _commands.GetEventBoundaries: "request_id:i64 | segment:str | start_offset:i64 | end_offset:i64 | token:str",
+    _commands.EventBoundaries: "request_id:i64 | segment:str | offsets:blob",
     _commands.ConditionalBlockEnd: "writer_id:uuid | event_number:i64 | expected_offset:i64 | data:blob"
                                    " | request_id:i64",
     _commands.ControllerRequest: "request_id:i64 | method:str | body:blob",
@@ -556,6 +563,31 @@ _DECODERS: Final[dict[int, _Decode]] = {
     cls.TYPE: _HOT_DECODERS.get(cls, decode) for cls, decode in _TABLE_DECODERS.items()}
 _ENCODERS: Final[dict[type[Command], _Encode]] = {
     cls: _HOT_ENCODERS.get(cls, encode) for cls, encode in _TABLE_ENCODERS.items()}
+
+# --- Lists of offsets (``EventBoundaries.offsets``) --------------------------------------------------
+
+_OFFSET = struct.Struct(">q")
+
+
+def encode_offsets(offsets: Sequence[int]) -> bytes:
+    """``offsets`` as a blob: each a big-endian i64, in order.  Raises ``InvalidCommandError`` for an
+    offset that is not a non-negative 64-bit int."""
+    for offset in offsets:
+        if type(offset) is not int or not 0 <= offset < 1 << 63:
+            raise InvalidCommandError(f"an offset is a non-negative 64-bit int, not {offset!r}")
+    return struct.pack(f">{len(offsets)}q", *offsets)
+
+
+def decode_offsets(blob: bytes) -> tuple[int, ...]:
+    """The offsets of an ``encode_offsets`` blob, checked: a whole number of i64s, non-negative and
+    ascending.  Raises ``MalformedFrameError`` otherwise (the peer sent it)."""
+    if len(blob) % _OFFSET.size:
+        raise MalformedFrameError(f"a list of offsets is a multiple of {_OFFSET.size} bytes long, not {len(blob)}")
+    offsets = struct.unpack(f">{len(blob) // _OFFSET.size}q", blob)
+    if any(offset < 0 for offset in offsets) or any(b <= a for a, b in itertools.pairwise(offsets)):
+        raise MalformedFrameError("a list of offsets must be non-negative and strictly ascending")
+    return offsets
+
 
 #: What a faulty encoder call raises from inside: a field of the wrong type or out of range.
 _ENCODING_FAILURES = (struct.error, TypeError, AttributeError, KeyError, UnicodeEncodeError, OverflowError)

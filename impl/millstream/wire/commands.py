@@ -59,6 +59,8 @@ __all__ = [
     "DataAppended",
     "DeleteSegment",
     "ErrorMessage",
+    "EventBoundaries",
+    "GetEventBoundaries",
     "GetSegmentAttribute",
     "GetSegmentInfo",
     "Hello",
@@ -260,6 +262,33 @@ class SegmentRead(Command):
     at_tail: bool
     end_of_segment: bool
     data: bytes
+
+
+@attrs.frozen
+class GetEventBoundaries(Command):
+    """Ask for the event boundaries the store knows in ``[start_offset, end_offset]`` of a segment
+    that holds events (its start offset and length, and its sparse index of append ends: see
+    ``millstream.segmentstore.event_boundaries``), without reading its bytes; answered by
+    ``EventBoundaries``."""
+
+    TYPE: ClassVar[int] = 64
+    request_id: int
+    segment: str
+    start_offset: int
+    end_offset: int
+    token: str
+
+
+@attrs.frozen
+class EventBoundaries(Command):
+    """Offsets of ``segment`` where an event begins (or the segment ends), ascending, each an i64 in
+    ``offsets`` (``codec.encode_offsets`` / ``codec.decode_offsets``): the lowest ones in the range
+    asked for, at most ``limits.EVENT_BOUNDARIES_REPLY_ENTRIES_MAX`` of them."""
+
+    TYPE: ClassVar[int] = 65
+    request_id: int
+    segment: str
+    offsets: bytes
 
 
 # --- Segment administration ------------------------------------------------------------------------
@@ -578,6 +607,7 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         SegmentAttribute, UpdateSegmentAttribute, SegmentAttributeUpdated, TruncateSegment, SegmentTruncated,
         WrongHost, SegmentIsSealed, SegmentAlreadyExists, NoSuchSegment, InvalidEventNumber, SegmentIsTruncated,
         OperationUnsupported, MergeSegments, SegmentsMerged, AuthTokenCheckFailed, ErrorMessage,
-        ControllerRequest, ControllerReply, CreateTransientSegment, ConditionalBlockEnd,
+        ControllerRequest, ControllerReply, CreateTransientSegment, ConditionalBlockEnd, GetEventBoundaries,
+        EventBoundaries,
     )
 }
