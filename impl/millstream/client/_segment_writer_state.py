@@ -56,8 +56,8 @@ from millstream.errors import ObjectClosedError, PayloadTooLargeError, ProtocolE
 from millstream.wire import codec
 
 __all__ = ["ARM_BATCH_TIMER", "OVER_BUDGET", "REROUTE", "SHIPPED", "Block", "EndSession", "Instruction",
-           "ReleaseFlushes", "Resend", "SegmentWriterState", "Settle", "ShipClosed", "Tracking", "WakeCapacity",
-           "WriterBudget"]
+           "ReleaseFlushes", "ReleaseHolds", "Resend", "SegmentWriterState", "Settle", "ShipClosed", "Tracking",
+           "WakeCapacity", "WriterBudget"]
 
 if TYPE_CHECKING:
     import asyncio
@@ -194,7 +194,15 @@ class EndSession:
         self.reason = reason
 
 
-Instruction: TypeAlias = "Settle | WakeCapacity | ReleaseFlushes | ShipClosed | Resend | EndSession"
+class ReleaseHolds:
+    """(A writer with a stable id: ``_sequenced_writer_state``.)  Something was acknowledged or handed
+    over: let every held segment writer of the writer ask ``next_to_send`` again (an older segment's
+    lower sequences may be gone)."""
+
+    __slots__ = ()
+
+
+Instruction: TypeAlias = "Settle | WakeCapacity | ReleaseFlushes | ShipClosed | Resend | EndSession | ReleaseHolds"
 
 _WAKE: Final = WakeCapacity()
 _SHIP: Final = ShipClosed()

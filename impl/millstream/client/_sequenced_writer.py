@@ -32,12 +32,12 @@ Theory of operation (``spec/StableWriter.tla``; its actions in parentheses).
   merge, the successor would otherwise store 7 (moved from one predecessor) before 6 arrives from the
   other -- and then refuse 6 as stored.  A block is stored all at once, as its events would be one
   after another, so the guard must hold for each of them, that is for its last (the highest): a
-  block of 5 and 7 waits for 6 as 7 alone would.  ``_held_by_older`` asks; every acknowledgement and
-  hand-over wakes the held writers (``_release_holds``).
+  block of 5 and 7 waits for 6 as 7 alone would.  ``held_by_older`` asks; every acknowledgement and
+  hand-over wakes the held writers (``ReleaseHolds``, ``_release_holds``).
 * Acknowledgements (``AckEvent``).  ``DataAppended`` acknowledges whole blocks; an ``AppendSetup`` (or
   a sealed segment's attribute) beyond what was acknowledged means a request of an earlier process
   of this writer id landed after this one started: every event at or below it is stored, and a
-  block that straddles it is re-framed without them (``_trim_stored``).
+  block that straddles it is re-framed without them (``trim_stored``).
 * Sealed segments (``SegmentSealed``).  As the random-id writer does (``_writer``), plus: the sealed
   segment's final attribute raises the floor of the key ranges routed to it (a dead process's request
   may have stored there, after this process started, events it has yet to replay -- and their keys
@@ -55,6 +55,13 @@ Theory of operation (``spec/StableWriter.tla``; its actions in parentheses).
   events again with those sequences, drops whichever the stream holds.  Each event therefore carries
   both numbers, side by side, through every re-framing, trim and merge here.
 
+Those decisions -- floors and duplicates, the hold, trimming what a setup says is stored,
+re-numbering, the merge of moved events on a seal -- are a synchronous machine,
+``_sequenced_writer_state`` (``SequencedSegmentWriterState``, ``Floors``, ``SequenceLedger``,
+``held_by_older``, ``route_moved``; the spec's action names, events in, instructions out).  This
+module is its adapter: the lock, the hand-off between the caller's thread and the event loop, the
+connections and the controller's and segments' reads.
+
 What it does not do.  Two processes must not run with the same stable id at once (like Kafka's
 ``transactional.id`` or Pulsar's producer name): their events interleave under one identity and the
 slower one's are dropped as duplicates.  Events need a routing key (a replay must reach the same
@@ -66,11 +73,9 @@ that truncation removed is not recognised as a duplicate.  Per-event futures are
 from __future__ import annotations
 
 import asyncio
-import bisect
-import heapq
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Generic, Protocol, TypeVar
 from uuid import UUID
 
@@ -78,14 +83,21 @@ from millstream import limits
 from millstream.client._config import ClientConfig, RandomSource
 from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._pool import ConnectionPool, SegmentLocator
-from millstream.client._routing import StreamRouter, routing_key_fraction
+from millstream.client._routing import StreamRouter
 from millstream.client._segment_writer_state import (
-    EVENT_HEADER,
-    EVENT_LENGTH_MAX,
-    HEADER_LENGTH,
-    SMALL_EVENT_HEADERS,
-    SMALL_EVENT_LENGTH,
-    Block,
+    ARM_BATCH_TIMER,
+    Instruction,
+    ReleaseHolds,
+    Resend,
+)
+from millstream.client._sequenced_writer_state import (
+    DUPLICATE,
+    Floors,
+    SequencedEvent,
+    SequencedSegmentWriterState,
+    SequenceLedger,
+    held_by_older,
+    route_moved,
 )
 from millstream.client._serializers import Serializer
 from millstream.client._streams import SegmentWithRange
@@ -100,19 +112,13 @@ from millstream.client._writer import (
     WriterShared,
     _bad_key,
     _log,
-    _settle,
 )
 from millstream.errors import (
     InternalError,
     InvalidArgumentError,
     InvalidSequenceError,
     ObjectClosedError,
-    PayloadTooLargeError,
-    ProtocolError,
 )
-from millstream.model.types import NULL_ATTRIBUTE_VALUE
-from millstream.wire import codec
-from millstream.wire.commands import AppendSetup
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -124,10 +130,6 @@ __all__ = ["DUPLICATE", "AsyncSequencedEventStreamWriter", "Floors", "SequencedE
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-#: ``SequencedSegmentWriter.append_sequenced`` result flag (besides ``_writer``'s): the event is at or
-#: below its key's floor -- the stream holds it already -- and was dropped.
-DUPLICATE: Final = 8
 
 #: The UUID 5 namespace of wire writer ids derived from stable writer ids (fixed forever: changing it
 #: would make every restarted writer a stranger to what it stored).
@@ -159,416 +161,90 @@ def _check_sequence(sequence: object) -> int:
     return sequence
 
 
-class Floors:
-    """The deduplication floor of every point of [0, 1): the largest sequence stored for the writer id
-    over every segment that ever owned the point.  Piecewise constant: ``_ends[i]`` ends the ``i``-th
-    piece, whose floor is ``_values[i]``; ``maximum`` is the largest (a sequence above it needs no
-    lookup).  Read and raised with the writer's lock held."""
-
-    __slots__ = ("_ends", "_values", "maximum")
-
-    def __init__(self, stored: Iterable[tuple[SegmentWithRange, int]] = ()) -> None:
-        segments = list(stored)
-        points = sorted({0.0, 1.0, *(s.key_start for s, _ in segments), *(s.key_end for s, _ in segments)})
-        self._ends = points[1:]
-        self._values = [0] * len(self._ends)
-        self.maximum = 0
-        for segment, value in segments:
-            self.raise_range(segment.key_start, segment.key_end, value)
-
-    def floor(self, fraction: float) -> int:
-        """The floor at the point ``fraction`` of [0, 1)."""
-        return self._values[bisect.bisect_right(self._ends, fraction)]
-
-    def floor_of_key(self, routing_key: str) -> int:
-        return self.floor(routing_key_fraction(routing_key))
-
-    def _split_at(self, point: float) -> None:
-        if point <= 0.0 or point >= 1.0:
-            return
-        index = bisect.bisect_left(self._ends, point)
-        if self._ends[index] != point:  # the piece ending at _ends[index] contains the point: cut it
-            self._ends.insert(index, point)
-            self._values.insert(index, self._values[index])
-
-    def raise_range(self, key_start: float, key_end: float, value: int) -> None:
-        """Raise the floor of [``key_start``, ``key_end``) to at least ``value``."""
-        if value <= 0:
-            return
-        self._split_at(key_start)
-        self._split_at(key_end)
-        start = bisect.bisect_right(self._ends, key_start)
-        for index in range(start, len(self._ends)):
-            if self._ends[index] > key_end:
-                break
-            self._values[index] = max(self._values[index], value)
-        self.maximum = max(self.maximum, value)
-
-    def pieces(self) -> list[tuple[float, float, int]]:
-        """``(start, end, floor)`` of each piece, in key order (for tests and ``check_invariants``)."""
-        starts = [0.0, *self._ends[:-1]]
-        return list(zip(starts, self._ends, self._values, strict=True))
-
-
 class SequencedShared(WriterShared):
     """``WriterShared`` plus what a writer with a stable id keeps for all its segments (under the lock):
-    the floors, the last sequence written, how many duplicates were dropped."""
+    its ``SequenceLedger`` (the floors, the last sequence written, how many duplicates were dropped)."""
 
-    __slots__ = ("duplicates", "floors", "last_sequence")
+    __slots__ = ("ledger",)
 
     def __init__(self, loop: asyncio.AbstractEventLoop, unacked_bytes_max: int) -> None:
         super().__init__(loop, unacked_bytes_max)
-        self.floors = Floors()
-        self.last_sequence = 0
-        self.duplicates = 0
+        self.ledger = SequenceLedger()
 
 
-#: An event a sequenced segment writer holds: payload, routing key, application sequence, and its place
-#: in the writer's sequence (``InDoubtEvent.sequence``; the two grow together, see ``append_sequenced``).
-SequencedEvent = tuple[bytes, str | None, int, int]
-
-
-class SequencedSegmentWriter(SegmentWriter):
-    """A ``SegmentWriter`` whose event numbers are the application's sequences (see the module
-    docstring): blocks end at their last event's sequence, a block is sent only when ``hold`` lets it,
-    and an ``AppendSetup`` beyond what was acknowledged acknowledges what it covers.
-
-    Each event carries two numbers: its application sequence (``_application_sequences``,
-    ``Block.application_sequences``: what numbers it on the wire) and, as in every ``SegmentWriter``,
-    its place in the writer's sequence (``_sequences``, ``Block.sequences``: what names it in the
-    in-doubt set).  Both are taken under the writer's lock by the same ``append_sequenced`` and both
-    only grow, so every re-framing, merge and trim here keeps them side by side, in the same order."""
+class SequencedSegmentWriter(SegmentWriter, SequencedSegmentWriterState):
+    """The adapter of a ``SequencedSegmentWriterState`` (the machine it is, see
+    ``_sequenced_writer_state``): ``SegmentWriter``'s lock, loop hand-off and append session, with
+    sends that ask the hold (``hold``, the stream writer's ``held_by_older`` under the lock) and
+    ``ReleaseHolds`` carried out by ``progressed``."""
 
     def __init__(self, segment: str, *, shared: SequencedShared, pool: ConnectionPool, locator: SegmentLocator,
                  token: str, writer_id: UUID, config: ClientConfig, on_sealed: SealedHandler,
-                 segment_range: SegmentWithRange, hold: Callable[[SequencedSegmentWriter, int], bool],
+                 segment_range: SegmentWithRange, hold: Callable[[SequencedSegmentWriterState, int], bool],
                  progressed: Callable[[], None]) -> None:
         super().__init__(segment, shared=shared, pool=pool, locator=locator, token=token, writer_id=writer_id,
                          config=config, on_sealed=on_sealed)
-        self._sequenced_shared = shared
-        self.segment_range = segment_range
+        self.start_sequenced(shared.ledger, segment_range)
         self._hold = hold
         self._progressed = progressed
-        self._application_sequences: list[int] = []  # the open block's events' application sequences
-        #: The next block waits for an older overlapping segment's lower sequences (see ``_pump``).
-        self.held = False
 
-    # --- Producer side (any thread) -----------------------------------------------------------------
+    # --- Carrying out the machine's instructions (loop thread, lock not held) -------------------------
 
-    def append(self, payload: bytes, routing_key: str | None, tracking: object) -> int:
-        raise InternalError("a sequenced segment writer takes events through append_sequenced")
-
-    def append_sequenced(self, payload: bytes, routing_key: str, sequence: int) -> int:
-        """Add one event with its sequence; return ``SHIPPED``/``OVER_BUDGET`` flags, ``DUPLICATE`` (at
-        or below its key's floor: dropped) or ``REROUTE`` (nothing added, the sequence not taken: the
-        segment was sealed and its keys moved on).  Raises the writer's error, ``InvalidSequenceError``
-        (not above the last sequence written) or ``PayloadTooLargeError`` -- nothing added then."""
-        length = len(payload)
-        if length > EVENT_LENGTH_MAX:
-            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {EVENT_LENGTH_MAX} bytes")
-        shared = self._sequenced_shared
-        lock = shared.lock
-        lock.acquire()
-        try:
-            if shared.error is not None:
-                shared.raise_error()
-            if self._closing:
-                if self._retired:
-                    return REROUTE
-                raise ObjectClosedError("the writer is closed")
-            if sequence <= shared.last_sequence:
-                raise InvalidSequenceError(
-                    f"sequence {sequence} does not exceed {shared.last_sequence}, the last sequence written through "
-                    "this writer: sequences must increase")
-            floors = shared.floors
-            shared.last_sequence = sequence
-            # The event's place in the writer's sequence.  A duplicate takes one too: places then count
-            # the application's calls (``events_written``), and a dropped event is as durable as an
-            # acknowledged one -- the stream held it already -- so it is never in doubt.
-            shared.sequence += 1
-            if sequence <= floors.maximum and sequence <= floors.floor_of_key(routing_key):
-                shared.duplicates += 1
-                return DUPLICATE
-            self._add_locked(payload, routing_key, sequence, shared.sequence)
-            arm = -1
-            if self._open_charge >= self._close_at:
-                self.close_block()
-                shipped = SHIPPED
+    def _execute(self, instructions: list[Instruction]) -> None:
+        for instruction in instructions:
+            kind = type(instruction)
+            if kind is Resend:  # through the hold
+                self._ready = True
+                self._sent = 0
+                self._pump()
+            elif kind is ReleaseHolds:
+                self._progressed()
             else:
-                shipped = 0
-                if self._open_count == 1:
-                    arm = self._last_assigned
-            over = OVER_BUDGET if shared.unacked_bytes > shared.unacked_bytes_max else 0
-        finally:
-            lock.release()
-        if shipped:
-            self._ship()
-        elif arm >= 0:
-            self._arm_batch_timer(arm)
-        return shipped | over
-
-    def _add_locked(self, payload: bytes, routing_key: str | None, sequence: int, place: int) -> None:
-        """(Lock held.)  Frame one event (application sequence ``sequence``, place ``place`` in the
-        writer's sequence) into the open block."""
-        length = len(payload)
-        self._parts.append(SMALL_EVENT_HEADERS[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
-        self._parts.append(payload)
-        self._keys.append(routing_key)
-        self._application_sequences.append(sequence)
-        self._sequences.append(place)
-        length += HEADER_LENGTH
-        if routing_key is not None:
-            length += len(routing_key)
-        self._open_charge += length
-        self._open_count += 1
-        self._sequenced_shared.unacked_bytes += length
-
-    def close_block(self) -> None:
-        """The open block leaves, numbered by its last event's sequence.  Caller holds the lock."""
-        sequences = self._application_sequences
-        self._application_sequences = []
-        self._queue_open_block(sequences[-1], sequences)
-
-    def lowest_unacknowledged_locked(self) -> int | None:
-        """(Lock held.)  The lowest sequence this writer holds unacknowledged (None: none)."""
-        for blocks in (self._inflight, self._outbox):
-            if blocks:
-                sequences = blocks[0].application_sequences
-                assert sequences is not None
-                return sequences[0]
-        return self._application_sequences[0] if self._application_sequences else None
+                super()._execute([instruction])
 
     # --- Loop side ---------------------------------------------------------------------------------
 
     def _drain_outbox(self) -> None:
         self._drain_scheduled = False
-        outbox = self._outbox
-        inflight = self._inflight
-        while outbox:
-            inflight.append(outbox.popleft())
+        self.take_closed()
         self._pump()
 
     def _pump(self) -> None:
-        """Send the blocks not yet sent on this session, in order, until one must wait (``hold``, asked
-        about the block's last sequence: sent, it makes the segment refuse every lower one)."""
+        """Send the blocks not yet sent on this session, in order, until one must wait (the machine's
+        ``next_to_send``, which asks the hold)."""
         if not self._ready:
             return
-        inflight = self._inflight
-        if inflight and self._sent == 0 and inflight[0].application_sequences[0] <= self._acked:  # type: ignore[index]
-            self._trim_stored(self._acked)  # written after a setup said these are stored
-        while self._sent < len(inflight):
-            block = inflight[self._sent]
-            assert block.application_sequences is not None
-            if self._hold(self, block.last_event_number):
-                self.held = True
-                return
-            block.ever_sent = True
+        with self._lock:
+            instructions = self.trim_unsent()
+        if instructions:
+            self._execute(instructions)
+        while (block := self.next_to_send(self._hold)) is not None:
             before = self._sent
             self._send(block)
             if self._sent == before or not self._ready:
                 return
-        self.held = False
-
-    def ship(self) -> None:
-        """(Loop thread.)  Send what may be sent (after a hand-over, or when a hold was released)."""
-        self._drain_outbox()
-
-    def in_doubt_events(self) -> list[InDoubtEvent]:
-        """(Loop thread.)  ``SegmentWriter.in_doubt_events``, each event with its application sequence."""
-        self._drain_outbox()
-        segment = self.segment
-        with self._shared.lock:
-            events = [InDoubtEvent(place, segment, key, payload, sequence) for block in self._inflight
-                      for place, key, payload, sequence in zip(block.sequences, block.keys,
-                                                               codec.iter_events(block.data),
-                                                               block.application_sequences or (), strict=True)]
-            events.extend(InDoubtEvent(place, segment, key, payload, sequence) for place, key, payload, sequence
-                          in zip(self._sequences, self._keys, self._parts[1::2], self._application_sequences,
-                                 strict=True))
-        return events
-
-    def _on_setup(self, reply: AppendSetup) -> None:
-        if reply.writer_id != self._writer_id or self._ready:
-            raise ProtocolError(f"unexpected AppendSetup for writer {reply.writer_id}")
-        self._drain_outbox()  # (not ready: nothing is sent)
-        stored = 0 if reply.last_event_number == NULL_ATTRIBUTE_VALUE else reply.last_event_number
-        if stored < self._acked:
-            self._end_session(ProtocolError(
-                f"the server stores sequence {stored} for writer {self._writer_id} on {self.segment!r}, but "
-                f"acknowledged {self._acked}: acknowledged events are missing"))
-            return
-        if stored > self._acked:
-            self._trim_stored(stored)
-        self._ready = True
-        self._sent = 0
-        self._pump()
-
-    _REPLY_HANDLERS = {**SegmentWriter._REPLY_HANDLERS, AppendSetup: _on_setup}
-
-    def _acknowledge_through(self, number: int, *, sent_on_this_session: bool) -> None:
-        super()._acknowledge_through(number, sent_on_this_session=sent_on_this_session)
-        self._progressed()
-
-    def _trim_stored(self, stored: int) -> None:
-        """``AckEvent``: the segment stores this writer id's events up to sequence ``stored`` -- some
-        perhaps stored by an earlier process of the id, whose request landed after this one started.
-        Acknowledge every block at or below it, and re-frame a block that straddles it without the
-        events it covers.  Only blocks not sent on the current session are touched."""
-        if self._sent:
-            raise InternalError(f"writer {self._writer_id}: blocks sent on this session would be trimmed below "
-                                f"sequence {stored}")
-        # Settled here rather than by ``_acknowledge_through``, which takes its number as the new
-        # acknowledged one and ships what waits: ``stored`` may lie beyond these blocks, and nothing may
-        # be sent before the trim is done.
-        inflight = self._inflight
-        count = freed = 0
-        while inflight and inflight[0].last_event_number <= stored:
-            block = inflight.popleft()
-            count += 1
-            freed += block.charge
-            _settle(block.future, None)
-        if inflight and inflight[0].application_sequences[0] <= stored:  # type: ignore[index]
-            freed += self._reframe_front(stored)
-        self._acked = max(self._acked, stored)
-        shared = self._sequenced_shared
-        with shared.lock:
-            shared.unacked_bytes -= freed
-            self._blocks_unacked -= count
-            self._close_at = 0 if self._blocks_unacked == 0 else self._target_bytes
-            wake = shared.unacked_bytes <= shared.unacked_bytes_max // 2
-        if wake:
-            shared.wake_capacity_waiters()
-        self._release_flush_waiters()
-        self._progressed()
-
-    def _reframe_front(self, stored: int) -> int:
-        """The first block straddles ``stored``: keep only its events above it, in a block of their own.
-        Returns the charge freed."""
-        old = self._inflight[0]
-        assert old.application_sequences is not None
-        events = zip(codec.iter_events(old.data), old.keys, old.application_sequences, old.sequences, strict=True)
-        kept = [(payload, key, sequence, place) for payload, key, sequence, place in events if sequence > stored]
-        parts: list[bytes] = []
-        charge = 0
-        for payload, key, _, _ in kept:
-            length = len(payload)
-            parts.append(SMALL_EVENT_HEADERS[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
-            parts.append(payload)
-            charge += length + HEADER_LENGTH + (len(key) if key is not None else 0)
-        new = Block(b"".join(parts), [key for _, key, _, _ in kept], charge, len(kept), old.last_event_number,
-                     old.future, [place for _, _, _, place in kept], [sequence for _, _, sequence, _ in kept])
-        self._inflight[0] = new
-        return old.charge - charge
-
-    def _release_flush_waiters(self) -> None:
-        waiting = []
-        for target, waiter in self._flush_waiters:
-            if self._acked >= target:
-                if not waiter.done():
-                    waiter.set_result(True)
-            else:
-                waiting.append((target, waiter))
-        self._flush_waiters = waiting
-
-    # --- The hand-over after a seal (loop thread) ------------------------------------------------
 
     def acknowledge_stored(self, stored: int) -> None:
         """The session is over and the sealed segment stores this writer id's events up to ``stored``
-        (its final attribute): acknowledge them (``_trim_stored``), so that only events it does not
-        hold are handed over."""
+        (its final attribute): the machine's ``acknowledge_sealed``, carried out."""
         self._drain_outbox()
-        if stored < self._acked:
-            raise ProtocolError(f"segment {self.segment!r} stores sequence {stored} for writer {self._writer_id}, "
-                                f"but {self._acked} was acknowledged")
-        if stored > self._acked:
-            self._trim_stored(stored)
+        with self._lock:
+            instructions = self.acknowledge_sealed(stored)
+        self._execute(instructions)
 
     def retire_sequenced_locked(self) -> list[SequencedEvent]:
-        """(Lock held.)  ``retire_locked``, with each event's application sequence (besides its place)."""
-        sequences = [s for block in (*self._inflight, *self._outbox) for s in block.application_sequences or ()]
-        sequences.extend(self._application_sequences)
-        events = self.retire_locked()
-        self._application_sequences = []
-        return [(payload, key, sequence, place)
-                for (payload, key, _, place), sequence in zip(events, sequences, strict=True)]
-
-    def take_unsent_locked(self) -> list[SequencedEvent]:
-        """(Lock held.)  Take out every event that never went out (blocks never sent, queued or open), in
-        order, releasing their bytes: a hand-over merges events into them by sequence."""
-        taken: list[Block] = []
-        while self._inflight and not self._inflight[-1].ever_sent:
-            taken.append(self._inflight.pop())
-        taken.reverse()
-        taken.extend(self._outbox)
-        self._outbox.clear()
-        events: list[SequencedEvent] = []
-        freed = self._open_charge
-        for block in taken:
-            assert block.application_sequences is not None
-            events.extend(zip(codec.iter_events(block.data), block.keys, block.application_sequences,
-                              block.sequences, strict=True))
-            freed += block.charge
-        events.extend(zip(self._parts[1::2], self._keys, self._application_sequences, self._sequences, strict=True))
-        self._blocks_unacked -= len(taken)
-        self._sequenced_shared.unacked_bytes -= freed
-        self._parts = []
-        self._keys = []
-        self._sequences = []
-        self._application_sequences = []
-        self._open_charge = self._open_count = 0
-        self._open_future = None
-        last = self._inflight[-1].last_event_number if self._inflight else self._acked
-        self._last_assigned = last
-        self._sent = min(self._sent, len(self._inflight))
-        self._close_at = 0 if self._blocks_unacked == 0 else self._target_bytes
+        """(Lock held.)  The machine's ``retire_sequenced``; flushes already waiting get False."""
+        events = self.retire_sequenced()
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(False)
         return events
 
-    def add_moved_locked(self, events: Iterable[SequencedEvent]) -> None:
-        """(Lock held.)  Add events in sequence order (all above what this writer sent), each keeping its
-        place in the writer's sequence, filling blocks up to the block size; ``close_open_block``
-        ends the last."""
-        for payload, key, sequence, place in events:
-            self._add_locked(payload, key, sequence, place)
-            if self._open_charge >= self._config.writer_block_bytes_max:
-                self.close_block()
-
     def check_invariants(self) -> None:
-        """Blocks hold increasing sequences above the acknowledged one, each numbered by its last; the
-        events' places in the writer's sequence increase with them; the counts and charges agree."""
-        with self._shared.lock:
-            blocks = list(self._inflight) + list(self._outbox)
-            previous = self._acked
-            places: list[int] = []
-            for block in blocks:
-                sequences = block.application_sequences
-                assert sequences is not None and len(sequences) == block.event_count > 0, block
-                assert len(block.sequences) == len(block.keys) == block.event_count, block
-                assert sequences[0] > previous and sequences == sorted(set(sequences)), (previous, sequences)
-                assert block.last_event_number == sequences[-1]
-                assert codec.count_events(block.data) == block.event_count
-                assert block.charge == len(block.data) + sum(len(key) for key in block.keys if key is not None)
-                previous = sequences[-1]
-                places.extend(block.sequences)
-            open_sequences = self._application_sequences
-            assert open_sequences == sorted(set(open_sequences)) and all(s > previous for s in open_sequences)
-            assert len(open_sequences) == len(self._sequences) == len(self._keys) == self._open_count
-            assert len(self._parts) == 2 * self._open_count
-            assert self._open_charge == sum(len(part) for part in self._parts) + sum(
-                len(key) for key in self._keys if key is not None)
-            places.extend(self._sequences)
-            # Places and application sequences are taken together and both grow (``append_sequenced``);
-            # merges are by sequence, so the places of what this writer holds grow too.
-            assert places == sorted(set(places)) and all(0 < place <= self._shared.sequence for place in places), (
-                places, self._shared.sequence)
-            if blocks:
-                assert self._last_assigned == previous, (self._last_assigned, previous)
-            ever = [block.ever_sent for block in self._inflight]
-            assert ever == sorted(ever, reverse=True), "a block never sent precedes one that was"
-            assert 0 <= self._sent <= len(self._inflight)
-            if self._failed is None and not self._closing:
-                assert len(blocks) == self._blocks_unacked, (len(blocks), self._blocks_unacked)
-            if self._retired:
-                assert self._closing and not blocks and not self._open_count
+        """The machine's invariants, under the lock."""
+        with self._lock:
+            SequencedSegmentWriterState.check_invariants(self)
 
 
 class SequencedStreamBinding(StreamBinding, Protocol):
@@ -637,7 +313,7 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
             found = await asyncio.gather(*(stored(s) for s in segments.values()))
             floors = Floors(found)
             with self._sequenced.lock:
-                self._sequenced.floors = floors
+                self._sequenced.ledger.floors = floors
                 self._floors_ready = True
             _log.info("writer %s on %s: started with the floors of %d segments (largest sequence stored: %d)",
                       self.writer_id, self.stream, len(found), floors.maximum)
@@ -658,7 +334,8 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
     # --- The per-event path (any thread) ----------------------------------------------------------
 
     def add_sequenced(self, event: T, routing_key: str, sequence: int) -> int:
-        """Buffer one event with its sequence: ``append_sequenced``'s flags.  Raises
+        """Buffer one event with its sequence: ``write_sequenced``'s flags (``SHIPPED``, ``OVER_BUDGET``,
+        ``DUPLICATE``).  Raises
         ``InvalidSequenceError``, ``InvalidArgumentError`` (no routing key, or one the serializer
         refuses), ``PayloadTooLargeError`` -- nothing buffered then -- or the writer's error."""
         sequence = _check_sequence(sequence)
@@ -675,13 +352,25 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
             payload = self._serialize(event)
             if type(payload) is not bytes:
                 raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
+        lock = self._sequenced.lock
         for _ in range(limits.CLIENT_WRITER_REROUTES_MAX):
             segment = self._lookup(routing_key) or self._segment_for(routing_key)
             writer = self._writers.get(segment)
             if writer is None:
                 writer = self._open_segment(segment, routing_key)
             assert isinstance(writer, SequencedSegmentWriter)
-            flags = writer.append_sequenced(payload, routing_key, sequence)
+            # The machine's ``write_sequenced`` under the lock (acquire/release: see ``SegmentWriter.append``),
+            # then the adapter gets what it answers to the loop.
+            generation = 0
+            lock.acquire()
+            try:
+                flags = writer.write_sequenced(payload, routing_key, sequence)
+                if flags & ARM_BATCH_TIMER:
+                    generation = writer._last_assigned
+            finally:
+                lock.release()
+            if flags & (ARM_BATCH_TIMER | SHIPPED):
+                flags = writer.carry_out(flags, generation)
             if not flags & REROUTE:
                 return flags
         raise InternalError(f"an event was routed {limits.CLIENT_WRITER_REROUTES_MAX} times to segments whose keys "
@@ -689,20 +378,10 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
 
     # --- The hold ----------------------------------------------------------------------------------
 
-    def _held_by_older(self, writer: SequencedSegmentWriter, sequence: int) -> bool:
-        """Whether ``writer`` must not send ``sequence`` yet: a lower sequence is unacknowledged on a segment
-        of an earlier epoch that overlaps ``writer``'s (it may still move to ``writer``)."""
-        mine = writer.segment_range
+    def _held_by_older(self, writer: SequencedSegmentWriterState, sequence: int) -> bool:
+        """(Any thread.)  The machine's ``held_by_older`` over every segment writer, under the lock."""
         with self._sequenced.lock:
-            for other in self._writers.values():
-                if other is writer or not isinstance(other, SequencedSegmentWriter):
-                    continue
-                theirs = other.segment_range
-                if theirs.epoch < mine.epoch and theirs.key_start < mine.key_end and mine.key_start < theirs.key_end:
-                    lowest = other.lowest_unacknowledged_locked()
-                    if lowest is not None and lowest < sequence:
-                        return True
-        return False
+            return held_by_older(writer, sequence, self._writers.values())
 
     def _release_holds(self) -> None:
         """(Loop thread.)  Something was acknowledged or handed over: let held writers try again."""
@@ -737,23 +416,17 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
             taken = router.replace(sealed, successors)
             self._follow_view(router)
             for pieces in taken.values():
-                for piece in pieces:
-                    shared.floors.raise_range(piece.key_start, piece.key_end, stored)
+                shared.ledger.segment_sealed(pieces, stored)
             events = writer.retire_sequenced_locked()
             del self._writers[writer.segment]
-            moved: dict[str, list[SequencedEvent]] = {}
-            for event in events:
-                moved.setdefault(router.segment_for(event[1]), []).append(event)
-            for name, mine in moved.items():
+            for name, mine in route_moved(events, router.segment_for).items():
                 target = self._writers.get(name)
                 if target is None:
                     target = self._new_writer_locked(name)
                     created.append(target)  # type: ignore[arg-type]
                 assert isinstance(target, SequencedSegmentWriter)
                 touched[name] = target
-                unsent = target.take_unsent_locked()
-                target.add_moved_locked(heapq.merge(unsent, mine, key=lambda e: e[2]))
-                target.close_open_block()
+                target.receive_moved(mine)
             self.hand_overs += 1
         _log.info("writer %s on %s: segment %s sealed (it stores sequences up to %d); %d unacknowledged events "
                   "moved to %s", self.writer_id, self.stream, sealed.name, stored, len(events), sorted(touched))
@@ -766,9 +439,7 @@ class SequencedWriterCore(AsyncEventStreamWriter[T]):
     def check_invariants(self) -> None:
         super().check_invariants()
         with self._sequenced.lock:
-            pieces = self._sequenced.floors.pieces()
-            assert pieces[0][0] == 0.0 and pieces[-1][1] == 1.0
-            assert max(value for _, _, value in pieces) == self._sequenced.floors.maximum or not pieces
+            self._sequenced.ledger.floors.check_invariants()
 
 
 class AsyncSequencedEventStreamWriter(Generic[T]):
@@ -800,12 +471,12 @@ class AsyncSequencedEventStreamWriter(Generic[T]):
     @property
     def duplicates(self) -> int:
         """Events dropped so far because the stream held them already."""
-        return self._shared.duplicates
+        return self._shared.ledger.duplicates
 
     @property
     def last_sequence(self) -> int:
         """The last sequence written (or dropped) through this writer; the next must exceed it (0: none)."""
-        return self._shared.last_sequence
+        return self._shared.ledger.last_sequence
 
     @property
     def events_written(self) -> int:
@@ -833,7 +504,7 @@ class AsyncSequencedEventStreamWriter(Generic[T]):
         if type(routing_key) is not str:
             raise _bad_key(routing_key)
         with self._shared.lock:
-            return self._shared.floors.floor_of_key(routing_key)
+            return self._shared.ledger.floors.floor_of_key(routing_key)
 
     async def write_event(self, event: T, *, routing_key: str, sequence: int) -> bool:
         """Buffer ``event`` with its ``sequence`` (above every sequence written before through this writer)
@@ -905,12 +576,12 @@ class SequencedEventStreamWriter(Generic[T]):
     @property
     def duplicates(self) -> int:
         """Events dropped so far because the stream held them already."""
-        return self._shared.duplicates
+        return self._shared.ledger.duplicates
 
     @property
     def last_sequence(self) -> int:
         """The last sequence written (or dropped) through this writer (0: none)."""
-        return self._shared.last_sequence
+        return self._shared.ledger.last_sequence
 
     @property
     def events_written(self) -> int:
@@ -928,7 +599,7 @@ class SequencedEventStreamWriter(Generic[T]):
         if type(routing_key) is not str:
             raise _bad_key(routing_key)
         with self._shared.lock:
-            return self._shared.floors.floor_of_key(routing_key)
+            return self._shared.ledger.floors.floor_of_key(routing_key)
 
     def write_event(self, event: T, *, routing_key: str, sequence: int) -> bool:
         """See ``AsyncSequencedEventStreamWriter.write_event``: ``True`` written, ``False`` a duplicate."""
