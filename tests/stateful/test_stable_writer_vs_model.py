@@ -54,6 +54,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from millstream.client import AsyncClient, ClientConfig, ScalingPolicy, StreamConfig
+from millstream.client._routing import StreamRouter, routing_key_fraction
 from millstream.client._sequenced_writer import DUPLICATE, AsyncSequencedEventStreamWriter, SequencedWriterCore
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
 from millstream.errors import ConnectionLostError, MillstreamError, ProtocolError
@@ -156,12 +157,12 @@ class Node:
         return tuple(frozenset(self.model_id(r.segment_id) for r in e.segments) for e in self.history.epochs)
 
     def scale(self, predecessors: frozenset[int], ranges: tuple[tuple[int, int], ...],
-              writes: Sequence[Callable[[], tuple[int, frozenset[int]]]] = ()) -> list[tuple[int, frozenset[int]]]:
+              writes: Sequence[Callable[[], tuple[int, tuple[int, ...]]]] = ()) -> list[tuple[int, tuple[int, ...]]]:
         """Scale; ``writes`` (per-event calls of a live writer) run first, in the same event-loop turn as the
         scale's start, so that their requests race the seal.  Returns what they returned."""
         ids = [s.segment_id for s in self.history.epochs[-1].segments if self.model_id(s.segment_id) in predecessors]
 
-        async def scale() -> list[tuple[int, frozenset[int]]]:
+        async def scale() -> list[tuple[int, tuple[int, ...]]]:
             results = [write() for write in writes]
             await self.controller.scale_stream(SCOPE, STREAM, ids, [(lo / GRID, hi / GRID) for lo, hi in ranges])
             return results
@@ -225,31 +226,33 @@ class WriterProcess:
         self.writer = node.run(make())
         self.core: SequencedWriterCore[bytes] = self.writer.core
 
-    def write(self, cell: int, sequence: int, *, then_die: bool | None = None) -> tuple[int, frozenset[int]]:
-        """The per-event path (as the blocking writer runs it): its flags, and the segments (model ids)
-        the writer routed to at that moment -- a hand-over that finished before it came first.  With
+    def write(self, cell: int, sequence: int, *, then_die: bool | None = None) -> tuple[int, tuple[int, ...]]:
+        """The per-event path (as the blocking writer runs it): its flags, and where the writer routed
+        each cell at that moment (``routes``) -- a hand-over that finished before it came first.  With
         ``then_die`` (see ``crash``), the process dies right after, before the event loop turns: the
         event's request, if it was sent, is still on its way."""
-        async def write() -> tuple[int, frozenset[int]]:
+        async def write() -> tuple[int, tuple[int, ...]]:
             result = self.write_now(cell, sequence)
             if then_die is not None:
                 self._die(reset=then_die)
             return result
         return self.node.run(write())
 
-    def write_now(self, cell: int, sequence: int) -> tuple[int, frozenset[int]]:
+    def write_now(self, cell: int, sequence: int) -> tuple[int, tuple[int, ...]]:
         """(On the loop.)  ``write`` without running the loop."""
         key = self.node.keys[cell]
-        router = self.core.router
-        assert router is not None
-        routed = frozenset(self.node.model_id(s.segment_id) for s in router.segments())
+        routes = self.routes()
         flags = self.core.add_sequenced(EventTag(WRITER, sequence).payload(PAYLOAD_BYTES, key=key), key, sequence)
-        return flags, routed
+        return flags, routes
 
-    def routed(self) -> frozenset[int]:
+    def routes(self) -> tuple[int, ...]:
+        """The segment (model id) the writer routes each cell to, cell by cell.  (By cell, not as the set
+        of segments it routes to: a segment handed over for some cells may be routed to again for others,
+        when a later hand-over of another predecessor reaches it through a merge.)"""
         router = self.core.router
-        assert router is not None
-        return frozenset(self.node.model_id(s.segment_id) for s in router.segments())
+        assert isinstance(router, StreamRouter)
+        return tuple(self.node.model_id(router.segment_for_fraction(routing_key_fraction(key)).segment_id)
+                     for key in self.node.keys)
 
     def floor(self, cell: int) -> int:
         return self.writer.deduplication_floor(self.node.keys[cell])
@@ -373,17 +376,21 @@ class StableWriterMachine(RuleBasedStateMachine):
                     pass
         return progress
 
-    def _hand_overs(self, routed: frozenset[int] | None = None) -> bool:
-        """``SegmentSealed`` for every sealed segment the model routes to and the implementation no longer
-        does (now, or in ``routed``: what it routed to at some moment)."""
+    def _hand_overs(self, routes: tuple[int, ...] | None = None) -> bool:
+        """``SegmentSealed`` for every sealed segment the model routes a cell to that the implementation
+        routes elsewhere (now, or in ``routes``: where it routed each cell at some moment).  Cell by cell:
+        the writer hands a segment over when it learns of the seal, and may route other cells to it
+        again later (a predecessor's hand-over that reaches it through a merge), as the spec allows."""
         progress = False
         process = self.process
         if process is None or WRITER not in self.model.alive:
             return False
-        if routed is None:
-            routed = process.routed()
+        if routes is None:
+            routes = process.routes()
         for segment in sorted(self.model.routed(WRITER)):
-            if segment in self.model.sealed and segment not in routed:
+            table = self.model.table[WRITER]
+            if segment in self.model.sealed and any(
+                    target == segment and routes[cell] != segment for cell, target in enumerate(table)):
                 try:
                     self.model = sw.segment_sealed(self.model, WRITER, segment)
                     event("the writer handed a sealed segment's events over")
@@ -419,11 +426,11 @@ class StableWriterMachine(RuleBasedStateMachine):
         self.node.turns(turns)
         self.catch_up()
 
-    def written(self, cell: int, flags: int, routed: frozenset[int]) -> None:
+    def written(self, cell: int, flags: int, routes: tuple[int, ...]) -> None:
         """The model's ``WriteEvent`` for what the writer did with the next offset (after the hand-overs
         it had finished by then)."""
         number = self.model.written[WRITER] + 1
-        self._hand_overs(routed)
+        self._hand_overs(routes)
         duplicate = sw.is_duplicate(self.model, WRITER, cell)
         assert bool(flags & DUPLICATE) == duplicate, (
             f"event {number} (cell {cell}): the writer says {'duplicate' if flags & DUPLICATE else 'written'}, "
@@ -466,8 +473,8 @@ class StableWriterMachine(RuleBasedStateMachine):
         writes = [lambda cell=cell, number=number: process.write_now(cell, number)  # type: ignore[union-attr]
                   for number, cell in enumerate(cells, start=first)]
         results = self.node.scale(predecessors, ranges, writes)
-        for cell, (flags, routed) in zip(cells, results, strict=True):
-            self.written(cell, flags, routed)
+        for cell, (flags, routes) in zip(cells, results, strict=True):
+            self.written(cell, flags, routes)
         epochs = self.node.observe_epochs()
         self.take(sw.create_successors, predecessors, ranges)
         self.take(sw.record_epoch)
