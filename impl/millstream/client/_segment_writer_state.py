@@ -284,15 +284,9 @@ class SegmentWriterState:
         event's block.  Raises the writer's error, ``ObjectClosedError`` or ``PayloadTooLargeError``
         (nothing added).  The per-event step: every line here is paid per event."""
         length = len(payload)
-        if length > EVENT_LENGTH_MAX:
-            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {EVENT_LENGTH_MAX} bytes")
         shared = self._shared
-        if shared.error is not None:
-            shared.raise_error()
-        if self._closing:
-            if self._retired:
-                return REROUTE
-            raise ObjectClosedError("the writer is closed")
+        if length > EVENT_LENGTH_MAX or shared.error is not None or self._closing:
+            return self._refuse(length)
         parts = self._parts
         parts.append(SMALL_EVENT_HEADERS[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
         parts.append(payload)
@@ -321,6 +315,18 @@ class SegmentWriterState:
             return flags | OVER_BUDGET
         return flags
 
+
+    def _refuse(self, length: int) -> int:
+        """Why an event of ``length`` bytes is not added (the per-event step's rare case, out of its
+        way): raises ``PayloadTooLargeError``, the writer's error or ``ObjectClosedError`` -- or
+        answers ``REROUTE`` (the segment was sealed and its keys moved on)."""
+        if length > EVENT_LENGTH_MAX:
+            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {EVENT_LENGTH_MAX} bytes")
+        if self._shared.error is not None:
+            self._shared.raise_error()
+        if self._retired:
+            return REROUTE
+        raise ObjectClosedError("the writer is closed")
     def close_block(self) -> None:
         """Number the open block's events (by its last) and queue the block for the session."""
         self._queue_open_block(self._last_assigned + self._open_count, None)
@@ -538,12 +544,9 @@ class SegmentWriterState:
         self._closing = self._retired = True
         return events
 
-    def write_moved_event(self, payload: bytes, routing_key: str | None,
-                          factory: Callable[[], Completion] | None, sequence: int) -> Completion | None:
-        """Add an event handed over from a sealed predecessor (keeping its place in the writer's
-        sequence), ahead of anything newer for its key; with ``factory``, return the completion of its
-        block.  Moved events fill blocks up to the block size (they are all here at once);
-        ``close_open_block`` ends the last."""
+    def _frame(self, payload: bytes, routing_key: str | None, sequence: int) -> None:
+        """Frame one event (place ``sequence`` in the writer's sequence) into the open block, charging
+        it to the budget.  (``write_event`` does the same inline: it runs once per event.)"""
         length = len(payload)
         self._parts.append(SMALL_EVENT_HEADERS[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
         self._parts.append(payload)
@@ -555,6 +558,14 @@ class SegmentWriterState:
         self._open_charge += length
         self._open_count += 1
         self._shared.unacked_bytes += length
+
+    def write_moved_event(self, payload: bytes, routing_key: str | None,
+                          factory: Callable[[], Completion] | None, sequence: int) -> Completion | None:
+        """Add an event handed over from a sealed predecessor (keeping its place in the writer's
+        sequence), ahead of anything newer for its key; with ``factory``, return the completion of its
+        block.  Moved events fill blocks up to the block size (they are all here at once);
+        ``close_open_block`` ends the last."""
+        self._frame(payload, routing_key, sequence)
         future = None
         if factory is not None:
             future = self._open_future

@@ -66,7 +66,6 @@ from millstream.client._segment_writer_state import (
     EVENT_LENGTH_MAX,
     HEADER_LENGTH,
     OVER_BUDGET,
-    REROUTE,
     SHIPPED,
     SMALL_EVENT_HEADERS,
     SMALL_EVENT_LENGTH,
@@ -85,8 +84,6 @@ from millstream.client._streams import SegmentWithRange
 from millstream.errors import (
     InternalError,
     InvalidSequenceError,
-    ObjectClosedError,
-    PayloadTooLargeError,
     ProtocolError,
 )
 from millstream.wire import codec
@@ -232,15 +229,9 @@ class SequencedSegmentWriterState(SegmentWriterState):
         ``InvalidSequenceError`` (not above the last sequence written) or ``PayloadTooLargeError`` --
         nothing added then.  The per-event step."""
         length = len(payload)
-        if length > EVENT_LENGTH_MAX:
-            raise PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of {EVENT_LENGTH_MAX} bytes")
         shared = self._shared
-        if shared.error is not None:
-            shared.raise_error()
-        if self._closing:
-            if self._retired:
-                return REROUTE
-            raise ObjectClosedError("the writer is closed")
+        if length > EVENT_LENGTH_MAX or shared.error is not None or self._closing:
+            return self._refuse(length)
         ledger = self._ledger
         if sequence <= ledger.last_sequence:
             raise InvalidSequenceError(
@@ -255,7 +246,8 @@ class SequencedSegmentWriterState(SegmentWriterState):
         if sequence <= floors.maximum and sequence <= floors.floor_of_key(routing_key):
             ledger.duplicates += 1
             return DUPLICATE
-        self._add(payload, routing_key, sequence, shared.sequence)
+        self._application_sequences.append(sequence)  # (``_add``, inlined: the per-event step)
+        self._frame(payload, routing_key, shared.sequence)
         if self._open_charge >= self._close_at:
             self.close_block()
             flags = SHIPPED
@@ -270,18 +262,8 @@ class SequencedSegmentWriterState(SegmentWriterState):
     def _add(self, payload: bytes, routing_key: str | None, sequence: int, place: int) -> None:
         """Frame one event (application sequence ``sequence``, place ``place`` in the writer's
         sequence) into the open block."""
-        length = len(payload)
-        self._parts.append(SMALL_EVENT_HEADERS[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
-        self._parts.append(payload)
-        self._keys.append(routing_key)
         self._application_sequences.append(sequence)
-        self._sequences.append(place)
-        length += HEADER_LENGTH
-        if routing_key is not None:
-            length += len(routing_key)
-        self._open_charge += length
-        self._open_count += 1
-        self._shared.unacked_bytes += length
+        self._frame(payload, routing_key, place)
 
     def close_block(self) -> None:
         """The open block leaves, numbered by its last event's sequence."""

@@ -69,9 +69,7 @@ class AppendRequests(ConnectionState):
 
     def _on_setup_append(self, command: SetupAppend) -> None:
         request_id, segment = command.request_id, command.segment
-        if not self._authorize(request_id, command.token, segment, _APPEND):
-            return
-        container = self._container(request_id, segment)
+        container = self._authorized_container(request_id, command.token, segment, _APPEND)
         if container is None:
             return
         existing = self._writers.get(command.writer_id)

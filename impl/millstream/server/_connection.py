@@ -357,6 +357,14 @@ class Connection(Ingress, AppendRequests, SegmentRequests, ErrorReplies, asyncio
             self._authenticate()
         return True
 
+    def _authorized_container(self, request_id: int, token: str, segment: str,
+                              operation: SegmentOperation) -> SegmentContainer | None:
+        """``_authorize``, then ``_container``: the container serving ``segment`` for a client that may
+        ``operation`` it, or None after replying why not."""
+        if not self._authorize(request_id, token, segment, operation):
+            return None
+        return self._container(request_id, segment)
+
     def _container(self, request_id: int, segment: str) -> SegmentContainer | None:
         """The container serving ``segment``, or None after replying why there is none."""
         try:

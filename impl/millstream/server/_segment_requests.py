@@ -98,9 +98,7 @@ class SegmentRequests(ConnectionState):
                 self._check_quiet()
 
     def _on_read_segment(self, command: ReadSegment) -> None:
-        if not self._authorize(command.request_id, command.token, command.segment, _READ):
-            return
-        container = self._container(command.request_id, command.segment)
+        container = self._authorized_container(command.request_id, command.token, command.segment, _READ)
         if container is not None:
             reserved = max(1, min(command.suggested_length, limits.READ_LENGTH_BYTES_MAX))
             self._request(self._read(container, command), read_bytes=reserved)
@@ -121,9 +119,7 @@ class SegmentRequests(ConnectionState):
 
     def _on_get_segment_info(self, command: GetSegmentInfo) -> None:
         request_id, segment = command.request_id, command.segment
-        if not self._authorize(request_id, command.token, segment, _READ):
-            return
-        container = self._container(request_id, segment)
+        container = self._authorized_container(request_id, command.token, segment, _READ)
         if container is None:
             return
         try:
@@ -141,9 +137,7 @@ class SegmentRequests(ConnectionState):
         """The segment's known event boundaries in the range (metadata, answered inline): at most
         ``limits.EVENT_BOUNDARIES_REPLY_ENTRIES_MAX`` of them, whatever range is asked for."""
         request_id, segment = command.request_id, command.segment
-        if not self._authorize(request_id, command.token, segment, _READ):
-            return
-        container = self._container(request_id, segment)
+        container = self._authorized_container(request_id, command.token, segment, _READ)
         if container is None:
             return
         try:
@@ -156,9 +150,7 @@ class SegmentRequests(ConnectionState):
 
     def _on_get_segment_attribute(self, command: GetSegmentAttribute) -> None:
         request_id, segment = command.request_id, command.segment
-        if not self._authorize(request_id, command.token, segment, _READ):
-            return
-        container = self._container(request_id, segment)
+        container = self._authorized_container(request_id, command.token, segment, _READ)
         if container is None:
             return
         try:
@@ -171,8 +163,7 @@ class SegmentRequests(ConnectionState):
     def _administer(self, request_id: int, segment: str, token: str,
                     operation: Coroutine[Any, Any, Command], what: SegmentOperation) -> None:
         """Run an administrative ``operation`` (after the token and ownership checks) as a request."""
-        if not self._authorize(request_id, token, segment, what) \
-                or self._container(request_id, segment) is None:
+        if self._authorized_container(request_id, token, segment, what) is None:
             operation.close()
             return
         self._request(self._reply_with(request_id, segment, operation))
@@ -250,8 +241,7 @@ class SegmentRequests(ConnectionState):
 
     def _on_merge_segments(self, command: MergeSegments) -> None:
         request_id, target, source = command.request_id, command.target, command.source
-        if not self._authorize(request_id, command.token, source, SegmentOperation.MERGE_FROM) \
-                or self._container(request_id, source) is None:
+        if self._authorized_container(request_id, command.token, source, SegmentOperation.MERGE_FROM) is None:
             return
 
         async def merge() -> Command:
