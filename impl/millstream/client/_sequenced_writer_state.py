@@ -195,6 +195,13 @@ class SequenceLedger:
             self.floors.raise_range(piece.key_start, piece.key_end, stored)
 
 
+def _first_sequence(block: Block) -> int:
+    """The application sequence of ``block``'s first event (a sequenced writer's blocks all carry them)."""
+    sequences = block.application_sequences
+    assert sequences is not None
+    return sequences[0]
+
+
 class SequencedSegmentWriterState(SegmentWriterState):
     """``SegmentWriterState`` for a writer with a stable id: blocks end at their last event's sequence,
     a block goes out only when the hold lets it (``next_to_send``), and what a segment says it stores
@@ -324,7 +331,7 @@ class SequencedSegmentWriterState(SegmentWriterState):
         """Before sending on a session: blocks written after a setup said their first sequences are
         stored are trimmed (``trim_stored`` of what was acknowledged).  Nothing if there are none."""
         inflight = self._inflight
-        if inflight and self._sent == 0 and inflight[0].application_sequences[0] <= self._acked:  # type: ignore[index]
+        if inflight and self._sent == 0 and _first_sequence(inflight[0]) <= self._acked:
             return self.trim_stored(self._acked)
         return []
 
@@ -349,7 +356,7 @@ class SequencedSegmentWriterState(SegmentWriterState):
             freed += block.charge
             if block.future is not None:
                 futures.append(block.future)
-        if inflight and inflight[0].application_sequences[0] <= stored:  # type: ignore[index]
+        if inflight and _first_sequence(inflight[0]) <= stored:
             freed += self._reframe_front(stored)
         self._acked = max(self._acked, stored)
         shared = self._shared
