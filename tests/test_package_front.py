@@ -94,10 +94,11 @@ def run_fresh(program: str) -> str:
 
 def test_importing_the_package_does_not_import_a_node() -> None:
     """A client (a Spark worker above all) imports ``millstream`` often; the node it never runs --
-    segment store, server, controller -- is imported when ``standalone`` is first used."""
+    segment store, server, controller, metrics -- is imported when a node is built."""
     loaded = run_fresh("import sys, millstream\n"
                        "print(' '.join(m for m in sys.modules if m.startswith(('millstream.server', "
-                       "'millstream.controller', 'millstream.segmentstore', 'millstream.standalone'))))")
+                       "'millstream.controller', 'millstream.segmentstore', 'millstream.health', "
+                       "'millstream.metrics'))))")
     assert loaded == ""
 
 

@@ -21,10 +21,6 @@ store's building blocks (``SegmentContainer``, ``FileLog``, ``ContainerHost``, .
 testing the store, and ``millstream.testing`` simulated tiers, network and clock for fault tests.
 """
 
-import sys
-import types
-import typing
-
 from millstream import auth, client, errors
 from millstream.auth import Permission, issue_token
 from millstream.client import (
@@ -66,10 +62,8 @@ from millstream.client import (
     TransactionStatus,
     connect,
 )
+from millstream.standalone import StandaloneNode, standalone  # (light: a node's parts load when one is built)
 from millstream.values import ReadResult
-
-if typing.TYPE_CHECKING:  # imported when first used (``__getattr__``): a node's server and controller are heavy
-    from millstream.standalone import StandaloneNode, standalone
 
 __version__ = "0.1.0"
 
@@ -130,44 +124,15 @@ __all__ += ["SequencedEventStreamWriter"]
 _MOVED_TO_LOWLEVEL = frozenset({"ChunkStorage", "ContainerHost", "DurableDataLog", "FileChunkStorage", "FileLog",
                                 "SegmentContainer", "SegmentInfo", "StorageSettings"})
 
-#: Names imported when first used: ``standalone`` and ``StandaloneNode`` bring the segment store, the
-#: server and the controller, which a client -- a Spark worker above all, that starts often -- never needs.
-_LAZY = {"StandaloneNode": "millstream.standalone", "standalone": "millstream.standalone"}
-
 
 def __getattr__(name: str) -> object:
-    """``millstream.standalone`` and ``millstream.StandaloneNode``, imported on first use (then kept as
-    ordinary attributes); ``millstream.FileLog`` and the other names that moved to ``millstream.lowlevel``
-    are still found here, with a ``DeprecationWarning`` that says where they live now."""
-    import importlib
-
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
+    """``millstream.FileLog`` and the other names that moved to ``millstream.lowlevel`` are still found
+    here, with a ``DeprecationWarning`` that says where they live now."""
     if name not in _MOVED_TO_LOWLEVEL:
         raise AttributeError(f"module 'millstream' has no attribute {name!r}")
+    import importlib
     import warnings
 
     warnings.warn(f"millstream.{name} is millstream.lowlevel.{name} now: import it from there "
                   f"(from millstream.lowlevel import {name})", DeprecationWarning, stacklevel=2)
     return getattr(importlib.import_module("millstream.lowlevel"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    """The package's module type.  ``millstream.standalone`` names both the function and a submodule:
-    importing the submodule (``import millstream.standalone``, ``from millstream.standalone import
-    Node``) makes Python set the package's attribute ``standalone`` to the module, which would hide
-    the function.  The attribute stays the function."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "standalone" and isinstance(value, types.ModuleType):
-            value = value.standalone
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

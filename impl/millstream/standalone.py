@@ -62,11 +62,10 @@ import threading
 from collections.abc import Collection, Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from millstream import limits
 from millstream.auth import exposure_warnings, is_loopback_host
-from millstream.controller import Controller, ControllerConfig, ControllerRpc, LocalSegmentStore
 from millstream.errors import (
     DataDirectoryInUseError,
     InvalidArgumentError,
@@ -74,13 +73,18 @@ from millstream.errors import (
     ObjectClosedError,
     StorageError,
 )
-from millstream.health import MetricsEndpoint, NodeHealth, node_health
-from millstream.metrics import NodeMetrics
-from millstream.segmentstore.container import StorageSettings
-from millstream.segmentstore.durable_data_log import DurableDataLog
-from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
-from millstream.server import SegmentStoreServer, ServerConfig
+
+# The node's parts -- segment store, server, controller, metrics -- are imported where a node is built,
+# not here: ``import millstream`` brings this module (for ``standalone`` and ``StandaloneNode``), and a
+# client that never runs a node (a Spark worker above all, which starts often) must not pay for them.
+if TYPE_CHECKING:
+    from millstream.controller import Controller, ControllerConfig
+    from millstream.health import MetricsEndpoint, NodeHealth
+    from millstream.metrics import NodeMetrics
+    from millstream.segmentstore.container import StorageSettings
+    from millstream.segmentstore.durable_data_log import DurableDataLog
+    from millstream.segmentstore.file_chunk_storage import FileChunkStorage
+    from millstream.server import SegmentStoreServer, ServerConfig
 
 __all__ = ["LOCK_FILE_NAME", "DataDirectoryLock", "Node", "Service", "StandaloneNode", "standalone"]
 
@@ -196,6 +200,8 @@ class _ControllerService:
         self.controller: Controller | None = None
 
     async def start(self) -> None:
+        from millstream.controller import Controller, ControllerRpc, LocalSegmentStore
+
         controller = Controller(LocalSegmentStore(self._server), clock=self._server.clock, config=self._config)
         await controller.start()
         self.controller = controller
@@ -274,11 +280,17 @@ class Node:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
     ) -> None:
+        from millstream.server import ServerConfig
+
         self.data_dir = Path(data_dir)
         if metrics_port is not None and (type(metrics_port) is not int or not 0 <= metrics_port <= 65535):
             raise InvalidArgumentError(f"metrics_port must be a port number (0 to 65535) or None, not {metrics_port!r}")
         #: The node's metrics (None: it serves none).
-        self.metrics = None if metrics_port is None else NodeMetrics(lambda: self.server)
+        self.metrics: NodeMetrics | None = None
+        if metrics_port is not None:
+            from millstream.metrics import NodeMetrics  # (with prometheus_client: only for a node serving metrics)
+
+            self.metrics = NodeMetrics(lambda: self.server)
         self._metrics_host = metrics_host
         self._metrics_port = metrics_port
         self.metrics_endpoint: MetricsEndpoint | None = None
@@ -307,11 +319,17 @@ class Node:
         self.failed: asyncio.Future[BaseException] | None = None
 
     def _open_log(self, container_id: int) -> DurableDataLog:
+        from millstream.segmentstore.file_log import FileLog
+
         log = FileLog(self.data_dir / "tier1" / f"container-{container_id}")
         return log if self.metrics is None else self.metrics.meter_log(container_id, log)
 
     def _build_services(self) -> list[Service]:
         """The node's services in start order (add new ones here)."""
+        from millstream.health import MetricsEndpoint
+        from millstream.segmentstore.file_chunk_storage import FileChunkStorage
+        from millstream.server import SegmentStoreServer
+
         chunk_storage = FileChunkStorage(self.data_dir / "tier2")
         self.server = SegmentStoreServer(self._open_log, config=self.config, chunk_storage=chunk_storage,
                                          storage_settings=self._storage_settings, ssl_context=self._ssl_context,
@@ -384,6 +402,8 @@ class Node:
 
     def health(self) -> NodeHealth:
         """The node's health now (``millstream.health.node_health``)."""
+        from millstream.health import node_health
+
         failure = self.failed.result() if self.failed is not None and self.failed.done() else None
         return node_health(self.server, failure)
 
