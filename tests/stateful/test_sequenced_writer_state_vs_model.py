@@ -63,6 +63,7 @@ import contextlib
 import os
 import uuid
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 from hypothesis import event, settings
@@ -71,6 +72,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from millstream.client._segment_writer_state import (
     SHIPPED,
+    Block,
     EndSession,
     Instruction,
     ReleaseFlushes,
@@ -124,7 +126,7 @@ class Session:
     attribute the block before it leaves) not yet taken by the store, acknowledgements on the way back."""
 
     expected: int
-    sent: deque[tuple[int, object]] = attrs.Factory(deque)
+    sent: deque[tuple[int, Block]] = attrs.Factory(deque)
     replies: deque[int] = attrs.Factory(deque)
     ready: bool = False
 
@@ -135,7 +137,7 @@ class Zombie:
 
     segment: int
     comparison: int
-    block: object
+    block: Block
     crash: int
 
 
@@ -174,11 +176,11 @@ class SequencedWriterStateMachine(RuleBasedStateMachine):
 
     # --- The model's side --------------------------------------------------------------------------------
 
-    def take(self, transition: object, *args: object) -> None:
+    def take(self, transition: Callable[..., sw.StableWriterState], *args: object) -> None:
         try:
-            self.model = transition(self.model, *args)  # type: ignore[operator]
+            self.model = transition(self.model, *args)
         except sw.NotEnabled as error:
-            raise AssertionError(f"{transition.__name__}{args} is not a step the model allows: {error}") from None  # type: ignore[attr-defined]
+            raise AssertionError(f"{transition.__name__}{args} is not a step the model allows: {error}") from None
 
     def settle(self) -> None:
         """The model's ``AckEvent`` wherever enabled, and ``SegmentSealed`` for every sealed segment it
@@ -227,14 +229,13 @@ class SequencedWriterStateMachine(RuleBasedStateMachine):
         return SegmentWithRange(((segment.epoch - 1) << 32) | (segment_id - 1), segment.lo / GRID, segment.hi / GRID,
                                 f"sc/st/{segment_id - 1}.#epoch.{segment.epoch - 1}")
 
-    def store(self, segment_id: int, comparison: int, block: object, crash: int) -> bool:
+    def store(self, segment_id: int, comparison: int, block: Block, crash: int) -> bool:
         """The store takes ``block`` (sent to ``segment_id`` with ``comparison``): stored if the segment is
         open and the attribute equals the comparison, each event replayed on the model (an
         ``AppendEvent`` of a live process, a ``ZombieAppend`` of a dead one)."""
-        assert isinstance(block, object)
         if segment_id in self.sealed or self.attribute[segment_id] != comparison:
             return False
-        for payload in codec.iter_events(block.data):  # type: ignore[attr-defined]
+        for payload in codec.iter_events(block.data):
             number, cell = event_of(payload)
             before = len(self.model.data[segment_id - 1])
             if crash:
@@ -246,14 +247,14 @@ class SequencedWriterStateMachine(RuleBasedStateMachine):
                 "the store took an event the model does not", segment_id, number, cell,
                 self.model.data[segment_id - 1][before:])
             self.stored[segment_id].append((number, cell))
-        self.attribute[segment_id] = block.last_event_number  # type: ignore[attr-defined]
+        self.attribute[segment_id] = block.last_event_number
         return True
 
     def zombie_explained(self, zombie: Zombie) -> bool:
         """Whether the model can take a dead process's block as ``ZombieAppend``s (else it is lost)."""
         model = self.model
         try:
-            for payload in codec.iter_events(zombie.block.data):  # type: ignore[attr-defined]
+            for payload in codec.iter_events(zombie.block.data):
                 number, cell = event_of(payload)
                 before = len(model.data[zombie.segment - 1])
                 model = sw.zombie_append(model, WRITER, zombie.segment, zombie.crash)
@@ -414,7 +415,7 @@ class SequencedWriterStateMachine(RuleBasedStateMachine):
         machine.session = Session(expected=stored)
         if stored > machine.state.acknowledged_event_number:
             event("a setup acknowledged what an earlier session or process stored")
-            if any(block.application_sequences[0] <= stored < block.last_event_number  # type: ignore[index]
+            if any((block.application_sequences or [0])[0] <= stored < block.last_event_number
                    for block in machine.state._inflight):
                 event("a setup's stored sequence fell inside a block: re-framed")
         instructions = machine.state.setup(stored)
@@ -437,7 +438,7 @@ class SequencedWriterStateMachine(RuleBasedStateMachine):
         if segment_id in self.sealed:
             self.hand_over_segment(segment_id)  # SegmentIsSealed
         elif self.store(segment_id, comparison, block, 0):
-            machine.session.replies.append(block.last_event_number)  # type: ignore[attr-defined]
+            machine.session.replies.append(block.last_event_number)
         else:  # InvalidEventNumber: the connection closes, what it carried after the block is lost
             self.break_session(machine, lost=True)
 
@@ -460,7 +461,7 @@ class SequencedWriterStateMachine(RuleBasedStateMachine):
     def land(self, data: st.DataObject) -> None:
         """The first request still on the way for a segment (per segment they land in order) lands, or is
         lost; a dead process's is lost if the model cannot explain it."""
-        firsts = {}
+        firsts: dict[tuple[int, int], int] = {}
         for index, zombie in enumerate(self.zombies):
             firsts.setdefault((zombie.segment, zombie.crash), index)
         index = data.draw(st.sampled_from(sorted(firsts.values())), label="zombie")
@@ -512,7 +513,7 @@ class SequencedWriterStateMachine(RuleBasedStateMachine):
         del process.machines[segment_id]
         names = {self.range_of(s).name: s for s in range(1, len(self.model.segments) + 1)}
         cell_of_key = {key: cell for cell, key in enumerate(KEYS)}
-        moved = route_moved(events, lambda key: self.range_of(process.routing[cell_of_key[key]]).name)  # type: ignore[index]
+        moved = route_moved(events, lambda key: self.range_of(process.routing[cell_of_key[key or ""]]).name)
         targets = []
         for name, mine in moved.items():
             target = self.machine(names[name])
