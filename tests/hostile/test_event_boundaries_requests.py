@@ -50,7 +50,14 @@ async def conversation(port: int, requests: list[Command]) -> list[Command]:
     finally:
         writer.close()
     assert isinstance(replies[0], Hello)
-    return sorted(replies[1:], key=lambda reply: reply.request_id)  # type: ignore[attr-defined]
+    return sorted(replies[1:], key=_request_id)
+
+
+def _request_id(reply: Command) -> int:
+    """The request a reply answers (every reply to these requests names one)."""
+    request_id = getattr(reply, "request_id", None)
+    assert isinstance(request_id, int), f"a reply without a request id: {reply!r}"
+    return request_id
 
 
 def test_bad_and_huge_requests_get_bounded_typed_replies_and_the_connection_serves_on(tmp_path: Path) -> None:
