@@ -19,7 +19,8 @@ The model's actions, and what they are here:
   flight, when it reaches the size the ``BlockSizeTracker`` asks for, or when the batch window has
   passed (``batch_window_passed``).  This step runs once per event, so it answers with bit flags
   (``SHIPPED``, ``OVER_BUDGET``, ``REROUTE``, ``ARM_BATCH_TIMER``) rather than instruction objects:
-  nothing is made per event.
+  nothing is made per event.  ``write_events`` is the same step for a run of events (the batch path):
+  all or nothing, blocks closing at the block size within the run.
 * ``store`` -- the server's; the machine learns of it through ``acknowledge`` and ``setup``.
 * ``acknowledge`` -- ``acknowledge``: a ``DataAppended`` for event ``n`` acknowledges every block up to
   ``n`` (cumulative: a stale or reordered one is ignored; one that ends no block sent is a protocol
@@ -315,6 +316,68 @@ class SegmentWriterState:
             return flags | OVER_BUDGET
         return flags
 
+
+    def write_events(self, payloads: list[bytes], routing_keys: list[str | None], sequences: list[int]) -> int:
+        """``write_event`` for a run of events bound for this segment, in order (the batch path:
+        ``payloads[i]`` with ``routing_keys[i]`` at place ``sequences[i]`` of the writer's sequence,
+        which the caller took from ``WriterBudget.sequence`` for the whole batch).  All or nothing:
+        raises ``PayloadTooLargeError``, the writer's error or ``ObjectClosedError`` -- or answers
+        ``REROUTE`` alone -- before adding any of them.  Blocks close as the run fills them (at the
+        block size, so a long run leaves in blocks no larger than one ``write_event`` would make) and
+        the open block closes at the end if it is due; the flags are ``write_event``'s (``SHIPPED``:
+        one block or more closed, ``ARM_BATCH_TIMER``: the run left a new open block)."""
+        if not payloads:
+            return 0
+        longest = max(map(len, payloads))
+        if longest > EVENT_LENGTH_MAX or self._shared.error is not None or self._closing:
+            return self._refuse(longest)
+        parts = self._parts
+        keys = self._keys
+        block_bytes_max = self._block_bytes_max
+        headers = SMALL_EVENT_HEADERS
+        opened = self._open_count == 0
+        closed = False
+        charge = self._open_charge
+        count = self._open_count
+        added = 0
+        start = 0
+        for index, payload in enumerate(payloads):
+            length = len(payload)
+            parts.append(headers[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
+            parts.append(payload)
+            key = routing_keys[index]
+            length += HEADER_LENGTH if key is None else HEADER_LENGTH + len(key)
+            charge += length
+            added += length
+            count += 1
+            if charge >= block_bytes_max:  # a full block leaves now, as write_event's would
+                keys.extend(routing_keys[start:index + 1])
+                self._sequences.extend(sequences[start:index + 1])
+                start = index + 1
+                self._open_charge = charge
+                self._open_count = count
+                self.close_block()
+                parts = self._parts
+                keys = self._keys
+                charge = count = 0
+                opened = closed = True
+        keys.extend(routing_keys[start:])
+        self._sequences.extend(sequences[start:])
+        self._open_charge = charge
+        self._open_count = count
+        shared = self._shared
+        shared.unacked_bytes += added
+        flags = 0
+        if count and charge >= self._close_at:
+            self.close_block()
+            closed = True
+        if closed:
+            flags = SHIPPED
+        if self._open_count and opened:
+            flags |= ARM_BATCH_TIMER
+        if shared.unacked_bytes > shared.unacked_bytes_max:
+            flags |= OVER_BUDGET
+        return flags
 
     def _refuse(self, length: int) -> int:
         """Why an event of ``length`` bytes is not added (the per-event step's rare case, out of its
