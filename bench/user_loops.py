@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -117,18 +117,23 @@ def workload(config: UserLoopsConfig) -> tuple[list[bytes], list[str | None]]:
     return payloads, routing_keys
 
 
-def _timed(loop: str, events: int, body: Callable[[], None]) -> LoopRun:
+def _timed(loop: str, events: int, body: Callable[[], None], profiler: Any = None) -> LoopRun:
     cpu_before = time.process_time()
     started = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     body()
+    if profiler is not None:
+        profiler.disable()
     seconds = time.perf_counter() - started
     cpu = time.process_time() - cpu_before
     return LoopRun(loop, events, seconds, events / seconds, 1e6 * cpu / events)
 
 
 def run_loop(loop: str, uri: str, stream: str, payloads: Sequence[bytes], keys: Sequence[str | None],
-             batch_events: int) -> LoopRun:
-    """One loop (see the module docstring), writing ``payloads`` with ``keys`` to ``stream``."""
+             batch_events: int, profiler: Any = None) -> LoopRun:
+    """One loop (see the module docstring), writing ``payloads`` with ``keys`` to ``stream``; with a
+    ``cProfile.Profile``, profiled from the first write to the flush (on the caller's thread)."""
     import millstream
 
     if loop == "asyncio":
@@ -144,7 +149,11 @@ def run_loop(loop: str, uri: str, stream: str, payloads: Sequence[bytes], keys: 
                         await writer.write_event(event, routing_key=key)
                     await writer.flush()
                 cpu_before = time.process_time()
+                if profiler is not None:
+                    profiler.enable()
                 await body()
+                if profiler is not None:
+                    profiler.disable()
                 seconds = time.perf_counter() - started[0]
                 cpu = time.process_time() - cpu_before
                 await writer.close()
@@ -178,7 +187,7 @@ def run_loop(loop: str, uri: str, stream: str, payloads: Sequence[bytes], keys: 
                 writer.flush()
         else:
             raise ValueError(f"unknown loop {loop!r}; known: {', '.join(LOOPS)}")
-        return _timed(loop, len(payloads), body)
+        return _timed(loop, len(payloads), body, profiler)
 
 
 def _create_stream(uri: str, stream: str, segments: int) -> None:
@@ -267,3 +276,65 @@ def render_user_loops(report: UserLoopsReport) -> list[str]:
     lines += ["", f"Raw loop, records/s per round: {raw}."]
     return lines
 
+
+
+# --- Profiles: function calls per event (load-independent) ---------------------------------------------
+
+
+def calls_per_event(loop: str, uri: str, stream: str, payloads: Sequence[bytes], keys: Sequence[str | None],
+                    batch_events: int) -> float:
+    """Python function calls per event of ``loop`` on the thread that runs the user's code (cProfile):
+    all of the writer's work for the asyncio loop; the caller's share for the blocking ones (their
+    event loop thread sends blocks and reads acknowledgements per block, not per event)."""
+    import cProfile
+    import pstats
+
+    import millstream
+
+    profiler = cProfile.Profile()
+    if loop == "asyncio-batch":
+        async def write() -> None:
+            async with millstream.AsyncClient(uri) as client:
+                writer = client.event_writer(stream)
+                await bounded(writer.ready())
+                profiler.enable()
+                for start in range(0, len(payloads), batch_events):
+                    await writer.write_events(payloads[start:start + batch_events],
+                                              routing_keys=keys[start:start + batch_events])
+                await writer.flush()
+                profiler.disable()
+                await writer.close()
+        asyncio.run(write())
+    else:
+        run_loop(loop, uri, stream, payloads, keys, batch_events, profiler)
+    stats = pstats.Stats(profiler)
+    return float(stats.total_calls) / len(payloads)  # type: ignore[attr-defined]
+
+
+def main(arguments: Sequence[str] | None = None) -> None:
+    """``python -m bench.user_loops [EVENTS] [ROUNDS]``: calls per event of every loop (cProfile), then
+    ROUNDS interleaved rounds of events/s beside the raw loop, as Markdown."""
+    import sys
+
+    from bench._system import wait_until_quiet
+
+    args = list(sys.argv[1:] if arguments is None else arguments)
+    events = int(args[0]) if args else 50_000
+    rounds = int(args[1]) if len(args) > 1 else 3
+    config = UserLoopsConfig(events=events, rounds=rounds)
+    payloads, keys = workload(config)
+    with tempfile.TemporaryDirectory(prefix="millstream-user-loops-") as temp, \
+            standalone_server(Path(temp) / "node") as server:
+        uri = f"tcp://127.0.0.1:{server.port}"
+        print("| loop | Python function calls per event (cProfile) |\n|---|---|")
+        for loop in ("blocking", "batch", "columnar", "asyncio", "asyncio-batch"):
+            stream = f"{_SCOPE}/profile-{loop}"
+            _create_stream(uri, stream, config.segments)
+            print(f"| `{loop}` | {calls_per_event(loop, uri, stream, payloads, keys, config.batch_events):.1f} |")
+    quiet = wait_until_quiet(0.0, 0.0, 0.1)
+    print()
+    print("\n".join(render_user_loops(run_user_loops(config, Path(tempfile.gettempdir()), quiet))))
+
+
+if __name__ == "__main__":
+    main()

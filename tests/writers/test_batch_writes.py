@@ -278,15 +278,31 @@ def test_columns_are_written_as_their_rows_would_be(kind: str) -> None:
     run(scenario)
 
 
-def test_a_sliced_arrow_array_writes_only_its_slice() -> None:
+def test_a_sliced_arrow_array_writes_only_its_slice_and_keys_may_be_any_text_or_null() -> None:
     array = pa.array([payload(i) for i in range(100)])
+    keys = pa.array(["ключ-é", "k", None, "🙂"] * 30, type=pa.large_string()).slice(3, 20)
 
     async def scenario() -> None:
         async with FakeServer() as server, client(server.uri) as c:
-            await c.segments().create("s")
-            async with c.event_writer(["s"]) as writer:
-                await writer.write_columns(array.slice(10, 20), pa.array(["k"] * 20))
-            assert server.payloads("s") == [payload(i) for i in range(10, 30)]
+            await make_segments(c, SEGMENTS)
+            async with c.event_writer(SEGMENTS) as writer:
+                await writer.write_columns(array.slice(10, 20), keys)
+                ascii_keys = pa.array([f"key-{i % 7}" for i in range(30)]).slice(5, 20)
+                await writer.write_columns(array.slice(40, 20), ascii_keys)
+            stored = {name: server.payloads(name) for name in SEGMENTS}
+            assert sorted(p for ps in stored.values() for p in ps) == [payload(i) for i in range(10, 30)] + [
+                payload(i) for i in range(40, 60)]
+            # Events with the same key went to one segment, in order (a null key is no key: spread).
+            routed = {name: [int(p.decode().split("-")[1]) for p in ps] for name, ps in stored.items()}
+            for name, numbers in routed.items():
+                assert numbers == sorted(numbers), name
+            pattern = ["ключ-é", "k", None, "🙂"]
+            for key in ("ключ-é", "k", "🙂"):  # position j of the slice: pattern[(3 + j) % 4], payload 10 + j
+                numbers = {10 + j for j in range(20) if pattern[(3 + j) % 4] == key}
+                assert sum(1 for ns in routed.values() if numbers <= set(ns)) == 1, key
+            for residue in range(7):  # position j: key-((5 + j) % 7), payload 40 + j
+                numbers = {40 + j for j in range(20) if (5 + j) % 7 == residue}
+                assert sum(1 for ns in routed.values() if numbers <= set(ns)) == 1, residue
     run(scenario)
 
 

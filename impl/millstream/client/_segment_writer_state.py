@@ -43,7 +43,9 @@ to settle, and never touches one.
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import operator
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -76,6 +78,11 @@ HEADER_LENGTH: Final = 8
 SMALL_EVENT_LENGTH: Final = 4096
 SMALL_EVENT_HEADERS: Final = [EVENT_HEADER(0, length) for length in range(SMALL_EVENT_LENGTH)]
 EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_BYTES_MAX
+
+
+def _event_header(length: int) -> bytes:
+    """The header of an event of ``length`` bytes (``write_events``' runs with events of 4 KiB or more)."""
+    return EVENT_HEADER(0, length)
 
 #: ``SegmentWriterState.write_event`` results (bit flags): the per-event step's instructions.
 SHIPPED: Final = 1  # a block was closed: ship it (and an async caller yields once, for acknowledgements)
@@ -328,51 +335,49 @@ class SegmentWriterState:
         one block or more closed, ``ARM_BATCH_TIMER``: the run left a new open block)."""
         if not payloads:
             return 0
-        longest = max(map(len, payloads))
+        lengths = list(map(len, payloads))
+        longest = max(lengths)
         if longest > EVENT_LENGTH_MAX or self._shared.error is not None or self._closing:
             return self._refuse(longest)
-        parts = self._parts
-        keys = self._keys
+        # Per run, not per event: every per-event step below is a C loop (map, accumulate, zip, chain).
+        if None in routing_keys:
+            key_lengths = [0 if key is None else len(key) for key in routing_keys]
+        else:
+            key_lengths = list(map(len, routing_keys))  # type: ignore[arg-type]  # (no None: checked)
+        count = len(payloads)
+        # ends[i]: the open block's charge before event i, counted from where the open block began
+        # (an event is charged its framed bytes and its routing key's characters).
+        ends = list(map(operator.add, itertools.accumulate(map(operator.add, lengths, key_lengths),
+                                                           initial=self._open_charge),
+                        range(0, HEADER_LENGTH * (count + 1), HEADER_LENGTH)))
+        added = ends[-1] - ends[0]
+        header = SMALL_EVENT_HEADERS.__getitem__ if longest < SMALL_EVENT_LENGTH else _event_header
         block_bytes_max = self._block_bytes_max
-        headers = SMALL_EVENT_HEADERS
         opened = self._open_count == 0
         closed = False
-        charge = self._open_charge
-        count = self._open_count
-        added = 0
         start = 0
-        for index, payload in enumerate(payloads):
-            length = len(payload)
-            parts.append(headers[length] if length < SMALL_EVENT_LENGTH else EVENT_HEADER(0, length))
-            parts.append(payload)
-            key = routing_keys[index]
-            length += HEADER_LENGTH if key is None else HEADER_LENGTH + len(key)
-            charge += length
-            added += length
-            count += 1
-            if charge >= block_bytes_max:  # a full block leaves now, as write_event's would
-                keys.extend(routing_keys[start:index + 1])
-                self._sequences.extend(sequences[start:index + 1])
-                start = index + 1
-                self._open_charge = charge
-                self._open_count = count
+        while start < count:
+            began = ends[start] - self._open_charge  # where the open block began, on the ends scale
+            # The first event that brings the open block to the block size ends it (as write_event's would).
+            end = bisect.bisect_left(ends, began + block_bytes_max, start + 1, count + 1)
+            full = end <= count
+            end = min(end, count)
+            self._parts.extend(itertools.chain.from_iterable(zip(map(header, lengths[start:end]),
+                                                                 payloads[start:end], strict=True)))
+            self._keys.extend(routing_keys[start:end])
+            self._sequences.extend(sequences[start:end])
+            self._open_charge = ends[end] - began
+            self._open_count += end - start
+            start = end
+            if full:
                 self.close_block()
-                parts = self._parts
-                keys = self._keys
-                charge = count = 0
                 opened = closed = True
-        keys.extend(routing_keys[start:])
-        self._sequences.extend(sequences[start:])
-        self._open_charge = charge
-        self._open_count = count
         shared = self._shared
         shared.unacked_bytes += added
-        flags = 0
-        if count and charge >= self._close_at:
+        if self._open_count and self._open_charge >= self._close_at:
             self.close_block()
             closed = True
-        if closed:
-            flags = SHIPPED
+        flags = SHIPPED if closed else 0
         if self._open_count and opened:
             flags |= ARM_BATCH_TIMER
         if shared.unacked_bytes > shared.unacked_bytes_max:

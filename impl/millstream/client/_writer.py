@@ -83,9 +83,11 @@ them under half of it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import itertools
 import logging
+import operator
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar
@@ -155,6 +157,10 @@ def _router_not_ready(routing_key: str | None) -> str:
     it is handed out."""
     raise InternalError("a stream writer routed an event before it learned the stream's segments")
 
+
+#: What ``write_events`` takes for events of a bytes writer, and for keys (checked per batch, in C).
+_BYTES_TYPE: Final = frozenset({bytes})
+_KEY_TYPES: Final = frozenset({str, type(None)})
 
 #: The memo lookup of a router that has none: always a miss.
 _NO_MEMO: Final[dict[str, str]] = {}
@@ -609,14 +615,14 @@ def _columns(writer: AsyncEventStreamWriter[T], values: object, routing_keys: ob
             raise InvalidArgumentError("columnar values are an Arrow binary array or a (buffer, offsets) pair")
         buffer, offsets = values
         try:
-            data = memoryview(buffer).cast("B")
-            ends = [int(offset) for offset in offsets]
+            view = memoryview(buffer).cast("B")
+            ends = list(map(int, offsets))
         except (TypeError, ValueError) as error:
             raise InvalidArgumentError(f"columnar values: a bytes-like buffer and integer offsets ({error})") from None
-        if not ends or ends[0] < 0 or ends[-1] > len(data) or any(b < a for a, b in itertools.pairwise(ends)):
+        if not ends or ends[0] < 0 or ends[-1] > len(view) or ends != sorted(ends):
             raise InvalidArgumentError(f"columnar offsets must rise from 0 or more to at most the buffer's "
-                                       f"{len(data)} bytes")
-        payloads = [data[start:end].tobytes() for start, end in itertools.pairwise(ends)]
+                                       f"{len(view)} bytes")
+        payloads = _cut(view.tobytes(), ends)
     else:
         pa = _pyarrow()
         if isinstance(values, pa.ChunkedArray):
@@ -627,7 +633,7 @@ def _columns(writer: AsyncEventStreamWriter[T], values: object, routing_keys: ob
                                        f"(buffer, offsets) pair), not {type(values).__name__}")
         if values.null_count:
             raise InvalidArgumentError(f"columnar values hold {values.null_count} null(s): every event needs bytes")
-        payloads = values.to_pylist()
+        payloads = _cut(*_arrow_column(values, pa.types.is_large_binary(values.type)))
     keys: list[str | None] | None
     if routing_keys is None:
         keys = None
@@ -641,11 +647,33 @@ def _columns(writer: AsyncEventStreamWriter[T], values: object, routing_keys: ob
                                                          or pa.types.is_large_string(routing_keys.type)):
             raise InvalidArgumentError("routing keys are a pyarrow string array, a sequence of str, or None, not "
                                        f"{type(routing_keys).__name__}")
-        keys = routing_keys.to_pylist()
+        if routing_keys.null_count:  # a null key is no key
+            keys = routing_keys.to_pylist()
+        else:
+            data, ends = _arrow_column(routing_keys, pa.types.is_large_string(routing_keys.type))
+            if data.isascii():  # (byte offsets are character offsets: decode once, cut the text)
+                text = data.decode("ascii")
+                keys = list(map(text.__getitem__, map(slice, ends, ends[1:])))
+            else:
+                keys = list(map(str, _cut(data, ends), itertools.repeat("utf-8")))
     if keys is not None and len(keys) != len(payloads):
         raise InvalidArgumentError(f"write_columns got {len(payloads)} values and {len(keys)} routing keys: give one "
                                    "key per value (or routing_keys=None)")
     return payloads, keys
+
+
+def _cut(data: bytes, ends: list[int]) -> list[bytes]:
+    """``data[ends[i]:ends[i + 1]]`` for every ``i``: one bytes object per value, cut in a C loop."""
+    return list(map(data.__getitem__, map(slice, ends, ends[1:])))
+
+
+def _arrow_column(array: Any, large: bool) -> tuple[bytes, list[int]]:
+    """A binary or string Arrow array's data (one copy of its buffer) and its ``len + 1`` offsets into
+    it: cutting events out of them is a C loop, where ``to_pylist`` makes a scalar per value."""
+    _, offsets, data = array.buffers()
+    first = array.offset
+    ends = memoryview(offsets).cast("q" if large else "i")[first:first + len(array) + 1].tolist()
+    return (b"" if data is None else data.to_pybytes()), ends
 
 
 def _pyarrow() -> Any:
@@ -867,7 +895,7 @@ class AsyncEventStreamWriter(Generic[T]):
         if isinstance(events, (str, bytes, bytearray, memoryview)) or not isinstance(events, Sequence):
             raise InvalidArgumentError(f"write_events takes a sequence of events, not {type(events).__name__}")
         count = len(events)
-        if self._identity and all(type(event) is bytes for event in events):
+        if self._identity and set(map(type, events)) <= _BYTES_TYPE:
             payloads: list[bytes] = list(events)  # type: ignore[arg-type]  # (checked: all bytes)
         else:
             serialize = self._serialize
@@ -891,7 +919,7 @@ class AsyncEventStreamWriter(Generic[T]):
                 raise InvalidArgumentError(f"write_events got {count} events and {len(routing_keys)} routing keys: "
                                            "give one key per event (or routing_keys=None)")
             keys = list(routing_keys)
-            if not all(type(key) is str or key is None for key in keys):
+            if not set(map(type, keys)) <= _KEY_TYPES:
                 index = next(i for i, key in enumerate(keys) if not (type(key) is str or key is None))
                 raise _bad_key(keys[index])
         if payloads:
@@ -907,17 +935,20 @@ class AsyncEventStreamWriter(Generic[T]):
         unacknowledged bytes (and at least one event): a batch larger than the budget is added a slice
         at a time, waiting for capacity in between, so the budget bounds the writer's memory still."""
         slice_bytes_max = max(self._shared.unacked_bytes_max // 2, 1)
+        count = len(payloads)
+        if not count:
+            return []
+        # ends[i]: the framed bytes of events 0..i (8 header bytes each), a C loop over the batch.
+        ends = list(map(operator.add, itertools.accumulate(map(len, payloads)), range(8, 8 * count + 1, 8)))
         slices = []
         start = 0
-        size = 0
-        for index, payload in enumerate(payloads):
-            size += len(payload) + 8
-            if size >= slice_bytes_max:
-                slices.append((start, index + 1))
-                start = index + 1
-                size = 0
-        if start < len(payloads):
-            slices.append((start, len(payloads)))
+        base = 0
+        while start < count:
+            # The first event that brings the slice to the bound ends it.
+            end = min(bisect.bisect_left(ends, base + slice_bytes_max, start) + 1, count)
+            slices.append((start, end))
+            base = ends[end - 1]
+            start = end
         return slices
 
     def _add_batch(self, payloads: list[bytes], keys: list[str | None]) -> int:
@@ -927,19 +958,25 @@ class AsyncEventStreamWriter(Generic[T]):
         Returns ``OVER_BUDGET`` (the caller waits for capacity) or 0; raises the writer's error or
         ``ObjectClosedError`` before any of the slice is added."""
         single = self._single
+        count = len(payloads)
         if single is not None:
-            runs: dict[str, list[int]] = {single: list(range(len(payloads)))}
+            runs: dict[str, list[int]] = {single: list(range(count))}
         else:
-            lookup = self._lookup
-            segment_for = self._segment_for
-            runs = {}
-            for index, key in enumerate(keys):
-                segment = (lookup(key) if key is not None else None) or segment_for(key)
-                run = runs.get(segment)
-                if run is None:
-                    runs[segment] = [index]
-                else:
-                    run.append(index)
+            # Per batch, not per event: the memo's lookups, the sort and the grouping are C loops; only a
+            # key the memo misses (a new key, or no key: spread round robin) costs a router call.
+            segments: list[str | None] = list(map(self._lookup, keys))
+            if None in segments:
+                segment_for = self._segment_for
+                index = segments.index(None)
+                while True:
+                    segments[index] = segment_for(keys[index])
+                    try:
+                        index = segments.index(None, index + 1)
+                    except ValueError:
+                        break
+            by_segment = segments.__getitem__
+            runs = {segment: list(indexes) for segment, indexes in itertools.groupby(  # type: ignore[misc]
+                sorted(range(count), key=by_segment), key=by_segment)}  # type: ignore[arg-type]
         writers = self._writers
         for segment in runs:
             if segment not in writers:
@@ -962,8 +999,8 @@ class AsyncEventStreamWriter(Generic[T]):
                 if writer is None or writer.retired:
                     rerouted.extend(indexes)
                     continue
-                flags = writer.write_events([payloads[i] for i in indexes], [keys[i] for i in indexes],
-                                            [base + i for i in indexes])
+                flags = writer.write_events(list(map(payloads.__getitem__, indexes)),
+                                            list(map(keys.__getitem__, indexes)), list(map(base.__add__, indexes)))
                 if flags & REROUTE:
                     rerouted.extend(indexes)
                 elif flags:
