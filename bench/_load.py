@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import random
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -48,6 +47,7 @@ from typing import Any, Final, Protocol
 import attrs
 
 from bench._histogram import LatencyHistogram
+from bench._keys import splitmix64
 from bench.limits import (
     BENCH_DRAIN_TIMEOUT_SECONDS,
     BENCH_IN_FLIGHT_BYTES_MAX,
@@ -108,7 +108,7 @@ class PayloadPool:
                              f"{SEND_TIME.size + 8} bytes, not {event_bytes}")
         self.size = size
         self._tail_bytes = event_bytes - SEND_TIME.size
-        self._buffer = random.Random(seed).randbytes(self._tail_bytes + size)
+        self._buffer = _seeded_bytes(seed, self._tail_bytes + size)
 
     def tail(self, slot: int) -> bytes:
         """The distinct part of pool slot ``slot``."""
@@ -123,6 +123,16 @@ class PayloadPool:
         size = self.size
         return [stamp + buffer[start:start + tail_bytes]
                 for start in ((first + index) % size for index in range(count))]
+
+
+def _seeded_bytes(seed: int, length: int) -> bytes:
+    """``length`` pseudo-random bytes from SplitMix64 (``_keys``: the harness's one generator, seeded)."""
+    words = []
+    state = seed
+    for _ in range((length + 7) // 8):
+        value, state = splitmix64(state)
+        words.append(value.to_bytes(8, "little"))
+    return b"".join(words)[:length]
 
 
 @attrs.frozen
