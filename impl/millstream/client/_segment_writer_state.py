@@ -48,7 +48,7 @@ import itertools
 import operator
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias
 from uuid import UUID
 
@@ -324,7 +324,8 @@ class SegmentWriterState:
         return flags
 
 
-    def write_events(self, payloads: list[bytes], routing_keys: list[str | None], sequences: list[int]) -> int:
+    def write_events(self, payloads: Sequence[bytes], routing_keys: Sequence[str | None],
+                     sequences: Sequence[int]) -> int:
         """``write_event`` for a run of events bound for this segment, in order (the batch path:
         ``payloads[i]`` with ``routing_keys[i]`` at place ``sequences[i]`` of the writer's sequence,
         which the caller took from ``WriterBudget.sequence`` for the whole batch).  All or nothing:

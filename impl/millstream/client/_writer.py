@@ -687,6 +687,15 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
+def _picker(indexes: list[int]) -> Callable[[Sequence[T]], Sequence[T]]:
+    """Gathers ``indexes`` of a sequence, in order, as a sequence (``itemgetter`` returns a lone item
+    bare, so one index gets a slice)."""
+    if len(indexes) == 1:
+        index = indexes[0]
+        return lambda sequence: sequence[index:index + 1]
+    return operator.itemgetter(*indexes)
+
+
 def _chain_completion(old: Completion, news: Sequence[Completion]) -> None:
     """Complete ``old`` -- the future that the events of a handed-over block shared -- once every
     block they moved into (``news``) is durable, or with the first failure among them."""
@@ -999,8 +1008,11 @@ class AsyncEventStreamWriter(Generic[T]):
                 if writer is None or writer.retired:
                     rerouted.extend(indexes)
                     continue
-                flags = writer.write_events(list(map(payloads.__getitem__, indexes)),
-                                            list(map(keys.__getitem__, indexes)), list(map(base.__add__, indexes)))
+                if len(indexes) == count:  # the whole slice goes to one segment, in order
+                    flags = writer.write_events(payloads, keys, range(base, base + count))
+                else:
+                    pick = _picker(indexes)  # (one C call gathers a run: no call per event)
+                    flags = writer.write_events(pick(payloads), pick(keys), pick(range(base, base + count)))
                 if flags & REROUTE:
                     rerouted.extend(indexes)
                 elif flags:
