@@ -960,7 +960,7 @@ class AsyncEventStreamWriter(Generic[T]):
             start = end
         return slices
 
-    def _add_batch(self, payloads: list[bytes], keys: list[str | None]) -> int:
+    def _add_batch(self, payloads: list[bytes], keys: list[str | None], routed: int = 0) -> int:
         """Buffer a prepared slice of a batch (any thread), once ``ready()`` has returned: route every
         event, group them into one run per segment (in order), and hand each run to its segment
         writer's machine (``SegmentWriterState.write_events``) in one step under the writer's lock.
@@ -991,7 +991,9 @@ class AsyncEventStreamWriter(Generic[T]):
             if segment not in writers:
                 opened = self._open_segment(segment, None)
                 if opened.segment != segment:  # the view changed meanwhile: route this slice again
-                    return self._add_batch(payloads, keys)
+                    if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
+                        raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
+                    return self._add_batch(payloads, keys, routed + 1)
         shared = self._shared
         answers: list[tuple[SegmentWriter, int, int]] = []
         rerouted: list[int] = []
