@@ -47,11 +47,13 @@ from typing import Any, Final, Protocol
 import attrs
 
 from bench._histogram import LatencyHistogram
+from bench._keys import splitmix64
 from bench.limits import (
     BENCH_DRAIN_TIMEOUT_SECONDS,
     BENCH_IN_FLIGHT_BYTES_MAX,
     BENCH_IN_FLIGHT_EVENTS_MAX,
     BENCH_PACING_TICK_SECONDS,
+    BENCH_PAYLOAD_POOL_SIZE,
     BENCH_TICK_BYTES_MAX,
     BENCH_TICK_EVENTS_MAX,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "Batch",
     "BatchAcknowledgements",
     "OfferPlan",
+    "PayloadPool",
     "Producer",
     "StepRecorder",
     "StepStalledError",
@@ -90,13 +93,56 @@ def send_time_of(payload: bytes | memoryview) -> float:
     return float(SEND_TIME.unpack_from(payload)[0])
 
 
+class PayloadPool:
+    """The distinct payloads of a workload: ``BENCH_PAYLOAD_POOL_SIZE`` byte strings of ``event_bytes``,
+    each the send time (8 bytes) and a tail of its own -- a slice of one seeded random buffer at the
+    slot's offset, which makes the tails distinct (two equal slices of random bytes at different
+    offsets would need the buffer to repeat itself).  Event ``i`` of a step takes slot ``i mod size``;
+    each event is its own ``bytes`` object, as a user's are."""
+
+    __slots__ = ("_buffer", "_tail_bytes", "size")
+
+    def __init__(self, event_bytes: int, *, seed: int = 26, size: int = BENCH_PAYLOAD_POOL_SIZE) -> None:
+        if event_bytes < SEND_TIME.size + 8:
+            raise ValueError(f"an event of the harness holds its send time and a distinct tail: at least "
+                             f"{SEND_TIME.size + 8} bytes, not {event_bytes}")
+        self.size = size
+        self._tail_bytes = event_bytes - SEND_TIME.size
+        self._buffer = _seeded_bytes(seed, self._tail_bytes + size)
+
+    def tail(self, slot: int) -> bytes:
+        """The distinct part of pool slot ``slot``."""
+        start = slot % self.size
+        return self._buffer[start:start + self._tail_bytes]
+
+    def payloads(self, sent_at: float, first: int, count: int) -> list[bytes]:
+        """The payloads of events ``first .. first + count - 1`` of a step, all sent at ``sent_at``."""
+        stamp = SEND_TIME.pack(sent_at)
+        buffer = self._buffer
+        tail_bytes = self._tail_bytes
+        size = self.size
+        return [stamp + buffer[start:start + tail_bytes]
+                for start in ((first + index) % size for index in range(count))]
+
+
+def _seeded_bytes(seed: int, length: int) -> bytes:
+    """``length`` pseudo-random bytes from SplitMix64 (``_keys``: the harness's one generator, seeded)."""
+    words = []
+    state = seed
+    for _ in range((length + 7) // 8):
+        value, state = splitmix64(state)
+        words.append(value.to_bytes(8, "little"))
+    return b"".join(words)[:length]
+
+
 @attrs.frozen
 class Batch:
-    """Events ``first_sequence .. first_sequence + count - 1`` of a step, all sent at ``sent_at`` with
-    the same ``payload``.  The driver gets their routing keys or partitions from the ``KeySpace``."""
+    """Events ``first_sequence .. first_sequence + count - 1`` of a step, all sent at ``sent_at``, with
+    their distinct ``payloads`` (drawn from the step's ``PayloadPool``).  The driver gets their routing
+    keys or partitions from the ``KeySpace``."""
 
     sent_at: float
-    payload: bytes
+    payloads: list[bytes]
     count: int
     first_sequence: int
 
@@ -389,6 +435,7 @@ async def _pace(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
     clock = recorder.clock
     rate = plan.rate
     tick_min = 1 if rate is None else max(1, min(tick_events_max, int(rate * BENCH_PACING_TICK_SECONDS)))
+    pool = PayloadPool(plan.event_bytes)
     sent = 0
     sent_bytes = 0
     free_since = started  # when the loop was last free to send (the previous batch handed over)
@@ -417,7 +464,7 @@ async def _pace(producer: Producer, plan: OfferPlan, recorder: StepRecorder,
         # when the loop was free again if that was later; at max, now.
         sent_at = now if rate is None else min(now, max(started + sent / rate, free_since))
         recorder.sent(sent_at, count)  # before the write: a driver may report acknowledgements inside it
-        batch = Batch(sent_at=sent_at, payload=make_payload(sent_at, plan.event_bytes), count=count,
+        batch = Batch(sent_at=sent_at, payloads=pool.payloads(sent_at, sent, count), count=count,
                       first_sequence=sent)
         await producer.write(batch)
         sent += count

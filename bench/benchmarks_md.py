@@ -17,6 +17,7 @@ from typing import Final
 from bench._stats import Latency
 from bench.harness import CpuWindow, HarnessReport, StepResult, SystemRun, TargetResult
 from bench.limits import BENCH_PACING_TICK_SECONDS
+from bench.user_loops import render_user_loops
 from bench.workload import Workload
 
 __all__ = ["render_markdown"]
@@ -45,6 +46,8 @@ def render_markdown(report: HarnessReport, figures: Mapping[str, str] | None = N
     lines += _run(report)
     lines += ["", *_targets(report.targets)]
     lines += ["", *_disk(report)]
+    if report.user_loops is not None:
+        lines += ["", *render_user_loops(report.user_loops)]
     for workload in report.config.workloads:
         lines += ["", *_workload(report, workload, figures.get(workload.name))]
     lines += ["", *_configurations(report)]

@@ -103,6 +103,9 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     throughput achieved, as Markdown tables and latency-throughput plots, beside the disk's limit
     measured in the same run.  Each system's sweep runs --repeat times, the systems taking turns; the
     targets are judged on medians.  `--suite quick --markdown BENCHMARKS.md` takes about 6 minutes.
+    The quick suite also runs what users write -- the README's blocking loop, the asyncio loop, the
+    batch call (write_events) and the columnar call (write_columns) -- each beside the raw group-commit
+    loop (1,000 x 100 B per fdatasync) of the same round, --repeat rounds (bench/user_loops.py).
 
     The transactions suite runs stream transactions of 100 x 100-byte events against a `millstream
     standalone` node in another process: transactions/s one at a time and 8 at once, the commit
@@ -340,6 +343,7 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
     from bench.drivers import all_drivers
     from bench.harness import HarnessConfig, run_harness, write_json
     from bench.plots import plot_report
+    from bench.user_loops import UserLoopsConfig
     from bench.workload import SYSTEM_NAMES, load_workload, suite_workloads
     from millstream.errors import InvalidArgumentError
 
@@ -370,6 +374,12 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
             click.echo(f"skipping {name}: {availability.detail}", err=True)
     config = HarnessConfig(suite=suite, workloads=workloads, quiet_idle_percent_min=quiet_idle_percent_min,
                            disk_probe_seconds=disk_probe_seconds, use_fio=use_fio, profile=profile, repeat=repeat)
+    if suite == "quick" and (not system_names or "millstream" in system_names):
+        # The README's loops, the batch and columnar calls beside the raw loop (issue 26): as many events
+        # as the harness's steps would send at about a million a second, so --duration scales them too.
+        seconds = workloads[0].duration_seconds if workloads else 2.5
+        config = attrs.evolve(config, user_loops=UserLoopsConfig(
+            events=max(1_000, int(seconds * 200_000)), rounds=repeat, raw_seconds=disk_probe_seconds))
     if quiet_timeout_seconds is not None:
         config = attrs.evolve(config, quiet_timeout_seconds=quiet_timeout_seconds)
     with contextlib.ExitStack() as stack:

@@ -68,6 +68,7 @@ from bench._system import (
 from bench.disk_limit import DiskLimit, measure_disk_limit, measure_raw_loop
 from bench.drivers import Driver
 from bench.limits import BENCH_DRAIN_TIMEOUT_SECONDS, BENCH_DRIVER_CALL_TIMEOUT_SECONDS, BENCH_STEP_BYTES_MAX
+from bench.user_loops import UserLoopsConfig, UserLoopsReport, run_user_loops
 from bench.workload import Rate, Workload
 
 __all__ = [
@@ -111,6 +112,8 @@ class HarnessConfig:
     profile: bool = False
     #: Sweeps of every system per workload (see the module docstring); the targets take the median.
     repeat: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    #: The users' loops beside the raw loop (``bench.user_loops``; the quick suite runs them), or None.
+    user_loops: UserLoopsConfig | None = None
 
 
 @attrs.frozen
@@ -242,6 +245,8 @@ class HarnessReport:
     raw_loops: tuple[RawLoopProbe, ...] = ()
     #: What one message and its answer between two processes cost here, after the CPUs idled.
     round_trip: RoundTrip | None = None
+    #: The README's loops, the batch and columnar calls, each beside the raw loop (``bench.user_loops``).
+    user_loops: UserLoopsReport | None = None
 
     def runs_of(self, workload: str) -> list[SystemRun]:
         """The sweeps of ``workload``: repeat by repeat, the systems in turn within each."""
@@ -257,7 +262,8 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
     started = clock()
     data_root.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix="millstream-harness-", dir=data_root))
-    steps = Steps(1 + config.repeat * sum(len(w.rates) * len(w.systems) for w in config.workloads), progress)
+    steps = Steps(1 + config.repeat * sum(len(w.rates) * len(w.systems) for w in config.workloads)
+                  + (config.user_loops is not None), progress)
     quiet_waits: list[QuietWait] = []
     try:
         machine = describe_machine(workspace, millstream.__version__)
@@ -270,6 +276,12 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         shutil.rmtree(disk_dir, ignore_errors=True)
         wakeup = measure_wakeup_lateness(config.disk_probe_seconds)
         round_trip = measure_round_trip(config.disk_probe_seconds)
+        user_loops = None
+        if config.user_loops is not None:
+            steps.next("users' loops beside the raw loop")
+            quiet = _wait_quiet(config)
+            quiet_waits.append(quiet)
+            user_loops = run_user_loops(config.user_loops, workspace, quiet)
         runs: list[SystemRun] = []
         raw_loops: list[RawLoopProbe] = []
         for workload in config.workloads:
@@ -289,7 +301,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         runs=tuple(runs), targets=tuple(judge_targets(config.workloads, runs, disk, raw_loops)),
         wall_seconds=clock() - started, quiet_waits=len(quiet_waits),
         quiet_waits_timed_out=sum(1 for wait in quiet_waits if not wait.quiet), wakeup_lateness=wakeup,
-        raw_loops=tuple(raw_loops), round_trip=round_trip)
+        raw_loops=tuple(raw_loops), round_trip=round_trip, user_loops=user_loops)
 
 
 def _probe_raw_loop(config: HarnessConfig, workspace: Path, workload: str, repeat: int,

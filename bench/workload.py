@@ -7,7 +7,7 @@ runs any other.  A file looks like this (every key but ``name`` has the default 
 
     name = "100B-keys-16seg"            # letters, digits, '-', '_' and '.'
     description = ""                    # one line for the report
-    event_bytes = 100                   # payload bytes per event (at least 8: the send time rides in it)
+    event_bytes = 100                   # payload bytes per event (at least 16: the send time rides in it)
     segments = 1                        # segments / partitions / streams the events spread over: 1..64
     routing_keys = "random"             # "random": a key per event, uniform over routing_key_count keys;
     routing_key_count = 10000           #   "none": no key (millstream picks a segment; peers round-robin)
@@ -83,8 +83,9 @@ SUITES: Final[Mapping[str, tuple[str, ...]]] = {
               "peers-10KB-1seg", "peers-10KB-16seg", "peers-end-to-end-100B-16seg"),
 }
 
-#: The payload carries the writer's send time (8 bytes) for end-to-end latency.
-EVENT_BYTES_MIN: Final = 8
+#: The payload carries the writer's send time (8 bytes) for end-to-end latency, and a tail of at least
+#: 8 bytes that makes it one of the pool's distinct payloads (``_load.PayloadPool``).
+EVENT_BYTES_MIN: Final = 16
 
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
 _PERCENT: Final = re.compile(r"(\d{1,3}(?:\.\d+)?)%")

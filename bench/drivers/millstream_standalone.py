@@ -116,9 +116,9 @@ class _MillstreamSession(Session):
     async def write(self, batch: Batch) -> None:
         write_event_future = self._writer.write_event_future
         acknowledged = BatchAcknowledgements(self._recorder, batch.sent_at, "a millstream write")
-        payload = batch.payload
         track = acknowledged.track
-        for key in self._keys.keys(batch.first_sequence, batch.count):
+        keys = self._keys.keys(batch.first_sequence, batch.count)
+        for payload, key in zip(batch.payloads, keys, strict=True):
             track(await write_event_future(payload, routing_key=key))
 
     async def open_consumer(self, partitions: Sequence[int]) -> Consumer:

@@ -140,8 +140,8 @@ class _NatsSession(Session):
         acknowledged = BatchAcknowledgements(self._recorder, batch.sent_at, "a JetStream publish")
         keys = self._keys.keys(batch.first_sequence, batch.count)
         partitions = self._keys.partitions_of(batch.first_sequence, batch.count)
-        for key, partition in zip(keys, partitions, strict=True):
-            future = await publish(self._subject(partition, key), batch.payload)
+        for payload, key, partition in zip(batch.payloads, keys, partitions, strict=True):
+            future = await publish(self._subject(partition, key), payload)
             future.add_done_callback(acknowledged)
 
     async def open_consumer(self, partitions: Sequence[int]) -> Consumer:

@@ -103,7 +103,7 @@ class _Pipe:
         self.client = client
         self._recorder = recorder
         self._events_max = max(1, min(BENCH_TICK_EVENTS_MAX, BENCH_TICK_BYTES_MAX // event_bytes))
-        # [sent_at, payload, [(stream name, key), ...], index of the next one to send] per batch
+        # [sent_at, [(stream name, key, payload), ...], index of the next one to send] per batch
         self.queue: collections.deque[list[Any]] = collections.deque()
         self.queued = asyncio.Event()
         self.closing = False
@@ -115,16 +115,16 @@ class _Pipe:
         events = 0
         while self.queue and events < self._events_max:
             entry = self.queue[0]
-            sent_at, payload, items, start = entry
+            sent_at, items, start = entry
             end = min(len(items), start + self._events_max - events)
-            for name, key in items[start:end]:
+            for name, key, payload in items[start:end]:
                 pipeline.xadd(name, {b"v": payload} if key is None else {b"k": key, b"v": payload})
             taken.append((sent_at, end - start))
             events += end - start
             if end == len(items):
                 self.queue.popleft()
             else:
-                entry[3] = end
+                entry[2] = end
         return pipeline, taken
 
     async def flush_forever(self) -> None:
@@ -171,14 +171,14 @@ class _RedisSession(Session):
     async def write(self, batch: Batch) -> None:
         names = self._stream_names
         pipes = len(self._pipes)
-        per_pipe: list[list[tuple[bytes, str | None]]] = [[] for _ in range(pipes)]
+        per_pipe: list[list[tuple[bytes, str | None, bytes]]] = [[] for _ in range(pipes)]
         keys = self._keys.keys(batch.first_sequence, batch.count)
         partitions = self._keys.partitions_of(batch.first_sequence, batch.count)
-        for key, partition in zip(keys, partitions, strict=True):
-            per_pipe[partition % pipes].append((names[partition], key))
+        for key, partition, payload in zip(keys, partitions, batch.payloads, strict=True):
+            per_pipe[partition % pipes].append((names[partition], key, payload))
         for pipe, items in zip(self._pipes, per_pipe, strict=True):
             if items:
-                pipe.queue.append([batch.sent_at, batch.payload, items, 0])
+                pipe.queue.append([batch.sent_at, items, 0])
                 pipe.queued.set()
 
     async def open_consumer(self, partitions: Sequence[int]) -> Consumer:

@@ -29,6 +29,7 @@ from bench._load import (
     Batch,
     BatchAcknowledgements,
     OfferPlan,
+    PayloadPool,
     StepRecorder,
     StepStalledError,
     make_payload,
@@ -258,6 +259,22 @@ class SilentProducer:
         return None
 
 
+def test_workloads_draw_distinct_payloads_from_a_pool_of_65536() -> None:
+    """Issue 26 item 1: users write distinct events; every event of a step is its own bytes object, one
+    of at least 65,536 distinct payloads (behind the send time), and the pool repeats only after that."""
+    pool = PayloadPool(100)
+    assert pool.size >= 65_536
+    tails = {pool.tail(slot) for slot in range(pool.size)}
+    assert len(tails) == pool.size and {len(tail) for tail in tails} == {92}
+    batch = pool.payloads(2.5, pool.size - 3, 6)
+    assert [send_time_of(p) for p in batch] == [2.5] * 6
+    assert [p[8:] for p in batch] == [pool.tail(pool.size - 3 + i) for i in range(6)]
+    assert batch[3][8:] == pool.tail(0) and len(set(batch)) == 6
+    assert PayloadPool(10_000).tail(5) == PayloadPool(10_000).tail(5)  # seeded: replayable
+    with pytest.raises(ValueError, match="at least 16"):
+        PayloadPool(15)
+
+
 def test_payloads_carry_their_send_time() -> None:
     payload = make_payload(12345.678, 100)
     assert len(payload) == 100 and send_time_of(payload) == 12345.678
@@ -289,7 +306,8 @@ def test_a_paced_step_sends_at_the_offered_rate_and_counts_only_its_window() -> 
     assert [b.first_sequence for b in producer.batches] == [sum(b.count for b in producer.batches[:i])
                                                            for i in range(len(producer.batches))]
     for batch in producer.batches:
-        assert send_time_of(batch.payload) == batch.sent_at and len(batch.payload) == 100
+        assert len(batch.payloads) == batch.count
+        assert all(send_time_of(p) == batch.sent_at and len(p) == 100 for p in batch.payloads)
 
 
 class VirtualTime:
@@ -331,7 +349,7 @@ def test_a_paced_step_sends_a_pacing_ticks_worth_at_once_stamped_when_its_first_
     assert total == recorder.sent_total == pytest.approx(rate * (warmup + duration), abs=tick_min)
     for batch in batches:
         assert batch.sent_at == pytest.approx(started + batch.first_sequence / rate, abs=1e-9)
-        assert send_time_of(batch.payload) == batch.sent_at
+        assert all(send_time_of(p) == batch.sent_at for p in batch.payloads)
 
 
 def test_a_max_step_sends_full_ticks_and_stops_at_its_byte_bound() -> None:

@@ -198,6 +198,30 @@ class SegmentWriterStateMachine(RuleBasedStateMachine):
         elif flags & ARM_BATCH_TIMER:
             assert writer.state._open_count == 1
 
+    @precondition(lambda self: any(self.active(name) for name in WRITERS))
+    @rule(data=st.data(), count=st.integers(1, 12))
+    def write_events(self, data: st.DataObject, count: int) -> None:
+        """The batch path: a run of ``count`` events in one step -- the model's ``write_event`` for
+        each, in order (blocks close at the block size within the run)."""
+        name = data.draw(st.sampled_from([name for name in WRITERS if self.active(name)]), label="writer")
+        writer = self.writers[name]
+        opened_before = writer.state._open_count > 0
+        numbers = []
+        for _ in range(count):
+            self.model, number = iw.write_event(self.model, name)
+            numbers.append(number)
+        base = writer.budget.sequence + 1
+        writer.budget.sequence += count
+        flags = writer.state.write_events([payload_of(name, number) for number in numbers],
+                                          [f"key-{number % 3}" for number in numbers], list(range(base, base + count)))
+        assert not flags & REROUTE
+        assert bool(flags & OVER_BUDGET) == (writer.budget.unacked_bytes > UNACKED_BYTES_MAX)
+        assert writer.state._open_charge < max(BLOCK_BYTES_MAX, writer.state._close_at) or not writer.state._open_count
+        if flags & ARM_BATCH_TIMER:  # a new open block is left for the timer
+            assert writer.state._open_count and (flags & SHIPPED or not opened_before)
+        if flags & SHIPPED:
+            self.ship(writer)
+
     @precondition(lambda self: any(w.state._open_count for w in self.writers.values()))
     @rule(data=st.data(), by_timer=st.booleans())
     def close_block(self, data: st.DataObject, by_timer: bool) -> None:

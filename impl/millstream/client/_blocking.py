@@ -44,7 +44,7 @@ from millstream.client._transactions import (
     Transaction,
     TransactionalEventStreamWriter,
 )
-from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking, _no_sequences
+from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter, Tracking, _columns, _no_sequences
 from millstream.clock import Clock
 from millstream.errors import InternalError, InvalidArgumentError, ObjectClosedError, RequestTimeoutError
 from millstream.values import ReadResult
@@ -170,6 +170,24 @@ class EventStreamWriter(Generic[T]):
             raise _no_sequences()
         if self._add(event, routing_key, None) & OVER_BUDGET:
             self._runner.run(self._shared.wait_for_capacity())
+
+    def write_events(self, events: Sequence[T], *, routing_keys: Sequence[str | None] | None = None) -> None:
+        """Write a batch: ``write_event`` for each of ``events`` in order, ``routing_keys[i]`` the key of
+        ``events[i]`` (or ``routing_keys=None``: no keys), with the same guarantees, on the caller's
+        thread under one lock step per batch instead of one per event.  Validation errors are raised
+        before any of the batch is written (see ``AsyncEventStreamWriter.write_events``)."""
+        core = self._core
+        payloads, keys = core._prepare_batch(events, routing_keys)
+        for start, end in core._batch_slices(payloads):
+            if core._add_batch(payloads[start:end], keys[start:end]) & OVER_BUDGET:
+                self._runner.run(self._shared.wait_for_capacity())
+
+    def write_columns(self, values: object, routing_keys: object = None) -> None:
+        """Write a batch held in columns: ``values`` a pyarrow ``BinaryArray``/``LargeBinaryArray`` of
+        events *already serialized* (or a ``(buffer, offsets)`` pair), ``routing_keys`` an Arrow string
+        array, a sequence or None (see ``AsyncEventStreamWriter.write_columns`` for what is refused)."""
+        payloads, keys = _columns(self._core, values, routing_keys)
+        self.write_events(payloads, routing_keys=keys)  # type: ignore[arg-type]  # (bytes: checked by _columns)
 
     def write_event_future(self, event: T, *, routing_key: str | None = None) -> concurrent.futures.Future[None]:
         """``write_event``, and a future that completes when the event is durable (shared by the events of

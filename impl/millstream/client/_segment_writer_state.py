@@ -19,7 +19,8 @@ The model's actions, and what they are here:
   flight, when it reaches the size the ``BlockSizeTracker`` asks for, or when the batch window has
   passed (``batch_window_passed``).  This step runs once per event, so it answers with bit flags
   (``SHIPPED``, ``OVER_BUDGET``, ``REROUTE``, ``ARM_BATCH_TIMER``) rather than instruction objects:
-  nothing is made per event.
+  nothing is made per event.  ``write_events`` is the same step for a run of events (the batch path):
+  all or nothing, blocks closing at the block size within the run.
 * ``store`` -- the server's; the machine learns of it through ``acknowledge`` and ``setup``.
 * ``acknowledge`` -- ``acknowledge``: a ``DataAppended`` for event ``n`` acknowledges every block up to
   ``n`` (cumulative: a stale or reordered one is ignored; one that ends no block sent is a protocol
@@ -42,10 +43,12 @@ to settle, and never touches one.
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import operator
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias
 from uuid import UUID
 
@@ -75,6 +78,11 @@ HEADER_LENGTH: Final = 8
 SMALL_EVENT_LENGTH: Final = 4096
 SMALL_EVENT_HEADERS: Final = [EVENT_HEADER(0, length) for length in range(SMALL_EVENT_LENGTH)]
 EVENT_LENGTH_MAX: Final = limits.EVENT_LENGTH_BYTES_MAX
+
+
+def _event_header(length: int) -> bytes:
+    """The header of an event of ``length`` bytes (``write_events``' runs with events of 4 KiB or more)."""
+    return EVENT_HEADER(0, length)
 
 #: ``SegmentWriterState.write_event`` results (bit flags): the per-event step's instructions.
 SHIPPED: Final = 1  # a block was closed: ship it (and an async caller yields once, for acknowledgements)
@@ -315,6 +323,67 @@ class SegmentWriterState:
             return flags | OVER_BUDGET
         return flags
 
+
+    def write_events(self, payloads: Sequence[bytes], routing_keys: Sequence[str | None],
+                     sequences: Sequence[int]) -> int:
+        """``write_event`` for a run of events bound for this segment, in order (the batch path:
+        ``payloads[i]`` with ``routing_keys[i]`` at place ``sequences[i]`` of the writer's sequence,
+        which the caller took from ``WriterBudget.sequence`` for the whole batch).  All or nothing:
+        raises ``PayloadTooLargeError``, the writer's error or ``ObjectClosedError`` -- or answers
+        ``REROUTE`` alone -- before adding any of them.  Blocks close as the run fills them (at the
+        block size, so a long run leaves in blocks no larger than one ``write_event`` would make) and
+        the open block closes at the end if it is due; the flags are ``write_event``'s (``SHIPPED``:
+        one block or more closed, ``ARM_BATCH_TIMER``: the run left a new open block)."""
+        if not payloads:
+            return 0
+        lengths = list(map(len, payloads))
+        longest = max(lengths)
+        if longest > EVENT_LENGTH_MAX or self._shared.error is not None or self._closing:
+            return self._refuse(longest)
+        # Per run, not per event: every per-event step below is a C loop (map, accumulate, zip, chain).
+        if None in routing_keys:
+            key_lengths = [0 if key is None else len(key) for key in routing_keys]
+        else:
+            key_lengths = list(map(len, routing_keys))  # type: ignore[arg-type]  # (no None: checked)
+        count = len(payloads)
+        # ends[i]: the open block's charge before event i, counted from where the open block began
+        # (an event is charged its framed bytes and its routing key's characters).
+        ends = list(map(operator.add, itertools.accumulate(map(operator.add, lengths, key_lengths),
+                                                           initial=self._open_charge),
+                        range(0, HEADER_LENGTH * (count + 1), HEADER_LENGTH)))
+        added = ends[-1] - ends[0]
+        header = SMALL_EVENT_HEADERS.__getitem__ if longest < SMALL_EVENT_LENGTH else _event_header
+        block_bytes_max = self._block_bytes_max
+        opened = self._open_count == 0
+        closed = False
+        start = 0
+        while start < count:
+            began = ends[start] - self._open_charge  # where the open block began, on the ends scale
+            # The first event that brings the open block to the block size ends it (as write_event's would).
+            end = bisect.bisect_left(ends, began + block_bytes_max, start + 1, count + 1)
+            full = end <= count
+            end = min(end, count)
+            self._parts.extend(itertools.chain.from_iterable(zip(map(header, lengths[start:end]),
+                                                                 payloads[start:end], strict=True)))
+            self._keys.extend(routing_keys[start:end])
+            self._sequences.extend(sequences[start:end])
+            self._open_charge = ends[end] - began
+            self._open_count += end - start
+            start = end
+            if full:
+                self.close_block()
+                opened = closed = True
+        shared = self._shared
+        shared.unacked_bytes += added
+        if self._open_count and self._open_charge >= self._close_at:
+            self.close_block()
+            closed = True
+        flags = SHIPPED if closed else 0
+        if self._open_count and opened:
+            flags |= ARM_BATCH_TIMER
+        if shared.unacked_bytes > shared.unacked_bytes_max:
+            flags |= OVER_BUDGET
+        return flags
 
     def _refuse(self, length: int) -> int:
         """Why an event of ``length`` bytes is not added (the per-event step's rare case, out of its

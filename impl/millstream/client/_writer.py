@@ -22,6 +22,14 @@ caller's thread while the event loop thread sends blocks and reads acknowledgeme
 the caller's thread goes into a FIFO outbox that the loop drains, so blocks always enter the wire in
 the order they were numbered.
 
+Batches.  ``write_events`` (and ``write_columns``, its columnar form) checks a whole batch first --
+serialized, keys one per event, no event too large -- so a bad batch raises before any of it is
+written; then routes every event, groups them into one run per segment (in the batch's order: a key's
+events are one run) and hands each run to its machine in one step under the lock
+(``SegmentWriterState.write_events``), which fills and closes blocks as single events would.  Per
+batch, not per event: one lock step, one await or none, one flag check per segment.  A batch larger
+than half the writer's budget is added a slice at a time, waiting for capacity between slices.
+
 The append session (the ``Session`` of ``_connection``) is a loop per segment writer: find the
 segment's server, take a connection, send ``SetupAppend`` and wait for ``AppendSetup``, whose
 ``last_event_number`` is the last number the server stored for this writer id -- stored atomically
@@ -75,11 +83,14 @@ them under half of it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
+import itertools
 import logging
+import operator
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 from uuid import UUID
 
 from millstream import limits
@@ -115,6 +126,8 @@ from millstream.errors import (
     InvalidSequenceError,
     MillstreamError,
     ObjectClosedError,
+    OperationUnsupportedError,
+    PayloadTooLargeError,
     ProtocolError,
     ReconnectBudgetExceededError,
     RetryableError,
@@ -144,6 +157,10 @@ def _router_not_ready(routing_key: str | None) -> str:
     it is handed out."""
     raise InternalError("a stream writer routed an event before it learned the stream's segments")
 
+
+#: What ``write_events`` takes for events of a bytes writer, and for keys (checked per batch, in C).
+_BYTES_TYPE: Final = frozenset({bytes})
+_KEY_TYPES: Final = frozenset({str, type(None)})
 
 #: The memo lookup of a router that has none: always a miss.
 _NO_MEMO: Final[dict[str, str]] = {}
@@ -584,6 +601,101 @@ def _bad_key(routing_key: object) -> InvalidArgumentError:
     return InvalidArgumentError(f"a routing key is a str or None, not {type(routing_key).__name__}")
 
 
+def _columns(writer: AsyncEventStreamWriter[T], values: object, routing_keys: object,
+             ) -> tuple[list[bytes], list[str | None] | None]:
+    """``write_columns``' input as ``write_events``' sequences (see there for what is refused).  The
+    bytes of each event are cut from the column by Arrow (``to_pylist``, in C) or by slicing the
+    buffer; keys are read the same way."""
+    if not writer._identity:
+        raise OperationUnsupportedError(
+            f"write_columns takes events already serialized to bytes, but this writer's serializer is "
+            f"{writer.serializer!r}: make the writer with the bytes serializer, or use write_events")
+    if isinstance(values, tuple):
+        if len(values) != 2:
+            raise InvalidArgumentError("columnar values are an Arrow binary array or a (buffer, offsets) pair")
+        buffer, offsets = values
+        try:
+            view = memoryview(buffer).cast("B")
+            ends = list(map(int, offsets))
+        except (TypeError, ValueError) as error:
+            raise InvalidArgumentError(f"columnar values: a bytes-like buffer and integer offsets ({error})") from None
+        if not ends or ends[0] < 0 or ends[-1] > len(view) or ends != sorted(ends):
+            raise InvalidArgumentError(f"columnar offsets must rise from 0 or more to at most the buffer's "
+                                       f"{len(view)} bytes")
+        payloads = _cut(view.tobytes(), ends)
+    else:
+        pa = _pyarrow()
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if not isinstance(values, pa.Array) or not (pa.types.is_binary(values.type)
+                                                   or pa.types.is_large_binary(values.type)):
+            raise InvalidArgumentError("columnar values are a pyarrow binary or large_binary array (or a "
+                                       f"(buffer, offsets) pair), not {type(values).__name__}")
+        if values.null_count:
+            raise InvalidArgumentError(f"columnar values hold {values.null_count} null(s): every event needs bytes")
+        payloads = _cut(*_arrow_column(values, pa.types.is_large_binary(values.type)))
+    keys: list[str | None] | None
+    if routing_keys is None:
+        keys = None
+    elif isinstance(routing_keys, Sequence) and not isinstance(routing_keys, (str, bytes)):
+        keys = list(routing_keys)
+    else:
+        pa = _pyarrow()
+        if isinstance(routing_keys, pa.ChunkedArray):
+            routing_keys = routing_keys.combine_chunks()
+        if not isinstance(routing_keys, pa.Array) or not (pa.types.is_string(routing_keys.type)
+                                                         or pa.types.is_large_string(routing_keys.type)):
+            raise InvalidArgumentError("routing keys are a pyarrow string array, a sequence of str, or None, not "
+                                       f"{type(routing_keys).__name__}")
+        if routing_keys.null_count:  # a null key is no key
+            keys = routing_keys.to_pylist()
+        else:
+            data, ends = _arrow_column(routing_keys, pa.types.is_large_string(routing_keys.type))
+            if data.isascii():  # (byte offsets are character offsets: decode once, cut the text)
+                text = data.decode("ascii")
+                keys = list(map(text.__getitem__, map(slice, ends, ends[1:])))
+            else:
+                keys = list(map(str, _cut(data, ends), itertools.repeat("utf-8")))
+    if keys is not None and len(keys) != len(payloads):
+        raise InvalidArgumentError(f"write_columns got {len(payloads)} values and {len(keys)} routing keys: give one "
+                                   "key per value (or routing_keys=None)")
+    return payloads, keys
+
+
+def _cut(data: bytes, ends: list[int]) -> list[bytes]:
+    """``data[ends[i]:ends[i + 1]]`` for every ``i``: one bytes object per value, cut in a C loop."""
+    return list(map(data.__getitem__, map(slice, ends, ends[1:])))
+
+
+def _arrow_column(array: Any, large: bool) -> tuple[bytes, list[int]]:
+    """A binary or string Arrow array's data (one copy of its buffer) and its ``len + 1`` offsets into
+    it: cutting events out of them is a C loop, where ``to_pylist`` makes a scalar per value."""
+    _, offsets, data = array.buffers()
+    first = array.offset
+    ends = memoryview(offsets).cast("q" if large else "i")[first:first + len(array) + 1].tolist()
+    return (b"" if data is None else data.to_pybytes()), ends
+
+
+def _pyarrow() -> Any:
+    """``pyarrow``, imported when a columnar call needs it (``import millstream`` does not)."""
+    try:
+        import pyarrow
+    except ImportError as error:
+        raise OperationUnsupportedError(
+            f"write_columns with Arrow arrays needs pyarrow ({error}): pip install \"millstream[spark]\" -- or pass "
+            "a (buffer, offsets) pair") from None
+    return pyarrow
+
+
+def _picker(indexes: list[int]) -> Callable[[Sequence[T]], Sequence[T]]:
+    """Gathers ``indexes`` of a sequence, in order, as a sequence (``itemgetter`` returns a lone item
+    bare, so one index gets a slice)."""
+    if len(indexes) == 1:
+        index = indexes[0]
+        return lambda sequence: sequence[index:index + 1]
+    return operator.itemgetter(*indexes)
+
+
 def _chain_completion(old: Completion, news: Sequence[Completion]) -> None:
     """Complete ``old`` -- the future that the events of a handed-over block shared -- once every
     block they moved into (``news``) is durable, or with the first failure among them."""
@@ -781,6 +893,147 @@ class AsyncEventStreamWriter(Generic[T]):
         raise InternalError(f"an event was routed {limits.CLIENT_WRITER_REROUTES_MAX} times to segments whose keys "
                             "had moved on")
 
+    # --- The batch path, shared with the blocking flavour ----------------------------------------------
+
+    def _prepare_batch(self, events: Sequence[T], routing_keys: Sequence[str | None] | None,
+                       ) -> tuple[list[bytes], list[str | None]]:
+        """A batch's payloads and keys, checked before anything of it is written: ``InvalidArgumentError``
+        for a batch that is not a sequence, keys that are not one per event or not ``str``/None, an
+        event the serializer refuses; ``PayloadTooLargeError`` for an event over
+        ``limits.EVENT_LENGTH_BYTES_MAX`` (naming its index)."""
+        if isinstance(events, (str, bytes, bytearray, memoryview)) or not isinstance(events, Sequence):
+            raise InvalidArgumentError(f"write_events takes a sequence of events, not {type(events).__name__}")
+        count = len(events)
+        if self._identity and set(map(type, events)) <= _BYTES_TYPE:
+            payloads: list[bytes] = list(events)  # type: ignore[arg-type]  # (checked: all bytes)
+        else:
+            serialize = self._serialize
+            payloads = []
+            for index, event in enumerate(events):
+                try:
+                    payload = serialize(event)
+                except InvalidArgumentError as error:
+                    raise InvalidArgumentError(f"event {index} of the batch: {error}") from None
+                if type(payload) is not bytes:
+                    raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes "
+                                               f"(event {index} of the batch)")
+                payloads.append(payload)
+        if routing_keys is None:
+            keys: list[str | None] = [None] * count
+        else:
+            if isinstance(routing_keys, (str, bytes)) or not isinstance(routing_keys, Sequence):
+                raise InvalidArgumentError("routing_keys is a sequence with one key per event (or None), not "
+                                           f"{type(routing_keys).__name__}")
+            if len(routing_keys) != count:
+                raise InvalidArgumentError(f"write_events got {count} events and {len(routing_keys)} routing keys: "
+                                           "give one key per event (or routing_keys=None)")
+            keys = list(routing_keys)
+            if not set(map(type, keys)) <= _KEY_TYPES:
+                index = next(i for i, key in enumerate(keys) if not (type(key) is str or key is None))
+                raise _bad_key(keys[index])
+        if payloads:
+            longest = max(map(len, payloads))
+            if longest > limits.EVENT_LENGTH_BYTES_MAX:
+                index = next(i for i, payload in enumerate(payloads) if len(payload) == longest)
+                raise PayloadTooLargeError(f"event {index} of the batch has {longest} bytes, over the limit of "
+                                           f"{limits.EVENT_LENGTH_BYTES_MAX} bytes: nothing of the batch was written")
+        return payloads, keys
+
+    def _batch_slices(self, payloads: list[bytes]) -> list[tuple[int, int]]:
+        """``[start, end)`` slices of a prepared batch, each at most half the writer's budget of
+        unacknowledged bytes (and at least one event): a batch larger than the budget is added a slice
+        at a time, waiting for capacity in between, so the budget bounds the writer's memory still."""
+        slice_bytes_max = max(self._shared.unacked_bytes_max // 2, 1)
+        count = len(payloads)
+        if not count:
+            return []
+        # ends[i]: the framed bytes of events 0..i (8 header bytes each), a C loop over the batch.
+        ends = list(map(operator.add, itertools.accumulate(map(len, payloads)), range(8, 8 * count + 1, 8)))
+        slices = []
+        start = 0
+        base = 0
+        while start < count:
+            # The first event that brings the slice to the bound ends it.
+            end = min(bisect.bisect_left(ends, base + slice_bytes_max, start) + 1, count)
+            slices.append((start, end))
+            base = ends[end - 1]
+            start = end
+        return slices
+
+    def _add_batch(self, payloads: list[bytes], keys: list[str | None], routed: int = 0) -> int:
+        """Buffer a prepared slice of a batch (any thread), once ``ready()`` has returned: route every
+        event, group them into one run per segment (in order), and hand each run to its segment
+        writer's machine (``SegmentWriterState.write_events``) in one step under the writer's lock.
+        Returns ``OVER_BUDGET`` (the caller waits for capacity) or 0; raises the writer's error or
+        ``ObjectClosedError`` before any of the slice is added."""
+        single = self._single
+        count = len(payloads)
+        if single is not None:
+            runs: dict[str, list[int]] = {single: list(range(count))}
+        else:
+            # Per batch, not per event: the memo's lookups, the sort and the grouping are C loops; only a
+            # key the memo misses (a new key, or no key: spread round robin) costs a router call.
+            segments: list[str | None] = list(map(self._lookup, keys))
+            if None in segments:
+                segment_for = self._segment_for
+                index = segments.index(None)
+                while True:
+                    segments[index] = segment_for(keys[index])
+                    try:
+                        index = segments.index(None, index + 1)
+                    except ValueError:
+                        break
+            by_segment = segments.__getitem__
+            runs = {segment: list(indexes) for segment, indexes in itertools.groupby(  # type: ignore[misc]
+                sorted(range(count), key=by_segment), key=by_segment)}  # type: ignore[arg-type]
+        writers = self._writers
+        for segment in runs:
+            if segment not in writers:
+                opened = self._open_segment(segment, None)
+                if opened.segment != segment:  # the view changed meanwhile: route this slice again
+                    if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
+                        raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
+                    return self._add_batch(payloads, keys, routed + 1)
+        shared = self._shared
+        answers: list[tuple[SegmentWriter, int, int]] = []
+        rerouted: list[int] = []
+        lock = self._lock
+        lock.acquire()
+        try:
+            shared.raise_error()
+            if self._closed:
+                raise ObjectClosedError("the writer is closed")
+            base = shared.sequence + 1
+            shared.sequence += len(payloads)
+            for segment, indexes in runs.items():
+                writer = writers.get(segment)
+                if writer is None or writer.retired:
+                    rerouted.extend(indexes)
+                    continue
+                if len(indexes) == count:  # the whole slice goes to one segment, in order
+                    flags = writer.write_events(payloads, keys, range(base, base + count))
+                else:
+                    pick = _picker(indexes)  # (one C call gathers a run: no call per event)
+                    flags = writer.write_events(pick(payloads), pick(keys), pick(range(base, base + count)))
+                if flags & REROUTE:
+                    rerouted.extend(indexes)
+                elif flags:
+                    answers.append((writer, flags, writer.last_assigned))
+        finally:
+            lock.release()
+        result = 0
+        for writer, flags, generation in answers:
+            if flags & ARM_BATCH_TIMER:
+                writer._arm_batch_timer(generation)
+            if flags & SHIPPED:
+                writer._ship()
+            result |= flags & OVER_BUDGET
+        # A segment sealed and handed over between routing and the step: its events go where its keys
+        # went, one by one, in the batch's order (per key, the order holds: a key's events are one run).
+        for index in sorted(rerouted):
+            result |= self._append_rerouted(payloads[index], keys[index], None) & OVER_BUDGET
+        return result
+
     def _open_segment(self, segment: str, routing_key: str | None) -> SegmentWriter:
         """The segment writer for ``segment``, made now -- or, if the view changed since the event was
         routed there, for the segment the event's key is routed to now."""
@@ -912,6 +1165,46 @@ class AsyncEventStreamWriter(Generic[T]):
                 await self._shared.wait_for_capacity()
             else:
                 await self._after_shipping()
+
+    async def write_events(self, events: Sequence[T], *, routing_keys: Sequence[str | None] | None = None) -> None:
+        """Write a batch: ``write_event`` for each of ``events``, in order, with ``routing_keys[i]`` as
+        the key of ``events[i]`` (one key per event; None, or ``routing_keys=None``, for no key: spread
+        evenly).  The same guarantees -- order per key, exactly once, durable at ``flush()`` -- for one
+        await per batch (or per slice of half the writer's budget, for a batch larger than that)
+        instead of one per event.
+
+        Validation is all-or-nothing: ``InvalidArgumentError`` (not a sequence, keys not one per
+        event, a key that is not a ``str``, an event the serializer refuses) and
+        ``PayloadTooLargeError`` (an event over ``limits.EVENT_LENGTH_BYTES_MAX``) are raised before
+        any event of the batch is written.  The writer's error (or ``ObjectClosedError``) is raised
+        before any event of a slice is written; slices already written stay written."""
+        if self._router is None:
+            await self.ready()
+        payloads, keys = self._prepare_batch(events, routing_keys)
+        for start, end in self._batch_slices(payloads):
+            if self._add_batch(payloads[start:end], keys[start:end]) & OVER_BUDGET:
+                await self._shared.wait_for_capacity()
+            else:
+                await asyncio.sleep(0)  # let the loop read acknowledgements
+
+    async def write_columns(self, values: object, routing_keys: object = None) -> None:
+        """Write a batch held in columns -- what a Spark task or a pandas user holds -- as
+        ``write_events`` does (same guarantees, same all-or-nothing validation).
+
+        ``values``: the events' bytes, *already serialized* (the writer's serializer is not applied: a
+        writer whose serializer is not the bytes one is refused, ``OperationUnsupportedError``), as a
+        ``pyarrow`` ``BinaryArray`` / ``LargeBinaryArray`` (or a ``ChunkedArray`` of them), or as a
+        pair ``(buffer, offsets)``: a bytes-like buffer (a NumPy ``uint8`` array, ``bytes``...) and
+        ``len + 1`` offsets into it (event ``i`` is ``buffer[offsets[i]:offsets[i + 1]]``).
+        ``routing_keys``: an Arrow string array, a sequence of ``str``/None, or None (no keys); a null
+        key is no key.  A null value, offsets that go backwards or past the buffer, or lengths that
+        differ: ``InvalidArgumentError``, before anything is written.  Arrow input needs ``pyarrow``
+        (the ``spark`` extra: ``pip install "millstream[spark]"``); without it,
+        ``OperationUnsupportedError``."""
+        if self._router is None:
+            await self.ready()
+        payloads, keys = _columns(self, values, routing_keys)
+        await self.write_events(payloads, routing_keys=keys)  # type: ignore[arg-type]  # (bytes: a bytes writer, checked)
 
     async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
         """``write_event``, and a future that completes when the event is durable (or fails with the
