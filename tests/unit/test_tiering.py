@@ -9,6 +9,7 @@ acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable
 
@@ -327,4 +328,61 @@ def test_a_segment_written_without_pause_is_flushed_by_age_once_per_age_not_at_e
         # and at least a few, or the test proves nothing.
         assert 3 <= flushes <= elapsed / age + 2, (flushes, len(written), elapsed)
 
+    run(scenario)
+
+
+class StalledChunkStorage(SimulatedChunkStorage):
+    """Its first chunk write never lands until ``release``: a disk that stalls under the owner that
+    dies (``stalled`` says the write began); later writes land as usual."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__(rng=rng)
+        self.stalled = False
+        self.released = asyncio.Event()
+
+    async def write(self, name: str, offset: int, data: bytes | bytearray | memoryview) -> None:
+        if not self.stalled:
+            self.stalled = True
+            await self.released.wait()
+        await super().write(name, offset, data)
+
+
+def test_a_flush_is_recorded_only_after_its_chunk_write_landed() -> None:
+    """The owner is replaced while its first chunk write has not landed; the new owner flushes,
+    checkpoints and truncates the log; a third owner must still read every acknowledged byte.  (A
+    flush recorded before its write would make the stalled chunk part of the layout: once the log
+    no longer holds those bytes, they are read from an empty chunk.  Beside the retry test above, a
+    second, independent test of the order.)"""
+    async def scenario() -> None:
+        log = SimulatedLogStorage()
+        lts = StalledChunkStorage(random.Random(6))
+
+        def owner() -> SegmentContainer:
+            return SegmentContainer(7, SimulatedDurableDataLog(log), chunk_storage=lts, storage_settings=SMALL,
+                                    checkpoint_frame_count=4)
+
+        old = owner()
+        await old.start()
+        await old.create_segment("s")
+        data = payload(7, 300_000)
+        await old.append("s", data)
+        await until(lambda: lts.stalled, "the old owner's first chunk write began")
+        new = owner()
+        await new.start()  # fences the old owner's log
+        truncated = log.truncated_through
+        more = payload(8, 200_000)
+        for start in range(0, len(more), 20_000):  # frames enough for checkpoints and a truncation
+            await new.append("s", more[start:start + 20_000])
+        writer = new.storage_writer
+        assert writer is not None
+        await until(lambda: writer.unflushed_bytes == 0 and log.truncated_through > truncated,
+                    "the new owner flushed and truncated the log")
+        await new.stop()
+        recovered = owner()
+        await recovered.start()
+        assert await read_all(recovered, "s") == data + more
+        await recovered.stop()
+        lts.released.set()  # the stalled write lands in a chunk nobody references
+        with contextlib.suppress(Exception):
+            await old.stop()
     run(scenario)
