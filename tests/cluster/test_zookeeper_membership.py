@@ -7,11 +7,8 @@ and injected."""
 from __future__ import annotations
 
 import asyncio
-import functools
-import itertools
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -27,35 +24,7 @@ from millstream.cluster._zookeeper import (
 from millstream.errors import AssignmentConflictError, CoordinationUnavailableError, SessionLostError
 from millstream.testing.zookeeper_server import ZooKeeperServer
 
-#: Small enough that expiry tests finish quickly, large enough that a loaded machine keeps sessions.
-SESSION_TIMEOUT_SECONDS = 2.0
-CONTAINER_COUNT = 8
-WAIT_SECONDS = 60.0
-SCENARIO_SECONDS = 240.0
-
-_names = itertools.count()
-
-
-def _cluster_name() -> str:
-    return f"test-{next(_names)}"
-
-
-def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test in a fresh event loop, bounded as a whole."""
-    @functools.wraps(test)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(asyncio.wait_for(test(*args, **kwargs), SCENARIO_SECONDS))
-    return run
-
-
-async def wait_until(condition: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:
-    """Poll ``condition`` until it holds; fail (naming ``what``) after ``seconds``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+from .zookeeper_helpers import CONTAINER_COUNT, SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, in_loop, wait_until
 
 
 def _member(zookeeper: ZooKeeperServer, cluster: str, host_id: str, **options: object) -> ClusterMember:
@@ -93,7 +62,7 @@ def _leaders(members: dict[str, ClusterMember]) -> list[str]:
 
 @in_loop
 async def test_three_members_assign_every_container_exactly_once_balanced(zookeeper: ZooKeeperServer) -> None:
-    async with _members(zookeeper, _cluster_name(), ["a", "b", "c"]) as members:
+    async with _members(zookeeper, cluster_name(), ["a", "b", "c"]) as members:
         await wait_until(_converged(members, {"a", "b", "c"}), "three members to agree on a balanced map")
         await wait_until(lambda: len(_leaders(members)) == 1, "one leader")
         assignment = members["a"].assignment
@@ -109,7 +78,7 @@ async def test_three_members_assign_every_container_exactly_once_balanced(zookee
 
 @in_loop
 async def test_a_member_that_leaves_has_its_containers_reassigned(zookeeper: ZooKeeperServer) -> None:
-    async with _members(zookeeper, _cluster_name(), ["a", "b", "c"]) as members:
+    async with _members(zookeeper, cluster_name(), ["a", "b", "c"]) as members:
         await wait_until(_converged(members, {"a", "b", "c"}), "a balanced map of three")
         leader = _leaders(members)[0]
         leaving = next(host for host in "abc" if host != leader)
@@ -126,7 +95,7 @@ async def test_a_member_that_leaves_has_its_containers_reassigned(zookeeper: Zoo
 
 @in_loop
 async def test_when_the_leader_leaves_another_is_elected_and_the_map_converges(zookeeper: ZooKeeperServer) -> None:
-    async with _members(zookeeper, _cluster_name(), ["a", "b", "c"]) as members:
+    async with _members(zookeeper, cluster_name(), ["a", "b", "c"]) as members:
         await wait_until(_converged(members, {"a", "b", "c"}), "a balanced map of three")
         await wait_until(lambda: len(_leaders(members)) == 1, "one leader")
         old_leader = _leaders(members)[0]
@@ -141,7 +110,7 @@ async def test_when_the_leader_leaves_another_is_elected_and_the_map_converges(z
 
 @in_loop
 async def test_a_stale_leaders_conditional_write_is_refused(zookeeper: ZooKeeperServer) -> None:
-    paths = cluster_paths(_cluster_name())
+    paths = cluster_paths(cluster_name())
     old = KazooClient(hosts=zookeeper.connect_string)
     new = KazooClient(hosts=zookeeper.connect_string)
     await asyncio.to_thread(old.start, 30.0)
@@ -168,7 +137,7 @@ async def test_a_stale_leaders_conditional_write_is_refused(zookeeper: ZooKeeper
 @in_loop
 async def test_a_member_whose_session_expired_stops_its_containers(zookeeper: ZooKeeperServer) -> None:
     lost: list[BaseException] = []
-    cluster = _cluster_name()
+    cluster = cluster_name()
     doomed = _member(zookeeper, cluster, "doomed", on_session_lost=lost.append)
     async with _members(zookeeper, cluster, ["a"]) as members:
         await doomed.start()
@@ -200,7 +169,7 @@ async def test_a_member_cut_off_from_zookeeper_for_a_session_timeout_stops_its_c
     after a whole session timeout without ZooKeeper it takes its session as lost."""
     suspensions: list[bool] = []
     lost: list[BaseException] = []
-    member = _member(zookeeper_own, _cluster_name(), "alone", on_suspended=suspensions.append,
+    member = _member(zookeeper_own, cluster_name(), "alone", on_suspended=suspensions.append,
                      on_session_lost=lost.append)
     await member.start()
     try:
@@ -219,7 +188,7 @@ async def test_a_member_cut_off_from_zookeeper_for_a_session_timeout_stops_its_c
 @in_loop
 async def test_a_wrong_zookeeper_address_fails_to_start_with_a_typed_error() -> None:
     # A loopback port nobody listens on: connection refused, again and again, until the bound.
-    member = ClusterMember("127.0.0.1:1", cluster=_cluster_name(), host_id="h", address="h:1",
+    member = ClusterMember("127.0.0.1:1", cluster=cluster_name(), host_id="h", address="h:1",
                            container_count=2, connect_timeout_seconds=1.0)
     with pytest.raises(CoordinationUnavailableError, match="did not answer within"):
         await member.start()
@@ -229,7 +198,7 @@ async def test_a_wrong_zookeeper_address_fails_to_start_with_a_typed_error() -> 
 
 @in_loop
 async def test_a_host_id_taken_by_a_live_session_is_refused(zookeeper: ZooKeeperServer) -> None:
-    cluster = _cluster_name()
+    cluster = cluster_name()
     async with _members(zookeeper, cluster, ["twin"]):
         second = _member(zookeeper, cluster, "twin")
         with pytest.raises(CoordinationUnavailableError, match="registered"):
