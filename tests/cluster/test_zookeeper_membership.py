@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 
 from millstream.cluster._assignment import check_assignment
 from millstream.cluster._zookeeper import (
@@ -22,6 +22,7 @@ from millstream.cluster._zookeeper import (
     write_assignment,
 )
 from millstream.errors import AssignmentConflictError, CoordinationUnavailableError, SessionLostError
+from millstream.testing.clock import ManualClock
 from millstream.testing.zookeeper_server import ZooKeeperServer
 
 from .zookeeper_helpers import CONTAINER_COUNT, SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, in_loop, wait_until
@@ -208,3 +209,49 @@ async def test_a_host_id_taken_by_a_live_session_is_refused(zookeeper: ZooKeeper
 def test_an_assignment_lists_a_hosts_containers() -> None:
     assignment = Assignment({0: "a", 1: "b", 2: "a"}, 3, 3)
     assert assignment.containers_of("a") == {0, 2} and assignment.containers_of("z") == frozenset()
+
+
+@in_loop
+async def test_a_lost_session_is_not_coalesced_away_by_the_reconnection_after_it(zookeeper: ZooKeeperServer) -> None:
+    """kazoo reports LOST and, on a new session, CONNECTED right after; the member's task may see only
+    the newest state.  The loss must still stop the member (found in review: it did not)."""
+    lost: list[BaseException] = []
+    member = _member(zookeeper, cluster_name(), "h", on_session_lost=lost.append)
+    await member.start()
+    try:
+        # What kazoo's thread does, both before the loop runs the member's task once.
+        member._on_state(KazooState.LOST)
+        member._on_state(KazooState.CONNECTED)
+        assert member.stopped is not None
+        cause = await asyncio.wait_for(member.stopped, WAIT_SECONDS)
+        assert isinstance(cause, SessionLostError) and lost == [cause]
+    finally:
+        await member.stop()
+
+
+@in_loop
+async def test_a_timer_of_an_earlier_suspension_does_not_expire_a_later_one(zookeeper: ZooKeeperServer) -> None:
+    """Suspended at t=0, back at 0.5, suspended again at 1.5: at t=2 (the first suspension's session
+    timeout) the member has been cut off for 0.5 s only and must carry on; it gives up at 3.5."""
+    clock = ManualClock()
+    member = _member(zookeeper, cluster_name(), "h", clock=clock)
+    await member.start()
+    try:
+        assert member.stopped is not None
+        member._on_state(KazooState.SUSPENDED)
+        await wait_until(lambda: member.suspended and clock.sleeping == 1, "the first suspension's timer")
+        clock.advance(0.5)
+        member._on_state(KazooState.CONNECTED)
+        await wait_until(lambda: not member.suspended, "the connection back")
+        clock.advance(1.0)
+        member._on_state(KazooState.SUSPENDED)
+        await wait_until(lambda: member.suspended and clock.sleeping == 2, "the second suspension's timer")
+        clock.advance(0.6)  # t = 2.1: past the first timer's deadline only
+        await wait_until(lambda: clock.sleeping == 1, "the first timer to wake and end")
+        await asyncio.sleep(0)
+        assert not member.stopped.done()
+        clock.advance(1.5)  # t = 3.6: a whole session timeout into the second suspension
+        cause = await asyncio.wait_for(member.stopped, WAIT_SECONDS)
+        assert isinstance(cause, SessionLostError)
+    finally:
+        await member.stop()

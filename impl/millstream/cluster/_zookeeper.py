@@ -245,6 +245,11 @@ class ClusterMember:
         self._seen_hosts: tuple[str, ...] | None = None
         self._seen_map: tuple[bytes, int] | None = None  # (data, version); (b"", NO_VERSION) = absent
         self._seen_state = KazooState.CONNECTED
+        # Sticky: kazoo goes on from LOST to CONNECTED on a new session, and the task may see only the
+        # newest state; a loss must never be coalesced away.
+        self._seen_lost = False
+        # Counts the suspensions, so a timer started by one does not expire a later one early.
+        self._suspensions = 0
         self._seen_leader = False
         self._wake_scheduled = False
         self._wake = asyncio.Event()
@@ -375,7 +380,10 @@ class ClusterMember:
 
     def _on_state(self, state: str) -> None:
         with self._lock:
+            if state == KazooState.SUSPENDED and self._seen_state != KazooState.SUSPENDED:
+                self._suspensions += 1
             self._seen_state = state
+            self._seen_lost = self._seen_lost or state == KazooState.LOST
             self._wake_loop()
         if state == KazooState.LOST:
             self._resign.set()
@@ -420,9 +428,9 @@ class ClusterMember:
             await self._wake.wait()
             self._wake.clear()
             with self._lock:
-                hosts, seen_map, state, leader = (self._seen_hosts, self._seen_map, self._seen_state,
-                                                  self._seen_leader)
-            if state == KazooState.LOST:
+                hosts, seen_map, state, leader, lost = (self._seen_hosts, self._seen_map, self._seen_state,
+                                                        self._seen_leader, self._seen_lost)
+            if lost:
                 self._lose(SessionLostError(f"host {self.host_id}: ZooKeeper expired the session"))
                 return
             self._set_suspended(state == KazooState.SUSPENDED)
@@ -454,21 +462,24 @@ class ClusterMember:
         log.warning("host %s: ZooKeeper connection %s", self.host_id,
                     "suspended: starting nothing new until it is back" if suspended else "restored, session intact")
         if suspended:
-            self._spawn(self._expire_if_still_suspended(), name=f"suspension-{self.host_id}")
+            with self._lock:
+                suspension = self._suspensions
+            self._spawn(self._expire_if_still_suspended(suspension), name=f"suspension-{self.host_id}")
         if self._on_suspended is not None:
             self._on_suspended(suspended)
 
-    async def _expire_if_still_suspended(self) -> None:
+    def _still_suspended(self, suspension: int) -> bool:
+        with self._lock:
+            return self._seen_state == KazooState.SUSPENDED and self._suspensions == suspension
+
+    async def _expire_if_still_suspended(self, suspension: int) -> None:
         """A whole session timeout without ZooKeeper: assume the session expired (see the docstring)."""
         deadline = self._clock.monotonic() + self._session_timeout_seconds
         while self._clock.monotonic() < deadline:
             await self._clock.sleep(deadline - self._clock.monotonic())
-            with self._lock:
-                if self._seen_state != KazooState.SUSPENDED:
-                    return
-        with self._lock:
-            still = self._seen_state == KazooState.SUSPENDED
-        if still:
+            if not self._still_suspended(suspension):
+                return
+        if self._still_suspended(suspension):
             self._lose(SessionLostError(
                 f"host {self.host_id}: cut off from ZooKeeper for a whole session timeout "
                 f"({self._session_timeout_seconds} s); its session must be taken as expired"))
