@@ -19,6 +19,9 @@ TARGETS = {
     "proofs.contracts": ["--per_condition_timeout", "120" if DEEP else "30",
                          "--max_uninteresting_iterations", "400" if DEEP else "40"],
     "millstream.segmentstore.throttler": ["--per_condition_timeout", "60" if DEEP else "10"],
+    # The container map (issue 23): balanced onto the live hosts, for small counts (a seeded
+    # off-by-one in the quotas is found in seconds).
+    "millstream.cluster._assignment": ["--per_condition_timeout", "60" if DEEP else "10"],
 }
 
 

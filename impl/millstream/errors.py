@@ -10,6 +10,7 @@ from millstream.model.errors import (
     ConnectionLostError,
     DataCorruptionError,
     LocalProtocolError,
+    MillstreamError,
     PayloadTooLargeError,
     RemoteProtocolError,
     RetryableError,
@@ -122,3 +123,34 @@ class MergeOutcomeUnknownError(ConnectionLostError):
     whether the merge happened (the connection stayed down past the outage budget, or the transient
     segment is gone now).  Raised inside the large-event writer's commit, which fails the event and
     raises ``ConnectionLostError`` from it: whether the event was stored is unknown."""
+
+
+# --- The cluster's coordination on ZooKeeper (``millstream.cluster``: issue 23) --------------------
+
+__all__ += ["AssignmentConflictError", "CoordinationError", "CoordinationUnavailableError", "SessionLostError"]
+
+
+class CoordinationError(MillstreamError):
+    """Root of the errors of the cluster's coordination (membership, election and the container map
+    on ZooKeeper).  Not raised itself."""
+
+
+class CoordinationUnavailableError(CoordinationError, RetryableError, ConnectionError):
+    """ZooKeeper could not be reached within the connection timeout: a wrong address, a server that
+    is down, or (test equipment) a ZooKeeper server that would not start.  Raised by
+    ``ClusterMember.start`` (nothing was registered: the host must not serve) and by
+    ``ZooKeeperServer.start``.  Retrying helps once ZooKeeper answers."""
+
+
+class AssignmentConflictError(CoordinationError, RetryableError):
+    """A conditional write of the container map found a newer version than the writer read: another
+    leader wrote the map meanwhile (this one was deposed, or raced a successor).  Nothing was written.
+    Raised by ``write_assignment``; an elected member reads the map again and recomputes, a deposed one
+    stops writing."""
+
+
+class SessionLostError(CoordinationError):
+    """This host's ZooKeeper session expired: its registration is gone and its containers may already
+    be assigned to other hosts.  The member stops every container (it cannot know whether it still
+    owns them) and completes ``ClusterMember.stopped`` with this error; it never serves again under
+    that session.  Not retryable in place: a new member must join."""

@@ -839,3 +839,23 @@ METRICS_REQUEST_TIMEOUT_SECONDS: Final = 10.0
 
 #: How long ``millstream node status`` waits for the endpoint's answer.
 NODE_STATUS_TIMEOUT_SECONDS: Final = 10.0
+
+# --- The cluster's coordination on ZooKeeper (millstream.cluster: issue 23) ------------------------
+
+#: A host's ZooKeeper session timeout: how long after a host stops answering ZooKeeper expires its
+#: session, removes its registration and lets the leader give its containers to others.  It bounds
+#: how soon a dead host's containers are served again (issue 23's target: within 10 s of the loss),
+#: and it must outlast a loaded host's pauses (a full garbage collection, a slow fsync) so that a
+#: live host is not declared dead.  Pravega's default is 10 s; 6 s leaves 4 s for reassignment and
+#: log recovery.  ZooKeeper clamps it into the server's [2, 20] ticks unless the server says otherwise.
+ZOOKEEPER_SESSION_TIMEOUT_SECONDS: Final = 6.0
+
+#: How long a host waits for ZooKeeper to answer when it starts: a wrong address fails within this.
+ZOOKEEPER_CONNECT_TIMEOUT_SECONDS: Final = 15.0
+
+#: One ZooKeeper request (read or conditional write of the map, a registration).  A request on a
+#: connection that drops fails at once; this bounds one sent to a server that stopped answering.
+ZOOKEEPER_REQUEST_TIMEOUT_SECONDS: Final = 10.0
+
+#: How long stopping a member waits for its election thread to leave the election.
+ZOOKEEPER_ELECTION_STOP_TIMEOUT_SECONDS: Final = 10.0

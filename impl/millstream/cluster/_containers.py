@@ -1,0 +1,216 @@
+"""ContainerManager: a host serves exactly the containers the cluster's map gives it.
+
+Theory of operation.  The host's ``ClusterMember`` hands every new map to ``apply`` (and connection
+trouble to ``suspend`` / ``session_lost``); those calls only record the newest state and wake the
+manager's one task, so changes are serialised and coalesce (a burst of maps is applied as its last).
+The task compares what the map wants on this host with what runs:
+
+* it first stops each running container the map took away (``ContainerHost.stop`` drains what the
+  container acknowledged), so the next owner finds the log quiet;
+* then it starts each container the map gave it, one at a time, through a ``ContainerHost`` on the
+  injected ``open_log(container_id)``.  Starting opens the log, and opening a ``DurableDataLog``
+  fences every older owner (its ``initialize()`` contract): a previous owner that still runs -- a
+  zombie whose session expired unnoticed, or one that has not yet read the new map -- fails its next
+  Tier-1 write and stops.  Only then does the new container recover by replay and serve.  So the
+  log, not the map, is what keeps two owners from both writing.
+
+A container that stops on its own (its host gave up: fenced, corrupt, or restarts exhausted) is not
+started again under the same map generation: the newer owner that fenced it is serving, and starting
+it again would fence that owner in turn.  A newer map that still gives it to this host starts it
+again; a start that fails is retried on the next map likewise (so retries are bounded by the maps the
+leader writes).  While the member is suspended, nothing new starts (running containers keep serving);
+once the session is lost every container stops and none starts again.
+
+The Tier-1 log and Tier-2 storage are injected (``open_log``, ``chunk_storage``): ``FileLog`` in a
+directory every host can reach works now, the JetStream log plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from millstream.cluster._zookeeper import Assignment
+from millstream.errors import InvalidArgumentError, ObjectClosedError, WrongHostError
+from millstream.segmentstore.chunk_storage import ChunkStorage
+from millstream.segmentstore.container import SegmentContainer
+from millstream.segmentstore.durable_data_log import DurableDataLog
+from millstream.segmentstore.host import ContainerHost
+from millstream.tasks import cancel_and_wait
+
+__all__ = ["ContainerManager"]
+
+log = logging.getLogger("millstream.cluster")
+
+
+class ContainerManager:
+    """Starts and stops this host's containers as maps arrive.  ``await start()`` first; ``stop()``
+    stops every container.  ``hosts`` maps each container serving (or recovering) here to its
+    ``ContainerHost``."""
+
+    def __init__(
+        self,
+        host_id: str,
+        open_log: Callable[[int], DurableDataLog],
+        *,
+        chunk_storage: ChunkStorage | None = None,
+        host_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(host_id, str) or not host_id:
+            raise InvalidArgumentError(f"host_id must be a non-empty string, not {host_id!r}")
+        self.host_id = host_id
+        self._open_log = open_log
+        self._chunk_storage = chunk_storage
+        self._host_options = dict(host_options or {})
+        self._assignment = Assignment()
+        self._suspended = False
+        self._lost = False
+        #: container -> the map version under which it stopped on its own or failed to start.
+        self._given_up: dict[int, int] = {}
+        self.hosts: dict[int, ContainerHost] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()  # (nothing handed in yet: nothing to act on)
+        self._task: asyncio.Task[None] | None = None
+        #: Every start and stop, in order, as ("start" | "stop", container): evidence for tests.
+        self.history: list[tuple[str, int]] = []
+
+    # --- What the member tells it (on the loop; never blocks) ----------------------------------------
+
+    def apply(self, assignment: Assignment) -> None:
+        """Serve what ``assignment`` gives this host (the newest map wins)."""
+        if assignment.version < self._assignment.version:
+            return  # (an older generation arriving late changes nothing)
+        self._assignment = assignment
+        self._poke()
+
+    def suspend(self, suspended: bool) -> None:
+        """While suspended, start nothing new; running containers keep serving."""
+        self._suspended = suspended
+        self._poke()
+
+    def session_lost(self, error: BaseException) -> None:
+        """The session is gone: stop every container and never start one again."""
+        self._lost = True
+        self._poke()
+
+    def _poke(self) -> None:
+        self._idle.clear()
+        self._wake.set()
+
+    # --- Lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise InvalidArgumentError("the manager was started already")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"containers-{self.host_id}")
+
+    async def stop(self) -> None:
+        """Stop the task and every container.  Idempotent."""
+        self._lost = True
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+        for container_id in sorted(self.hosts):
+            await self._stop_container(container_id)
+
+    async def __aenter__(self) -> ContainerManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def settled(self) -> None:
+        """Wait until every change handed in so far has been acted on (for tests and shutdown)."""
+        if self._task is None or self._task.done():
+            raise ObjectClosedError("the manager is not running")
+        await self._idle.wait()
+
+    # --- Serving -----------------------------------------------------------------------------------------
+
+    @property
+    def serving(self) -> frozenset[int]:
+        """The containers whose host runs here (serving or recovering)."""
+        return frozenset(self.hosts)
+
+    def container(self, container_id: int) -> SegmentContainer:
+        """The running container ``container_id``.  Raises ``WrongHostError`` if this host does not
+        serve it (the client asks the controller again), ``ContainerUnavailableError`` while it
+        recovers."""
+        host = self.hosts.get(container_id)
+        if host is None:
+            raise WrongHostError(f"container {container_id} is not served by host {self.host_id}")
+        return host.container
+
+    # --- The task ----------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._reconcile()
+            if not self._wake.is_set():
+                self._idle.set()
+
+    def _wanted(self) -> frozenset[int]:
+        if self._lost:
+            return frozenset()
+        return self._assignment.containers_of(self.host_id)
+
+    async def _reconcile(self) -> None:
+        # Containers that stopped on their own since: forget them, and do not restart them under
+        # this map generation (see the docstring).
+        for container_id, host in list(self.hosts.items()):
+            if host.stopped.done():
+                del self.hosts[container_id]
+                self._given_up[container_id] = self._assignment.version
+                self.history.append(("stop", container_id))
+        wanted = self._wanted()
+        for container_id in sorted(set(self.hosts) - wanted):
+            await self._stop_container(container_id)
+        if self._suspended or self._lost:
+            return
+        version = self._assignment.version
+        for container_id in sorted(wanted - set(self.hosts)):
+            if self._given_up.get(container_id, -2) >= version:
+                continue
+            if self._wake.is_set() and container_id not in self._wanted():
+                break  # (a newer map arrived meanwhile: the next round decides)
+            await self._start_container(container_id, version)
+
+    async def _start_container(self, container_id: int, version: int) -> None:
+        host = ContainerHost(container_id, _bind(self._open_log, container_id), chunk_storage=self._chunk_storage,
+                             **self._host_options)
+        try:
+            await host.start()
+        except Exception as error:
+            self._given_up[container_id] = version
+            log.error("host %s could not start container %d: %r; retrying on the next map", self.host_id,
+                      container_id, error)
+            with contextlib.suppress(Exception):
+                await host.stop()
+            return
+        self.hosts[container_id] = host
+        self.history.append(("start", container_id))
+        host.stopped.add_done_callback(lambda _: self._poke())
+        log.info("host %s serves container %d (map version %d)", self.host_id, container_id, version)
+
+    async def _stop_container(self, container_id: int) -> None:
+        host = self.hosts.pop(container_id, None)
+        if host is None:
+            return
+        try:
+            await host.stop()
+        except Exception as error:  # it is stopping for good either way; say so and carry on with the rest
+            log.error("host %s: container %d did not stop cleanly: %r", self.host_id, container_id, error)
+        self.history.append(("stop", container_id))
+        log.info("host %s stopped container %d", self.host_id, container_id)
+
+
+def _bind(open_log: Callable[[int], DurableDataLog], container_id: int) -> Callable[[], DurableDataLog]:
+    def open_this() -> DurableDataLog:
+        return open_log(container_id)
+    return open_this
