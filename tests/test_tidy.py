@@ -83,3 +83,14 @@ def test_banned_patterns(path: Path) -> None:
 def test_no_python_O_assumptions() -> None:
     """Invariants are asserts in places; running with -O would silently drop them."""
     assert __debug__, "never run millstream's tests with python -O"
+
+
+def test_every_package_of_the_source_tree_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages a wheel holds (an editable install finds more): a package
+    added under impl/millstream must be listed, or an installed millstream lacks it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {"millstream"} | {f"millstream.{init.parent.name}" for init in IMPL.glob("*/__init__.py")}
+    assert on_disk == listed, (f"on disk, not listed: {sorted(on_disk - listed)}; "
+                               f"listed, not on disk: {sorted(listed - on_disk)}")
