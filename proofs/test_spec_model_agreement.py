@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from proofs import (
+    cluster_agreement,
     container_failover_agreement,
     durable_log_agreement,
     exactly_once_sink_agreement,
@@ -38,7 +39,7 @@ PROFILE = os.environ.get("MILLSTREAM_PROFILE", "ci")
 AGREEMENTS = {"DurableLog": durable_log_agreement, "ContainerFailover": container_failover_agreement,
               "ExactlyOnceSink": exactly_once_sink_agreement, "LargeEvents": large_events_agreement,
               "StreamOrdering": stream_ordering_agreement, "Transactions": transactions_agreement,
-              "StableWriter": stable_writer_agreement}
+              "StableWriter": stable_writer_agreement, "Cluster": cluster_agreement}
 MANIFEST = load_manifest()["specs"]
 CASES = [(name, config) for name, spec in MANIFEST.items() for config in spec["configs"]
          if config["profile"] == "ci" or PROFILE == "nightly"]
