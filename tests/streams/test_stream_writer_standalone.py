@@ -37,7 +37,7 @@ def scale_target(step: int) -> int:
 
 
 async def scale_under_the_writer(c: AsyncClient, progress: object, done: asyncio.Event | threading.Event,
-                                 scaled: threading.Semaphore | None = None) -> int:
+                                 scaled: threading.Semaphore | asyncio.Semaphore | None = None) -> int:
     """Split and merge while events flow; returns how many scales completed.  ``progress()`` says how
     many events were written so far (so every scale lands mid-stream); ``scaled`` is released after
     each scale (a writer on another thread may wait for it, so its next events meet the seal)."""
@@ -98,20 +98,22 @@ def test_an_async_writer_keeps_per_key_order_across_splits_and_merges(tmp_path: 
                 keys = keys_for(SEED)
                 futures: list[tuple[EventTag, asyncio.Future[None]]] = []
                 done = asyncio.Event()
+                scaled = asyncio.Semaphore(0)
+                targets = {scale_target(step) for step in range(len(PLAN))}
 
                 async def write() -> None:
                     rng = random.Random(SEED + 1)
                     for sequence in range(EVENTS):
+                        if sequence in targets:  # let this scale land before writing on: the next events meet its seal
+                            await asyncio.wait_for(scaled.acquire(), 60)
                         tag = EventTag("async", sequence)
                         key = rng.choice(keys)
                         history.write_invoked(tag, key=key)
                         futures.append((tag, await writer.write_event_future(tag.payload(100, key=key),
                                                                              routing_key=key)))
-                        if sequence % 50 == 0:
-                            await asyncio.sleep(0.001)  # let the scaling in: it shares this loop
                     done.set()
 
-                scales, _ = await asyncio.gather(scale_under_the_writer(c, lambda: len(futures), done), write())
+                scales, _ = await asyncio.gather(scale_under_the_writer(c, lambda: len(futures), done, scaled), write())
                 await writer.flush()
                 writer.check_invariants()
                 await writer.close()
