@@ -29,6 +29,46 @@ DATA_LOG_IN_FLIGHT_BYTES_MAX: Final = 256 * MIB
 #: A FileLog ledger file rolls over at this size, so truncation can delete whole files.
 FILE_LOG_LEDGER_SIZE_BYTES_MAX: Final = 256 * MIB
 
+# --- Tier 1 on NATS JetStream (segmentstore/jetstream_log.py) --------------------------------------
+
+#: Bytes one container's JetStream stream may hold (the stream's max_bytes, discard-new).  Recovery
+#: loads everything above the truncation point into memory (read() is synchronous), so this bounds
+#: that; the DurableLog truncates after every metadata checkpoint (CHECKPOINT_FRAME_BYTES_MIN), far below.
+JETSTREAM_LOG_STREAM_BYTES_MAX: Final = 1024 * MIB
+
+#: Publishes of one log awaiting JetStream's acknowledgement.  Pipelining hides the quorum round trip;
+#: 64 full frames (64 MiB) already keep a three-server cluster busy, and a bounded window keeps the
+#: predicted-sequence pipeline short when one publish fails and all later ones must be refused.
+JETSTREAM_LOG_PUBLISHES_IN_FLIGHT_MAX: Final = 64
+
+#: Longest wait for one publish's acknowledgement before the write fails (outcome unknown) and the
+#: log closes.  A leader election after a server loss takes a few seconds; a quorum that stays lost
+#: must fail the container rather than hang it.
+JETSTREAM_LOG_ACK_TIMEOUT_SECONDS: Final = 30.0
+
+#: One JetStream API request (stream info, create, message get, purge) and the connect timeout.
+JETSTREAM_LOG_REQUEST_TIMEOUT_SECONDS: Final = 10.0
+
+#: initialize() re-reads the stream and retries its epoch record this many times when other new
+#: owners keep racing in; more means two hosts fight over one container, which assignment must fix.
+JETSTREAM_LOG_FENCE_ATTEMPTS_MAX: Final = 10
+
+#: Creating (or finding) the stream fails until the cluster has a meta leader: retries, each after
+#: JETSTREAM_LOG_RETRY_PAUSE_SECONDS (so about 30 s in all, a generous bound for an election).
+JETSTREAM_LOG_STREAM_CREATE_ATTEMPTS_MAX: Final = 60
+JETSTREAM_LOG_RETRY_PAUSE_SECONDS: Final = 0.5
+
+#: Reconnects of a log's NATS connection after a server loss before the connection gives up (and
+#: every pending write fails): enough to reach each server of a cluster several times.
+JETSTREAM_LOG_RECONNECT_ATTEMPTS_MAX: Final = 10
+
+#: Message gets in flight at once while initialize() loads the records for read().
+JETSTREAM_LOG_READ_REQUESTS_IN_FLIGHT_MAX: Final = 64
+
+#: Room for one message's headers (about 200 bytes are used): the servers' max_payload must exceed
+#: the largest record by this much (NATS counts headers in max_payload).
+JETSTREAM_LOG_HEADER_BYTES_MAX: Final = 1 * KIB
+
 # --- Operations ------------------------------------------------------------------------------------
 
 #: One append's payload.  A client block of events travels as one append; the wire frame limit
