@@ -49,9 +49,11 @@ JETSTREAM_LOG_ACK_TIMEOUT_SECONDS: Final = 30.0
 #: One JetStream API request (stream info, create, message get, purge) and the connect timeout.
 JETSTREAM_LOG_REQUEST_TIMEOUT_SECONDS: Final = 10.0
 
-#: initialize() re-reads the stream and retries its epoch record this many times when other new
-#: owners keep racing in; more means two hosts fight over one container, which assignment must fix.
-JETSTREAM_LOG_FENCE_ATTEMPTS_MAX: Final = 10
+#: initialize() re-reads the stream and retries its epoch record this many times (after
+#: JETSTREAM_LOG_RETRY_PAUSE_SECONDS when JetStream failed) -- other new owners racing in, or a stream
+#: leader being elected after a server loss (a few seconds); more means two hosts fight over one
+#: container, which assignment must fix, or JetStream has no quorum.
+JETSTREAM_LOG_FENCE_ATTEMPTS_MAX: Final = 20
 
 #: Creating (or finding) the stream fails until the cluster has a meta leader: retries, each after
 #: JETSTREAM_LOG_RETRY_PAUSE_SECONDS (so about 30 s in all, a generous bound for an election).
@@ -62,8 +64,10 @@ JETSTREAM_LOG_RETRY_PAUSE_SECONDS: Final = 0.5
 #: every pending write fails): enough to reach each server of a cluster several times.
 JETSTREAM_LOG_RECONNECT_ATTEMPTS_MAX: Final = 10
 
-#: Message gets in flight at once while initialize() loads the records for read().
-JETSTREAM_LOG_READ_REQUESTS_IN_FLIGHT_MAX: Final = 64
+#: After a refused publish the log reads what others wrote in its place, to tell a newer owner
+#: (fenced) from an older owner's stale pipelined publishes (at most JETSTREAM_LOG_PUBLISHES_IN_FLIGHT_MAX
+#: per stale owner).  Beyond this many messages it concludes it was fenced.
+JETSTREAM_LOG_REFUSAL_SCAN_MESSAGES_MAX: Final = 256
 
 #: Room for one message's headers (about 200 bytes are used): the servers' max_payload must exceed
 #: the largest record by this much (NATS counts headers in max_payload).

@@ -3,20 +3,41 @@
 Theory of operation
 -------------------
 A container's log is one JetStream stream (file storage, ``replicas`` copies -- 3 in a cluster, 1 on
-a lone server), named ``<CLUSTER>_tier1_<container id>`` and bound to the one subject
-``millstream.<cluster>.tier1.<container id>``.  A record is one message.  JetStream numbers the
+a lone server), named ``<CLUSTER>_tier1_<container id>``, whose subjects are
+``millstream.<cluster>.tier1.<container id>.<kind>`` (``data``, ``epoch``, ``truncate``: one per
+record kind, so an operator can tell them apart).  A record is one message.  JetStream numbers the
 messages of a stream 1, 2, 3, ... (its *stream sequence*); besides the data records the stream holds
 two kinds of control records, so the log keeps its own numbering of data records in a header.
 
 * Fencing.  Every message this log publishes carries ``Nats-Expected-Last-Sequence: N``, and the
   stream stores it only if its last stream sequence is exactly ``N``.  ``initialize()`` reads the
   stream's state, then publishes an *epoch record* conditioned on the last stream sequence it saw,
-  carrying ``1 +`` the highest epoch any record of the stream carries.  Once that record is stored,
-  no publish of an older owner can be: each of them expects a last sequence below the epoch
-  record's.  An older owner learns it from the refusal (JetStream error 10071, "wrong last
-  sequence") of its next publish, fails that write and every later one with ``DataLogFencedError``
-  and closes itself.  If another new owner raced in between, the epoch record itself is refused and
-  ``initialize()`` reads the state again and retries (``JETSTREAM_LOG_FENCE_ATTEMPTS_MAX`` times).
+  carrying ``1 +`` the highest epoch any record of the stream carries.  The older owner's publish
+  that expected the epoch record's place is refused (JetStream error 10071, "wrong last sequence");
+  the older owner fails it and every later write with ``DataLogFencedError`` (it reads what took its
+  place and finds the newer epoch) and closes itself.  If another new owner raced in between, the
+  epoch record itself is refused and ``initialize()`` reads the state again and retries
+  (``JETSTREAM_LOG_FENCE_ATTEMPTS_MAX`` times, also while a stream leader is being elected).
+* Stale writes (a limit of the expected-last-sequence check, found here).  The check compares
+  numbers only.  An older owner that pipelines has publishes in flight that expect the sequences
+  *after* the one the epoch record took: the one expecting the epoch record's own sequence finds it
+  and is stored right after it (reproduced: 200 pipelined publishes while a new owner takes over;
+  ``tests/cluster/test_jetstream_log.py``).  JetStream has no check naming *who* wrote the last
+  message that works here: ``Nats-Expected-Last-Msg-Id`` is checked when a replicated stream applies
+  a message, not when it accepts it, and a mismatch there is a "critical write error" that stops the
+  stream on every replica (nats-server 2.15, seen here); ``Nats-Expected-Last-Subject-Sequence``
+  refuses pipelined publishes on a replicated stream (error 10164).  So such *stale records* are
+  kept out by the log, not by JetStream:
+
+  - the older owner never acknowledges one: its publish before it was refused, and acknowledgements
+    complete in order, so that failure comes first and fails every later write;
+  - recovery skips them: a record whose epoch is below that of a record before it is stale, and so is
+    every later record of the current epoch (that owner's chain is broken: its next publish was
+    refused, so it acknowledged none of them) until the next epoch record;
+  - the new owner whose publish a stale record refused fails with ``WriteFailedError`` (it is not
+    fenced -- no newer owner exists -- but it cannot continue its epoch; its container restarts and
+    the next owner recovers).  It tells the two cases apart by reading what took its place
+    (``JETSTREAM_LOG_REFUSAL_SCAN_MESSAGES_MAX``).
 * Pipelining.  One owner predicts its stream sequences: the record after stream sequence ``s``
   expects ``s``.  A sender task publishes records in append order, up to
   ``JETSTREAM_LOG_PUBLISHES_IN_FLIGHT_MAX`` unacknowledged at once, without waiting for each
@@ -24,8 +45,8 @@ two kinds of control records, so the log keeps its own numbering of data records
   it (with ``sync_interval: always``, fsynced); a completer task takes the acknowledgements strictly in
   order and completes the futures in order.  A failure is final: the first failed acknowledgement (a
   refusal, a timeout after ``ack_timeout_seconds``, a lost connection) fails its record and every
-  later one -- ``DataLogFencedError`` for error 10071, ``WriteFailedError`` (outcome unknown) for
-  anything else -- and the log closes.  A later record of ours that JetStream refuses because an
+  later one -- ``DataLogFencedError`` for error 10071 from a newer owner, ``WriteFailedError``
+  (outcome unknown) for anything else -- and the log closes.  A later record of ours that JetStream refuses because an
   earlier one was lost is covered by the earlier failure, which is reported first.
 * Numbering.  ``LogAddress.sequence`` numbers *data* records 1, 2, 3, ... over the log's whole life;
   ``locator`` is ``(stream sequence,)``.  Each data record carries its own sequence in a header, and
@@ -36,16 +57,17 @@ two kinds of control records, so the log keeps its own numbering of data records
   publish failed and did not land leaves no trace, so its sequence is reissued, as the contract says.
 * Truncation.  ``truncate(upto)`` first publishes a *truncation record* (through the same pipeline,
   so it is fenced like any write) saying "data records up to ``upto.sequence`` are discarded", then
-  purges the stream below ``upto``'s stream sequence + 1.  The record survives the purge (it comes
-  after ``upto``), so the stream always keeps its latest control record or a later data record,
-  hence the highest epoch and data sequence; and a purge that fails or never ran leaves records that
-  recovery skips by the truncation record.
+  purges the stream below ``upto``'s stream sequence + 1 (every kind of record).  The truncation
+  record survives the purge (it comes after ``upto``), so the stream keeps the highest epoch and data
+  sequence; it always starts with a valid record of the owner that truncated (a stale record before
+  its truncation record would have refused it); and a purge that fails or never ran leaves records
+  that recovery skips by the truncation record.
 * Reading.  ``read()`` is synchronous in the interface, so ``initialize()`` loads every record above
-  the truncation point into memory (``JETSTREAM_LOG_READ_REQUESTS_IN_FLIGHT_MAX`` message gets at a
-  time).  What it holds is bounded by what the stream may hold: the stream is created with
-  ``max_bytes = JETSTREAM_LOG_STREAM_BYTES_MAX`` and the discard-new policy, so a log that is never
-  truncated fails its appends (``WriteFailedError``) rather than grow without bound.  The DurableLog
-  above truncates after every metadata checkpoint, long before that.
+  the truncation point into memory, one message get after another.  What it holds is bounded by what
+  the stream may hold: the stream is created with ``max_bytes = JETSTREAM_LOG_STREAM_BYTES_MAX`` and
+  the discard-new policy, so a log that is never truncated fails its appends (``WriteFailedError``)
+  rather than grow without bound.  The DurableLog above truncates after every metadata checkpoint,
+  long before that.
 * Close.  ``close()`` stops the sender, waits (bounded) for the acknowledgements of what is already
   published and completes those, and fails every record not yet published with
   ``ObjectClosedError`` -- it was never written.  An admitted wart: a published record whose
@@ -143,7 +165,8 @@ def stream_name_for(cluster_name: str, container_id: int) -> str:
 
 
 def subject_for(cluster_name: str, container_id: int) -> str:
-    """The one subject of that stream."""
+    """The prefix of that stream's subjects: records go to ``<prefix>.data``, ``<prefix>.epoch`` and
+    ``<prefix>.truncate`` by kind."""
     return f"millstream.{cluster_name}.tier1.{container_id}"
 
 
@@ -228,6 +251,7 @@ class JetStreamLog(DurableDataLog):
         self._servers = list(servers)
         self._stream = stream_name_for(cluster_name, container_id)
         self._subject = subject_for(cluster_name, container_id)
+        self._subjects = {kind: f"{self._subject}.{kind.value}" for kind in _Kind}
         self._replicas = replicas
         self._max_write_length_bytes = max_write_length_bytes
         self._stream_bytes_max = stream_bytes_max
@@ -284,12 +308,17 @@ class JetStreamLog(DurableDataLog):
             await self._connect()
             await self._ensure_stream()
             for _attempt in range(limits.JETSTREAM_LOG_FENCE_ATTEMPTS_MAX):
-                if await self._fence_once():
-                    break
+                try:
+                    if await self._fence_once():
+                        break
+                    last_error = "another owner wrote between the read and the epoch record"
+                except WriteFailedError as error:  # no stream leader yet, or an older owner purged meanwhile
+                    last_error = str(error)
+                    await asyncio.sleep(limits.JETSTREAM_LOG_RETRY_PAUSE_SECONDS)
             else:
                 raise WriteFailedError(
-                    f"JetStream log {self._stream}: another owner raced in on each of "
-                    f"{limits.JETSTREAM_LOG_FENCE_ATTEMPTS_MAX} attempts to write the epoch record"
+                    f"JetStream log {self._stream}: no epoch record written in "
+                    f"{limits.JETSTREAM_LOG_FENCE_ATTEMPTS_MAX} attempts; the last: {last_error}"
                 )
         except BaseException:
             await self._disconnect()
@@ -345,12 +374,14 @@ class JetStreamLog(DurableDataLog):
         await future
         assert self._jetstream is not None
         try:
-            await self._jetstream.purge_stream(self._stream, seq=stream_sequence + 1)
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as error:
+            # Everything below, control records included: the stream keeps a suffix of its history
+            # that starts with a record of ours (see "Stale writes" in the module docstring).
+            await self._request(self._jetstream.purge_stream(self._stream, seq=stream_sequence + 1))
+        except WriteFailedError as error:
             # The truncation record is durable: recovery skips these records; the next truncate
             # purges them.  The caller learns that space was not reclaimed.
             raise WriteFailedError(f"JetStream log {self._stream}: purge below {stream_sequence + 1} failed: "
-                                   f"{error!r}") from error
+                                   f"{error}") from error.__cause__
         if upto.sequence > self._truncated_through:
             for sequence in range(self._truncated_through + 1, upto.sequence + 1):
                 self._stream_sequences.pop(sequence, None)
@@ -444,7 +475,7 @@ class JetStreamLog(DurableDataLog):
         assert self._jetstream is not None
         config = StreamConfig(
             name=self._stream,
-            subjects=[self._subject],
+            subjects=[f"{self._subject}.>"],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             num_replicas=self._replicas,
@@ -488,7 +519,7 @@ class JetStreamLog(DurableDataLog):
         }
         try:
             acknowledgement = await self._request(self._jetstream.publish(
-                self._subject, b"", timeout=self._request_timeout_seconds, headers=headers))
+                self._subjects[_Kind.EPOCH], b"", timeout=self._request_timeout_seconds, headers=headers))
         except WriteFailedError as error:
             if _is_wrong_last_sequence(error.__cause__):
                 return False
@@ -503,39 +534,56 @@ class JetStreamLog(DurableDataLog):
         return True
 
     async def _fetch(self, first: int, last: int) -> list[RawStreamMsg]:
-        """Every message from stream sequence ``first`` to ``last``, a bounded number of gets at once."""
+        """Every message from stream sequence ``first`` to ``last``.  Purges leave holes (data purged
+        below a truncation point, older control records purged), so each get asks for the next message
+        at or after a sequence rather than for that sequence."""
         assert self._jetstream is not None
-        jetstream = self._jetstream
         messages: list[RawStreamMsg] = []
-        step = limits.JETSTREAM_LOG_READ_REQUESTS_IN_FLIGHT_MAX
-        for start in range(first, last + 1, step):
-            batch = range(start, min(start + step, last + 1))
-            messages += await self._request(asyncio.gather(*(jetstream.get_msg(self._stream, seq) for seq in batch)))
+        sequence = first
+        while sequence <= last:
+            message = await self._request(self._jetstream.get_msg(
+                self._stream, sequence, subject=f"{self._subject}.>", next=True))
+            if message.seq is None or message.seq > last:
+                break
+            messages.append(message)
+            sequence = message.seq + 1
         return messages
 
     def _scan(self, messages: list[RawStreamMsg]) -> tuple[int, int, int, list[LogRecord], dict[int, int]]:
         """(highest epoch, highest data sequence issued, truncated through, live records, their stream
-        sequences).  Raises ``DataCorruptionError`` for a record that is damaged or out of sequence."""
+        sequences).  Skips stale writes (see the module docstring); raises ``DataCorruptionError`` for a
+        record that is damaged or breaks its owner's sequence."""
         epoch = issued = truncated = 0
+        stale = False  # a stale write broke the current epoch's chain: its later records are void
         data: list[tuple[int, int, bytes]] = []  # (data sequence, stream sequence, payload)
         for message in messages:
             headers = message.headers or {}
             where = f"JetStream log {self._stream}: stream sequence {message.seq}"
             try:
                 kind = _Kind(headers[HEADER_KIND])
-                epoch = max(epoch, int(headers[HEADER_EPOCH]))
+                record_epoch = int(headers[HEADER_EPOCH])
                 sequence = int(headers[HEADER_SEQUENCE])
-                if kind is _Kind.DATA:
-                    payload = message.data or b""
-                    if zlib.crc32(payload) != int(headers[HEADER_CRC32]):
-                        raise DataCorruptionError(f"{where}: record at sequence {sequence} is damaged (CRC)")
-                    if (data or issued) and sequence != issued + 1:  # the first may follow a purged prefix
-                        raise DataCorruptionError(f"{where}: record at sequence {sequence} follows {issued}")
-                    issued = sequence
-                    data.append((sequence, message.seq or 0, payload))
-                else:
-                    issued = max(issued, sequence)
+                if kind is _Kind.EPOCH and record_epoch > epoch:
+                    # A new owner: it wrote this right after everything it read, so it starts valid.
+                    epoch, stale = record_epoch, False
+                    issued, truncated = sequence, max(truncated, int(headers[HEADER_TRUNCATED]))
+                    del data[next((i for i, (s, _, _) in enumerate(data) if s > issued), len(data)):]
+                    continue
+                if record_epoch < epoch or stale or (kind is _Kind.EPOCH):
+                    stale = True  # an older owner's pipelined publish that landed after the fence
+                    continue
+                epoch = record_epoch  # the first records of a purged stream may precede any epoch record
+                if kind is _Kind.TRUNCATE:
                     truncated = max(truncated, int(headers[HEADER_TRUNCATED]))
+                    issued = max(issued, sequence)
+                    continue
+                payload = message.data or b""
+                if zlib.crc32(payload) != int(headers[HEADER_CRC32]):
+                    raise DataCorruptionError(f"{where}: record at sequence {sequence} is damaged (CRC)")
+                if (data or issued) and sequence != issued + 1:
+                    raise DataCorruptionError(f"{where}: record at sequence {sequence} follows {issued}")
+                issued = sequence
+                data.append((sequence, message.seq or 0, payload))
             except (KeyError, ValueError) as error:
                 raise DataCorruptionError(f"{where}: not a millstream record ({error!r})") from error
         records = [LogRecord(LogAddress(sequence, (stream_sequence,)), payload)
@@ -588,7 +636,7 @@ class JetStreamLog(DurableDataLog):
             write.acknowledgement = asyncio.get_running_loop().create_future()
             try:
                 reply = f"{self._reply_prefix}.{write.stream_sequence}"
-                await connection.publish(self._subject, write.data, reply=reply, headers=headers)
+                await connection.publish(self._subjects[write.kind], write.data, reply=reply, headers=headers)
             except (nats.errors.Error, OSError) as error:
                 write.acknowledgement.set_exception(error)
             self._wake_completer.set()
@@ -624,7 +672,8 @@ class JetStreamLog(DurableDataLog):
                 self._on_failure(write, error)
                 return
             if isinstance(reply, _Refusal):
-                self._on_failure(write, reply)
+                fenced = _is_wrong_last_sequence(reply) and await self._newer_owner_wrote(write.stream_sequence)
+                self._on_failure(write, reply, fenced=fenced)
                 return
             if reply != (self._stream, write.stream_sequence):
                 self._on_failure(write, InternalError(f"acknowledged as {reply}, expected "
@@ -646,14 +695,35 @@ class JetStreamLog(DurableDataLog):
                 return
             await asyncio.wait([write.future])
 
-    def _on_failure(self, write: _Write, error: BaseException | _Refusal) -> None:
+    async def _newer_owner_wrote(self, stream_sequence: int) -> bool:
+        """After a "wrong last sequence" refusal of our publish for ``stream_sequence``: did a newer
+        owner write there (we are fenced), or only an older owner's stale publish (we are not, but our
+        chain is broken: see the module docstring)?  Reads what lies from there on, at most
+        ``JETSTREAM_LOG_REFUSAL_SCAN_MESSAGES_MAX`` messages; more written by others, or a failure
+        to read, counts as fenced (the host's coordination has the last word either way)."""
+        assert self._jetstream is not None
+        try:
+            info = await self._request(self._jetstream.stream_info(self._stream))
+            last = min(info.state.last_seq, stream_sequence + limits.JETSTREAM_LOG_REFUSAL_SCAN_MESSAGES_MAX - 1)
+            for message in await self._fetch(stream_sequence, last):
+                if int((message.headers or {}).get(HEADER_EPOCH, "0")) > self._epoch:
+                    return True
+            return info.state.last_seq > last
+        except (DurableDataLogError, ValueError):
+            return True
+
+    def _on_failure(self, write: _Write, error: BaseException | _Refusal, *, fenced: bool = False) -> None:
         if self._state is _State.CLOSED:
             failure: DurableDataLogError | ObjectClosedError = ObjectClosedError(
                 f"JetStream log {self._stream}: closed before stream sequence {write.stream_sequence} was acknowledged")
-        elif _is_wrong_last_sequence(error):
+        elif fenced:
             failure = DataLogFencedError(
                 f"JetStream log {self._stream}: epoch {self._epoch} was fenced by a newer owner "
                 f"(stream sequence {write.stream_sequence} refused: wrong last sequence)")
+        elif _is_wrong_last_sequence(error):
+            failure = WriteFailedError(
+                f"JetStream log {self._stream}: stream sequence {write.stream_sequence} was taken by an older "
+                f"owner's stale publish; epoch {self._epoch} cannot continue (not written)")
         else:
             failure = WriteFailedError(
                 f"JetStream log {self._stream}: stream sequence {write.stream_sequence} failed "
@@ -691,6 +761,7 @@ class JetStreamLog(DurableDataLog):
 
 
 def _is_wrong_last_sequence(error: BaseException | _Refusal | None) -> bool:
+    """Whether JetStream refused a publish because the stream's last message is not the one expected."""
     if isinstance(error, _Refusal):
         return error.error_code == WRONG_LAST_SEQUENCE_ERROR_CODE
     return isinstance(error, nats.js.errors.APIError) and error.err_code == WRONG_LAST_SEQUENCE_ERROR_CODE

@@ -209,11 +209,14 @@ class NatsCluster:
         """SIGKILL server ``index``: its unsynced state is gone, as in a power loss of that process."""
         self._end(index, signal.SIGKILL)
 
-    def restart(self, index: int) -> None:
-        """Start server ``index`` again (same ports, same store) and wait until the cluster is ready."""
-        if self.servers[index].running:
-            raise InvalidArgumentError(f"server {self.servers[index].name} is running")
-        self._launch(index)
+    def restart(self, *indexes: int) -> None:
+        """Start the stopped servers ``indexes`` again (same ports, same stores) and wait until the
+        cluster is ready (start two of three at once after losing the quorum: one alone cannot elect)."""
+        for index in indexes:
+            if self.servers[index].running:
+                raise InvalidArgumentError(f"server {self.servers[index].name} is running")
+        for index in indexes:
+            self._launch(index)
         self.wait_ready()
 
     def stop_all(self) -> None:
