@@ -665,7 +665,10 @@ class JetStreamLog(DurableDataLog):
             write = self._published[0]
             assert write.acknowledgement is not None
             try:
-                reply = await asyncio.wait_for(asyncio.shield(write.acknowledgement), self._ack_timeout_seconds)
+                if write.acknowledgement.done():  # the common case under load: no timer, no extra future
+                    reply = write.acknowledgement.result()
+                else:
+                    reply = await asyncio.wait_for(asyncio.shield(write.acknowledgement), self._ack_timeout_seconds)
             except asyncio.CancelledError:
                 raise
             except (nats.errors.Error, OSError, TimeoutError) as error:
