@@ -49,11 +49,12 @@ JETSTREAM_LOG_ACK_TIMEOUT_SECONDS: Final = 30.0
 #: One JetStream API request (stream info, create, message get, purge) and the connect timeout.
 JETSTREAM_LOG_REQUEST_TIMEOUT_SECONDS: Final = 10.0
 
-#: initialize() re-reads the stream and retries its epoch record this many times (after
-#: JETSTREAM_LOG_RETRY_PAUSE_SECONDS when JetStream failed) -- other new owners racing in, or a stream
-#: leader being elected after a server loss (a few seconds); more means two hosts fight over one
-#: container, which assignment must fix, or JetStream has no quorum.
-JETSTREAM_LOG_FENCE_ATTEMPTS_MAX: Final = 20
+#: initialize() re-reads the stream and retries its epoch record this many times, each after
+#: JETSTREAM_LOG_RETRY_PAUSE_SECONDS (about 20 s in all) -- other new owners racing in, a stream leader
+#: being elected after a server loss, or settling after its quorum came back (seen under load: its
+#: conditional publishes refused for a while); more means two hosts fight over one container, which
+#: assignment must fix, or JetStream has no quorum.
+JETSTREAM_LOG_FENCE_ATTEMPTS_MAX: Final = 40
 
 #: Creating (or finding) the stream fails until the cluster has a meta leader: retries, each after
 #: JETSTREAM_LOG_RETRY_PAUSE_SECONDS (so about 30 s in all, a generous bound for an election).

@@ -309,12 +309,15 @@ class JetStreamLog(DurableDataLog):
             await self._ensure_stream()
             for _attempt in range(limits.JETSTREAM_LOG_FENCE_ATTEMPTS_MAX):
                 try:
-                    if await self._fence_once():
+                    refusal = await self._fence_once()
+                    if refusal is None:
                         break
-                    last_error = "another owner wrote between the read and the epoch record"
+                    last_error = f"the epoch record was refused ({refusal}): another owner wrote in between"
                 except WriteFailedError as error:  # no stream leader yet, or an older owner purged meanwhile
                     last_error = str(error)
-                    await asyncio.sleep(limits.JETSTREAM_LOG_RETRY_PAUSE_SECONDS)
+                # A refusal can also come from a stream leader that has not settled after losing its
+                # quorum (its count of proposed messages ahead of what it stored): give it time.
+                await asyncio.sleep(limits.JETSTREAM_LOG_RETRY_PAUSE_SECONDS)
             else:
                 raise WriteFailedError(
                     f"JetStream log {self._stream}: no epoch record written in "
@@ -502,9 +505,9 @@ class JetStreamLog(DurableDataLog):
                 await asyncio.sleep(limits.JETSTREAM_LOG_RETRY_PAUSE_SECONDS)
         raise WriteFailedError(f"JetStream log {self._stream}: cannot create or find the stream: {last_error!r}")
 
-    async def _fence_once(self) -> bool:
-        """Read the stream, then publish the epoch record conditioned on its last sequence.  False if
-        another owner wrote in between (the caller tries again)."""
+    async def _fence_once(self) -> str | None:
+        """Read the stream, then publish the epoch record conditioned on its last sequence.  None once
+        written; JetStream's refusal if another owner wrote in between (the caller tries again)."""
         assert self._jetstream is not None
         info = await self._request(self._jetstream.stream_info(self._stream))
         first, last = info.state.first_seq, info.state.last_seq
@@ -522,7 +525,7 @@ class JetStreamLog(DurableDataLog):
                 self._subjects[_Kind.EPOCH], b"", timeout=self._request_timeout_seconds, headers=headers))
         except WriteFailedError as error:
             if _is_wrong_last_sequence(error.__cause__):
-                return False
+                return str(error.__cause__)
             raise
         self._epoch = epoch + 1
         self._last_stream_sequence = acknowledgement.seq
@@ -531,7 +534,7 @@ class JetStreamLog(DurableDataLog):
         self._truncated_through = truncated
         self._recovered = records
         self._stream_sequences = sequences
-        return True
+        return None
 
     async def _fetch(self, first: int, last: int) -> list[RawStreamMsg]:
         """Every message from stream sequence ``first`` to ``last``.  Purges leave holes (data purged
