@@ -65,6 +65,11 @@ JETSTREAM_LOG_RETRY_PAUSE_SECONDS: Final = 0.5
 #: every pending write fails): enough to reach each server of a cluster several times.
 JETSTREAM_LOG_RECONNECT_ATTEMPTS_MAX: Final = 10
 
+#: Between two connection attempts to the same server (nats-py's default is 2 s).  A lost server is
+#: replaced by another of the list at once; this only paces retries of the same one, so the whole
+#: budget (and the time a wrong address takes to fail at start-up) is about 5 s.
+JETSTREAM_LOG_RECONNECT_WAIT_SECONDS: Final = 0.5
+
 #: After a refused publish the log reads what others wrote in its place, to tell a newer owner
 #: (fenced) from an older owner's stale pipelined publishes (at most JETSTREAM_LOG_PUBLISHES_IN_FLIGHT_MAX
 #: per stale owner).  Beyond this many messages it concludes it was fenced.

@@ -445,6 +445,7 @@ class JetStreamLog(DurableDataLog):
                 self._servers,
                 connect_timeout=self._request_timeout_seconds,
                 max_reconnect_attempts=limits.JETSTREAM_LOG_RECONNECT_ATTEMPTS_MAX,
+                reconnect_time_wait=limits.JETSTREAM_LOG_RECONNECT_WAIT_SECONDS,
                 error_cb=on_error,
                 allow_reconnect=True,
             )
