@@ -29,6 +29,56 @@ DATA_LOG_IN_FLIGHT_BYTES_MAX: Final = 256 * MIB
 #: A FileLog ledger file rolls over at this size, so truncation can delete whole files.
 FILE_LOG_LEDGER_SIZE_BYTES_MAX: Final = 256 * MIB
 
+# --- Tier 1 on NATS JetStream (segmentstore/jetstream_log.py) --------------------------------------
+
+#: Bytes one container's JetStream stream may hold (the stream's max_bytes, discard-new).  Recovery
+#: loads everything above the truncation point into memory (read() is synchronous), so this bounds
+#: that; the DurableLog truncates after every metadata checkpoint (CHECKPOINT_FRAME_BYTES_MIN), far below.
+JETSTREAM_LOG_STREAM_BYTES_MAX: Final = 1024 * MIB
+
+#: Publishes of one log awaiting JetStream's acknowledgement.  Pipelining hides the quorum round trip;
+#: 64 full frames (64 MiB) already keep a three-server cluster busy, and a bounded window keeps the
+#: predicted-sequence pipeline short when one publish fails and all later ones must be refused.
+JETSTREAM_LOG_PUBLISHES_IN_FLIGHT_MAX: Final = 64
+
+#: Longest wait for one publish's acknowledgement before the write fails (outcome unknown) and the
+#: log closes.  A leader election after a server loss takes a few seconds; a quorum that stays lost
+#: must fail the container rather than hang it.
+JETSTREAM_LOG_ACK_TIMEOUT_SECONDS: Final = 30.0
+
+#: One JetStream API request (stream info, create, message get, purge) and the connect timeout.
+JETSTREAM_LOG_REQUEST_TIMEOUT_SECONDS: Final = 10.0
+
+#: initialize() re-reads the stream and retries its epoch record this many times, each after
+#: JETSTREAM_LOG_RETRY_PAUSE_SECONDS (about 20 s in all) -- other new owners racing in, a stream leader
+#: being elected after a server loss, or settling after its quorum came back (seen under load: its
+#: conditional publishes refused for a while); more means two hosts fight over one container, which
+#: assignment must fix, or JetStream has no quorum.
+JETSTREAM_LOG_FENCE_ATTEMPTS_MAX: Final = 40
+
+#: Creating (or finding) the stream fails until the cluster has a meta leader: retries, each after
+#: JETSTREAM_LOG_RETRY_PAUSE_SECONDS (so about 30 s in all, a generous bound for an election).
+JETSTREAM_LOG_STREAM_CREATE_ATTEMPTS_MAX: Final = 60
+JETSTREAM_LOG_RETRY_PAUSE_SECONDS: Final = 0.5
+
+#: Reconnects of a log's NATS connection after a server loss before the connection gives up (and
+#: every pending write fails): enough to reach each server of a cluster several times.
+JETSTREAM_LOG_RECONNECT_ATTEMPTS_MAX: Final = 10
+
+#: Between two connection attempts to the same server (nats-py's default is 2 s).  A lost server is
+#: replaced by another of the list at once; this only paces retries of the same one, so the whole
+#: budget (and the time a wrong address takes to fail at start-up) is about 5 s.
+JETSTREAM_LOG_RECONNECT_WAIT_SECONDS: Final = 0.5
+
+#: After a refused publish the log reads what others wrote in its place, to tell a newer owner
+#: (fenced) from an older owner's stale pipelined publishes (at most JETSTREAM_LOG_PUBLISHES_IN_FLIGHT_MAX
+#: per stale owner).  Beyond this many messages it concludes it was fenced.
+JETSTREAM_LOG_REFUSAL_SCAN_MESSAGES_MAX: Final = 256
+
+#: Room for one message's headers (about 200 bytes are used): the servers' max_payload must exceed
+#: the largest record by this much (NATS counts headers in max_payload).
+JETSTREAM_LOG_HEADER_BYTES_MAX: Final = 1 * KIB
+
 # --- Operations ------------------------------------------------------------------------------------
 
 #: One append's payload.  A client block of events travels as one append; the wire frame limit

@@ -13,6 +13,24 @@ Decisions the suite pins down for every implementation:
   synchronously); after that the instance is closed and ``append`` raises ``ObjectClosedError``.
 * ``close()`` completes what is already durable and fails the rest with ``ObjectClosedError``; a
   record failed that way was never written.
+
+The JetStream log (``JetStreamLog``) runs every test twice: on a lone NATS server (replicas 1) and on
+a three-server JetStream cluster (replicas 3, ``sync_interval: always``), each started once per
+session by ``millstream.testing.nats_cluster``; every test gets a stream of its own.  Two properties
+the suite checks by damaging the storage cannot be produced on JetStream, so those tests are skipped
+for it, each with the reason below -- the properties themselves are covered otherwise:
+
+* *A torn record at the tail is dropped and its sequence reissued* (``tear_tail``).  JetStream stores
+  a message whole or not at all: a publish is one protocol message the stream leader appends
+  atomically, and it is replicated as one raft entry, so no partial record can sit at a stream's
+  tail.  The JetStream counterpart of a torn tail is a publish that failed and never landed; that
+  its sequence is reissued to the next owner is checked in
+  ``tests/cluster/test_jetstream_log.py::test_losing_the_quorum_fails_appends_typed_and_never_acknowledges_them``.
+* *Damage in the middle of the log is corruption, named* (``corrupt``).  JetStream has no call that
+  changes a stored message, so a test cannot damage one in place (and the file store checks its own
+  per-message checksums, below the client).  The log's own end-to-end check -- a CRC32 header on every
+  data record, contiguous data sequences -- is tested by publishing a damaged record straight to the
+  stream: ``tests/cluster/test_jetstream_log.py::test_a_damaged_record_is_corruption_naming_where``.
 """
 
 from __future__ import annotations
@@ -20,6 +38,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import functools
+import itertools
 import json
 import random
 import struct
@@ -41,6 +60,8 @@ from millstream.errors import (
 )
 from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord
 from millstream.segmentstore.file_log import RECORD_HEADER_SIZE_BYTES, RECORD_MAGIC, FileLog
+from millstream.segmentstore.jetstream_log import JetStreamLog
+from millstream.testing.nats_cluster import NatsCluster
 from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedLogStorage
 
 # --- Harnesses -------------------------------------------------------------------------------------
@@ -124,9 +145,62 @@ class SimulatedLogHarness(LogHarness):
         return [f"sequence {address.sequence}"]
 
 
-@pytest.fixture(params=["file", "simulated"])
+#: Why the JetStream log cannot run the damage tests (see the module docstring for the evidence).
+JETSTREAM_CANNOT_TEAR = (
+    "JetStream cannot leave a torn record: a message is stored whole or not at all (one raft entry), so "
+    "'a torn tail is dropped' has no JetStream case; its counterpart, a failed publish whose sequence is "
+    "reissued, is tested in tests/cluster/test_jetstream_log.py"
+)
+JETSTREAM_CANNOT_CORRUPT = (
+    "JetStream offers no way to damage a stored message in place, so 'damage in the middle is corruption' "
+    "cannot be set up here; the log's CRC and sequence checks are tested by publishing a damaged record, "
+    "in tests/cluster/test_jetstream_log.py"
+)
+
+#: A stream of its own for each JetStream harness (container ids are the stream names' suffix).
+_JETSTREAM_CONTAINERS = itertools.count(1)
+
+
+class JetStreamLogHarness(LogHarness):
+    def __init__(self, cluster: NatsCluster) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.container_id = next(_JETSTREAM_CONTAINERS)
+
+    def _open(self) -> DurableDataLog:
+        return JetStreamLog(self.cluster.client_urls, self.container_id, cluster_name="conformance",
+                            replicas=self.cluster.size)
+
+    def tear_tail(self) -> None:
+        pytest.skip(JETSTREAM_CANNOT_TEAR)
+
+    def corrupt(self, address: LogAddress) -> list[str]:
+        pytest.skip(JETSTREAM_CANNOT_CORRUPT)
+
+
+@pytest.fixture(scope="module")
+def nats_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with NatsCluster(tmp_path_factory.mktemp("nats-single"), size=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def nats_replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with NatsCluster(tmp_path_factory.mktemp("nats-replicated"), size=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["file", "simulated", "jetstream", "jetstream-r3"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogHarness]:
-    chosen: LogHarness = FileLogHarness(tmp_path / "log") if request.param == "file" else SimulatedLogHarness()
+    chosen: LogHarness
+    if request.param == "file":
+        chosen = FileLogHarness(tmp_path / "log")
+    elif request.param == "simulated":
+        chosen = SimulatedLogHarness()
+    elif request.param == "jetstream":
+        chosen = JetStreamLogHarness(request.getfixturevalue("nats_single"))
+    else:
+        chosen = JetStreamLogHarness(request.getfixturevalue("nats_replicated"))
     yield chosen
     chosen.check_invariants()
 
