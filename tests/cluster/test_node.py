@@ -4,13 +4,14 @@ ZooKeeper's map gives it.  Two nodes on real ZooKeeper, FileLogs and one Tier-2 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from millstream.cluster import ClusterNode
-from millstream.errors import CoordinationUnavailableError
+from millstream.errors import CoordinationUnavailableError, SessionLostError
 from millstream.naming import container_of
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
@@ -20,7 +21,7 @@ from millstream.testing.zookeeper_server import ZooKeeperServer
 from millstream.wire import CreateSegment, SegmentCreated, WrongHost
 from tests.server.raw import RawClient
 
-from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
+from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, in_loop, wait_until
 
 CONTAINER_COUNT = 4
 
@@ -118,6 +119,35 @@ async def test_a_node_given_a_wrong_zookeeper_address_fails_to_start_and_leaves_
             await node.start()
         assert node.server.state is ServerState.STOPPED
         assert node.serving == frozenset()
+    finally:
+        await node.stop()
+        await storage.close()
+
+
+@in_loop
+async def test_a_node_cut_off_from_zookeeper_stops_serving_its_containers(
+        tmp_path: Path, zookeeper_own: ZooKeeperServer) -> None:
+    """ZooKeeper goes away: after a session timeout the node cannot know it still owns anything, so
+    its server answers WrongHost for every segment (rather than risk two owners)."""
+    storage = FileChunkStorage(tmp_path / "tier2")
+    node = ClusterNode(zookeeper_own.connect_string, cluster=cluster_name(), host_id="alone",
+                       open_log=_file_logs(tmp_path), chunk_storage=storage,
+                       config=ServerConfig(container_count=CONTAINER_COUNT),
+                       session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0)
+    try:
+        await node.start()
+        await wait_until(lambda: node.serving == set(range(CONTAINER_COUNT)), "the lone node to serve everything")
+        segment = _segment_in(0, "stream")
+        client = await RawClient.connect(node.server.port)
+        assert await client.request(CreateSegment(1, segment, "")) == SegmentCreated(1, segment)
+        await asyncio.to_thread(zookeeper_own.kill)
+        assert node.stopped is not None
+        cause = await asyncio.wait_for(node.stopped, WAIT_SECONDS)
+        assert isinstance(cause, SessionLostError)
+        await wait_until(lambda: node.serving == frozenset(), "the node to stop serving")
+        assert node.manager.serving == frozenset()
+        assert await client.request(CreateSegment(2, segment, "")) == WrongHost(2, segment, "")
+        await client.close()
     finally:
         await node.stop()
         await storage.close()
