@@ -43,3 +43,21 @@ def test_a_writer_whose_connection_is_lost_asks_again_where_the_segment_lives() 
             assert new.payloads("s") == [b"event %d" % index for index in range(10)]  # each once, in order
             assert old.payloads("s") == []
     run(scenario)
+
+
+def test_a_read_whose_host_went_away_asks_again_where_the_segment_lives() -> None:
+    async def scenario() -> None:
+        async with FakeServer() as new:
+            new.segments["s"] = FakeSegment(bytearray(b"on the new host"))
+            async with FakeServer() as old:
+                old.segments["s"] = FakeSegment(bytearray(b"on the old host"))
+                locator = MovingLocator(parse_uri(old.uri), parse_uri(new.uri))
+                client = AsyncClient(old.uri, config=fast_config(), locator=locator)
+                assert (await client.segments().read("s", 0)).data == b"on the old host"
+            # The old host is gone (its container moved): the next read finds the new one.
+            try:
+                assert (await client.segments().read("s", 0)).data == b"on the new host"
+                assert locator.forgotten >= 1
+            finally:
+                await client.close()
+    run(scenario)
