@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from millstream.client import AsyncClient, ClientConfig
+from millstream.client._controller import ControllerSegmentLocator
 from millstream.cluster import ClusterNode
 from millstream.errors import CoordinationUnavailableError, SessionLostError
 from millstream.naming import container_of
@@ -18,7 +20,7 @@ from millstream.segmentstore.file_chunk_storage import FileChunkStorage
 from millstream.segmentstore.file_log import FileLog
 from millstream.server import ServerConfig, ServerState
 from millstream.testing.zookeeper_server import ZooKeeperServer
-from millstream.wire import CreateSegment, SegmentCreated, WrongHost
+from millstream.wire import CreateSegment, SegmentCreated, WrongHost, codec
 from tests.server.raw import RawClient
 
 from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, in_loop, wait_until
@@ -50,8 +52,10 @@ async def test_two_nodes_share_the_containers_and_one_takes_all_when_the_other_s
              for host in ("a", "b")}
     a, b = nodes["a"], nodes["b"]
     try:
-        for node in (a, b):
-            await node.start()
+        # (b joins once a serves everything: see the next test's comment on a start still under way.)
+        await a.start()
+        await wait_until(lambda: a.serving == set(range(CONTAINER_COUNT)), "a serving every container")
+        await b.start()
         await wait_until(lambda: a.serving | b.serving == set(range(CONTAINER_COUNT))
                          and not a.serving & b.serving and len(a.serving) == len(b.serving) == 2,
                          "two nodes serving two containers each")
@@ -151,3 +155,70 @@ async def test_a_node_cut_off_from_zookeeper_stops_serving_its_containers(
     finally:
         await node.stop()
         await storage.close()
+
+
+class _ClusterAnswers:
+    """The one controller call the client's locator makes, answered from the cluster's map (what a
+    cluster controller will answer; the controller itself is not hosted by cluster nodes yet)."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.asked = 0
+
+    async def get_segment_uri(self, segment: str) -> str:
+        self.asked += 1
+        return await self.node.segment_uri(segment)
+
+
+@in_loop
+async def test_a_writer_and_a_reader_follow_a_container_that_moves(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    cluster = cluster_name()
+    storages = {host: FileChunkStorage(tmp_path / "tier2") for host in ("a", "b")}
+    nodes = {host: ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host,
+                               open_log=_file_logs(tmp_path), chunk_storage=storages[host],
+                               config=ServerConfig(container_count=CONTAINER_COUNT),
+                               session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0,
+                               host_options={"restart_delay_seconds": 0.01})
+             for host in ("a", "b")}
+    a, b = nodes["a"], nodes["b"]
+    try:
+        # b joins once a serves everything: a start still under way on a when the map moves that
+        # container to b can fence b's copy (see the branch report; a ContainerManager race).
+        await a.start()
+        await wait_until(lambda: a.serving == set(range(CONTAINER_COUNT)), "a serving every container")
+        await b.start()
+        await wait_until(lambda: len(a.serving) == len(b.serving) == CONTAINER_COUNT // 2
+                         and a.serving | b.serving == set(range(CONTAINER_COUNT)), "two balanced nodes")
+        segment = _segment_in(min(a.serving), "moving")  # on a, which will leave
+        answers = _ClusterAnswers(b)
+        locator = ControllerSegmentLocator(answers)  # type: ignore[arg-type]
+        async with AsyncClient(b.uri, config=ClientConfig(reconnect_budget_seconds=WAIT_SECONDS),
+                               locator=locator) as client:
+            await client.segments().create(segment)
+            writer = client.event_writer([segment])
+            for index in range(100):
+                await writer.write_event(b"event %d" % index)
+            await writer.flush()
+            assert (await client.segments().read(segment, 0)).data.startswith(codec.encode_event(b"event 0"))
+            # a leaves while the writer carries on: its container moves to b.
+            stopping = asyncio.ensure_future(a.stop())
+            for index in range(100, 200):
+                await writer.write_event(b"event %d" % index)
+            await stopping
+            await writer.flush()
+            await writer.close()
+            await wait_until(lambda: b.serving == set(range(CONTAINER_COUNT)), "b serving every container")
+            data = b""
+            while True:
+                result = await client.segments().read(segment, len(data))
+                data += result.data
+                if result.end_of_segment or not result.data:
+                    break
+        assert list(codec.iter_events(data)) == [b"event %d" % index for index in range(200)]  # once each, in order
+        assert answers.asked >= 2  # asked again after the move
+    finally:
+        for node in (a, b):
+            await node.stop()
+        for storage in storages.values():
+            await storage.close()
