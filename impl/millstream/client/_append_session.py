@@ -32,7 +32,7 @@ from millstream.client._config import ClientConfig
 from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._replies import error_of_reply
-from millstream.errors import MillstreamError, ProtocolError, RetryableError, WrongHostError
+from millstream.errors import MillstreamError, ProtocolError, RetryableError
 from millstream.wire.commands import Command, SetupAppend
 
 __all__ = ["AppendSession"]
@@ -174,8 +174,10 @@ class AppendSession:
                 if not isinstance(reason, self._RETRYABLE):
                     await self._ended_for_good(reason)
                     return
-                if isinstance(reason, WrongHostError):
-                    self._locator.forget(self.segment)
+                # Where the segment lives may have changed whatever ended the session -- WrongHost, or a
+                # lost connection (its host died, or its container moved in a cluster): ask again.  (One
+                # controller request per reconnect at most, and reconnects back off.)
+                self._locator.forget(self.segment)
                 if self._progress() > progress_before or self._useful:
                     outage.ended()  # that session did useful work: a failure now starts a new outage
                 delay = outage.failed()

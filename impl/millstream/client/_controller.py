@@ -19,7 +19,7 @@ it by asking for the transaction's status).
 
 ``ControllerSegmentLocator`` is the ``SegmentLocator`` the stream layer uses: it asks the controller
 where a segment is served (``get_segment_uri``), remembers the answer, and forgets it after a
-``WrongHost`` reply.
+``WrongHost`` reply or a lost connection (the host died, or the segment's container moved).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class SegmentLocator(Protocol):
         ...
 
     def forget(self, segment: str) -> None:
-        """A server answered ``WrongHost`` for ``segment``: do not trust the cached answer any more."""
+        """A server answered ``WrongHost`` for ``segment``, or a writer's connection to it was lost: do
+        not trust the cached answer any more."""
         ...
 
 

@@ -29,6 +29,7 @@ from millstream.client._connection import Connection
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._replies import expect
 from millstream.errors import (
+    ConnectionLostError,
     ContainerUnavailableError,
     InvalidArgumentError,
     PayloadTooLargeError,
@@ -155,8 +156,14 @@ class AsyncSegments:
         async def once() -> _Reply:
             # An idempotent request is retried as a whole (below); any other retries only connecting.
             endpoint = await self._locator.endpoint_for(segment)
-            connection = await (self._pool.acquire(endpoint) if idempotent else self._pool.acquire_with_retry(endpoint))
-            reply = await connection.request(build, what=what, wait_seconds=wait_seconds)
+            try:
+                connection = await (self._pool.acquire(endpoint) if idempotent
+                                    else self._pool.acquire_with_retry(endpoint))
+                reply = await connection.request(build, what=what, wait_seconds=wait_seconds)
+            except ConnectionLostError:
+                # Its host died or its container moved (in a cluster): ask again where it lives.
+                self._locator.forget(segment)
+                raise
             try:
                 return expect(reply, kind)
             except WrongHostError:

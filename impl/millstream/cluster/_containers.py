@@ -58,6 +58,8 @@ class ContainerManager:
         *,
         chunk_storage: ChunkStorage | None = None,
         host_options: Mapping[str, Any] | None = None,
+        on_serving: Callable[[int, ContainerHost], None] | None = None,
+        on_leaving: Callable[[int], None] | None = None,
     ) -> None:
         if not isinstance(host_id, str) or not host_id:
             raise InvalidArgumentError(f"host_id must be a non-empty string, not {host_id!r}")
@@ -65,6 +67,11 @@ class ContainerManager:
         self._open_log = open_log
         self._chunk_storage = chunk_storage
         self._host_options = dict(host_options or {})
+        #: Told (on the loop; must not raise) when a container has started here and serves, and when
+        #: one leaves -- before it is stopped, so whoever routes requests (the node's server) stops
+        #: handing it new ones first.
+        self._on_serving = on_serving
+        self._on_leaving = on_leaving
         self._assignment = Assignment()
         self._suspended = False
         self._lost = False
@@ -166,6 +173,8 @@ class ContainerManager:
         for container_id, host in list(self.hosts.items()):
             if host.stopped.done():
                 del self.hosts[container_id]
+                if self._on_leaving is not None:
+                    self._on_leaving(container_id)
                 self._given_up[container_id] = self._assignment.version
                 self.history.append(("stop", container_id))
         wanted = self._wanted()
@@ -195,6 +204,8 @@ class ContainerManager:
             return
         self.hosts[container_id] = host
         self.history.append(("start", container_id))
+        if self._on_serving is not None:
+            self._on_serving(container_id, host)
         host.stopped.add_done_callback(lambda _: self._poke())
         log.info("host %s serves container %d (map version %d)", self.host_id, container_id, version)
 
@@ -202,6 +213,8 @@ class ContainerManager:
         host = self.hosts.pop(container_id, None)
         if host is None:
             return
+        if self._on_leaving is not None:
+            self._on_leaving(container_id)
         try:
             await host.stop()
         except Exception as error:  # it is stopping for good either way; say so and carry on with the rest

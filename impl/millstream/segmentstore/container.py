@@ -237,9 +237,11 @@ class SegmentContainer:
                 self.stopped.set_result(cause)
 
     async def stop(self) -> None:
-        """Stop taking operations, finish (bounded) what is in flight, release the log."""
+        """Stop taking operations, finish (bounded) what is in flight, release the log.  Reads waiting
+        at a tail raise ``ContainerUnavailableError`` at once (their clients go to the next owner)."""
         if self._state is ContainerState.RUNNING:
             self._transition("stop")
+        self._read_index.close(ContainerUnavailableError(f"container {self.container_id} stopped"))
         if self._storage_writer is not None:
             await self._storage_writer.close()
         if self._started:

@@ -251,6 +251,16 @@ class ReadIndex:
         self._catch_up_bytes_max = catch_up_cache_bytes_max
         #: Reads served from Tier 2 (block fetches), for tests and benchmarks.
         self.tier_two_reads = 0
+        #: Set by ``close``: what every read waiting at a tail, and every later wait, raises.
+        self._closed: BaseException | None = None
+
+    def close(self, error: BaseException) -> None:
+        """The container stops: wake every read waiting at a tail and make it raise ``error`` (the
+        container's retryable ``ContainerUnavailableError``) at once instead of holding its request
+        for the rest of its wait -- its client goes to the container's next owner."""
+        self._closed = error
+        for index in self._segments.values():
+            index._wake()
 
     def attach_tier_two(self, tier_two: TierTwo) -> None:
         self._tier_two = tier_two
@@ -332,6 +342,8 @@ class ReadIndex:
                     index = self._checked(segment_id, offset)
                 at_tail = offset + len(data) == index.length
                 return ReadResult(offset, data, at_tail, at_tail and index.sealed)
+            if self._closed is not None:
+                raise self._closed
             waiter = index.add_waiter()
             try:
                 await _wait_with_timeout(self._clock, waiter, remaining)

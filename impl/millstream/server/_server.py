@@ -69,6 +69,11 @@ class SegmentStoreServer:
     ``SegmentContainer`` (e.g. ``frame_bytes_max``).  The server does not close ``chunk_storage``:
     its creator does, after ``stop``.
 
+    With ``attached_containers=True`` (a node of a cluster) the server starts no container itself:
+    whoever decides what it serves (``millstream.cluster``'s node) hands it each running
+    ``ContainerHost`` with ``attach_container`` and takes it back with ``detach_container``; every
+    segment of a container not attached at that moment is answered ``WrongHost``.
+
     Use ``async with`` or ``start``/``stop``; everything runs on the loop that called ``start``."""
 
     def __init__(
@@ -83,6 +88,7 @@ class SegmentStoreServer:
         clock: Clock | None = None,
         wall_clock: Callable[[], float] = time.time,
         container_options: Mapping[str, Any] | None = None,
+        attached_containers: bool = False,
     ) -> None:
         if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
             raise InvalidArgumentError(f"ssl_context must be an ssl.SSLContext, not {type(ssl_context).__name__}")
@@ -110,6 +116,8 @@ class SegmentStoreServer:
         self._ssl_context = ssl_context
         self._container_options = dict(container_options or {})
         self._hosts: dict[int, ContainerHost] = {}
+        #: True: containers come and go at run time (``attach_container``); the server starts none.
+        self.attached_containers = attached_containers
         self._listener: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self._connection_tasks: set[asyncio.Task[None]] = set()
@@ -181,7 +189,7 @@ class SegmentStoreServer:
             raise InternalError(f"a server starts once (it is {self._state.value})")
         self._transition("start")
         try:
-            for container_id in sorted(self.config.containers):
+            for container_id in (() if self.attached_containers else sorted(self.config.containers)):
                 host = ContainerHost(container_id, self._opener(container_id), chunk_storage=self._chunk_storage,
                                      storage_settings=self._storage_settings, clock=self.clock,
                                      **self._container_options)
@@ -201,7 +209,8 @@ class SegmentStoreServer:
                                                                name="millstream-transient-sweep")
         self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping(), name="millstream-housekeeping")
         log.info("segment store listening on %s (containers %s of %d)", self.uri,
-                 sorted(self.config.containers), self.config.container_count)
+                 "attached at run time" if self.attached_containers else sorted(self.config.containers),
+                 self.config.container_count)
 
     def _opener(self, container_id: int) -> Callable[[], DurableDataLog]:
         return lambda: self._open_log(container_id)
@@ -253,6 +262,8 @@ class SegmentStoreServer:
 
     async def _stop_hosts(self) -> None:
         hosts, self._hosts = self._hosts, {}
+        if self.attached_containers:
+            return  # (attached hosts belong to whoever attached them: it stops them)
         for host in hosts.values():
             try:
                 await host.stop()
@@ -304,6 +315,40 @@ class SegmentStoreServer:
             return self._hosts[container_id]
         except KeyError:
             raise WrongHostError(f"container {container_id} is not hosted here") from None
+
+    @property
+    def serving(self) -> frozenset[int]:
+        """The containers attached (or started) here at this moment."""
+        return frozenset(self._hosts)
+
+    def attach_container(self, container_id: int, host: ContainerHost) -> None:
+        """Serve container ``container_id`` through ``host`` (started by the caller) from now on.
+        Only for a server built with ``attached_containers=True``; raises ``InvalidArgumentError`` for
+        an id outside ``range(container_count)``, one attached already or a host of another id, and
+        ``ObjectClosedError`` once the server stops (the caller keeps and stops the host)."""
+        if not self.attached_containers:
+            raise InvalidArgumentError("this server starts its own containers (attached_containers=False)")
+        if isinstance(container_id, bool) or not isinstance(container_id, int) \
+                or not 0 <= container_id < self.config.container_count:
+            raise InvalidArgumentError(f"container_id must lie in range({self.config.container_count}), "
+                                       f"not {container_id!r}")
+        if host.container_id != container_id:
+            raise InvalidArgumentError(f"the host is container {host.container_id}'s, not {container_id}'s")
+        if container_id in self._hosts:
+            raise InvalidArgumentError(f"container {container_id} is attached already")
+        if self._state in (ServerState.STOPPING, ServerState.STOPPED):
+            raise ObjectClosedError("the server is stopping")
+        self._hosts[container_id] = host
+
+    def detach_container(self, container_id: int) -> ContainerHost | None:
+        """Stop serving container ``container_id``: new requests for its segments are answered
+        ``WrongHost`` from now on; requests already handed to the container finish or fail as the
+        container does when its owner stops it (``ContainerUnavailableError``, retryable).  Returns its
+        host (None if it was not attached); the caller stops it.  The server never stops a detached
+        host itself."""
+        if not self.attached_containers:
+            raise InvalidArgumentError("this server starts its own containers (attached_containers=False)")
+        return self._hosts.pop(container_id, None)
 
     def container_for(self, segment: str) -> SegmentContainer:
         """The running container that owns ``segment``.  Raises ``WrongHostError`` if this server
