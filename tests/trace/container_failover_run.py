@@ -80,7 +80,7 @@ NEVER = 1 << 40
 SETTINGS = StorageSettings(flush_bytes_min=NEVER, flush_bytes_max=NEVER, flush_age_seconds=1e9,
                            unflushed_bytes_max=NEVER)
 #: Event-loop turns given to background work (recovery's reconciliation, a failing log's close)
-#: after each step: all of it is in memory, so it settles within a few turns; checked by ``settled``.
+#: after each step: all of it is in memory, so it settles within a few turns; ``settle`` checks it did.
 SETTLE_TURNS = 50
 _EPOCH = re.compile(r"\.e(\d+)\.\d+$")
 _CHUNK_ORDER = re.compile(r"/(\d+)\.e(\d+)\.(\d+)$")
@@ -204,12 +204,15 @@ class FailoverRun:
         return [slot for slot, owner in self.owners.items() if owner is not None and owner.epoch < self.log.epoch]
 
     async def settle(self) -> None:
+        """Let background work run to rest: every serving owner's StorageWriter parked (asleep on the
+        manual clock, which only the run could move) and none stopped."""
         for _ in range(SETTLE_TURNS):
             await asyncio.sleep(0)
         for owner in self.owners.values():
             if owner is not None:
                 task = owner.writer.stopped
                 assert task is not None and not task.done(), "a serving owner's StorageWriter stopped"
+        assert self.clock.sleeping == len(self.serving()), "background work did not come to rest"
 
     async def start(self, slot: int) -> bool:
         container = SegmentContainer(CONTAINER_ID, SimulatedDurableDataLog(self.log), clock=self.clock,
@@ -235,6 +238,7 @@ class FailoverRun:
     def down(self, slot: int) -> None:
         owner = self.owners[slot]
         assert owner is not None
+        owner.container.kill()  # (a failed container's StorageWriter runs until its host stops it)
         self.dead.append(owner.container)
         self.owners[slot] = None
 
