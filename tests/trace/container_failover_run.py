@@ -357,11 +357,11 @@ async def read_all(container: SegmentContainer) -> bytes:
     return b"".join(parts)
 
 
-def record_runs(seeds: range, steps: int) -> list[list[TraceEvent]]:
-    """The traces of runs ``seeds``, ``steps`` random steps each."""
-    traces = []
+def record_runs(seeds: range, steps: int) -> list[FailoverRun]:
+    """Runs ``seeds``, ``steps`` random steps each, done (``trace`` holds each one's record)."""
+    runs = []
     for seed in seeds:
         run = FailoverRun(seed, steps)
         asyncio.run(run.run())
-        traces.append(run.trace)
-    return traces
+        runs.append(run)
+    return runs

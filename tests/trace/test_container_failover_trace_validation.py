@@ -14,7 +14,6 @@ Default profile: 30 runs of 60 steps (over a thousand recorded spec steps beside
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import shutil
@@ -84,7 +83,12 @@ def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
 
 
 def test_container_failover_runs_are_accepted(tmp_path: Path) -> None:
-    runs = driver.record_runs(range(RUNS), STEPS)
+    done = driver.record_runs(range(RUNS), STEPS)
+    assert not any(run.refused for run in done), "a recovery refused what the tiers held"
+    assert any(run.adopted for run in done), "no new owner adopted an earlier owner's write whole"
+    cut = sum(1 for run in done if run.cut is not None)
+    assert cut < RUNS // 2, f"{cut} of {RUNS} runs ended early at a partial adoption"
+    runs = [run.trace for run in done]
     steps = sum(1 for run in runs for event in run if event.action != "Observe")
     assert steps >= (10_000 if DEEP else 1_000), f"only {steps} recorded steps besides the observations"
     assert {event.action for run in runs for event in run} >= ACTIONS
@@ -101,9 +105,7 @@ def test_truncating_before_the_flush_is_rejected(tmp_path: Path, monkeypatch: py
     StorageWriter truncates the log at a checkpoint whether or not the bytes before it are in Tier 2.
     TLC refuses the run at that truncation (the spec's Truncate needs the checkpoint's length flushed)."""
     monkeypatch.setattr(StorageWriter, "_eligible", lambda self, candidate: True)
-    for seed in range(RUNS):
-        run = driver.FailoverRun(seed, STEPS)
-        asyncio.run(run.run())
+    for run in driver.record_runs(range(RUNS), STEPS):
         truncations = [index for index, event in enumerate(run.trace) if event.action == "Truncate"]
         if not truncations:
             continue
