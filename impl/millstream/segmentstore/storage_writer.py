@@ -70,6 +70,7 @@ from millstream.segmentstore.operations import (
     StreamSegmentTruncateOperation,
 )
 from millstream.segmentstore.read_index import ReadIndex, TierTwo
+from millstream.segmentstore.tracing import Tracer
 from millstream.tasks import cancel_and_wait
 
 __all__ = ["StorageWriter", "chunk_name"]
@@ -148,6 +149,8 @@ class StorageWriter(TierTwo):
         self.log_truncations = 0
         self.deleted_chunks = 0
         self.storage_failures = 0
+        #: Reports ``spec/ContainerFailover.tla``'s steps as they happen (tests; see ``tracing.py``).
+        self.tracer: Tracer | None = None
 
     @property
     def oldest_unflushed_since(self) -> float | None:
@@ -183,6 +186,9 @@ class StorageWriter(TierTwo):
 
     def on_committed(self, operations: list[Operation]) -> None:
         """Account for committed operations (called by the container, in order, during recovery too)."""
+        if self.tracer is not None and self._task is not None:  # (replayed ones are not new steps)
+            for operation in operations:
+                self.tracer("Committed", operation=operation)
         for operation in operations:
             if type(operation) is StreamSegmentAppendOperation:
                 size = len(operation.data)
@@ -410,6 +416,8 @@ class StorageWriter(TierTwo):
         self._open_chunks.pop(segment_id, None)  # until the write is known to have landed whole
         try:
             await self._storage.write(chunk, chunk_offset, data)
+            if self.tracer is not None:
+                self.tracer("WriteChunk", segment_id=segment_id, chunk=chunk, offset=start, data=data)
             self._open_chunks[segment_id] = (chunk, chunk_offset + len(data), stop)
             await self._record(StorageFlushOperation(segment_id, start, len(data), chunk, chunk_offset))
             self.flushed_bytes += len(data)
@@ -518,6 +526,8 @@ class StorageWriter(TierTwo):
         assert address is not None
         await self._truncate_log(address)
         self.log_truncations += 1
+        if self.tracer is not None:
+            self.tracer("Truncate", checkpoint=chosen.checkpoint)
 
     async def _collect_garbage(self) -> None:
         """Delete this container's chunks that no span references, of this owner's epoch or older."""

@@ -18,6 +18,16 @@ instruction; ``DurableLog`` passes it to its tracer.  A tracer is any callable
 ``Recover``     ``frames`` -- recovery replayed the log (``frames`` records read)
 ==============  =========================================================================
 
+The ``StorageWriter``'s ``tracer`` attribute (None unless a test sets it) reports the steps of
+``spec/ContainerFailover.tla`` it takes, once it runs (not what recovery replays):
+
+==============  =========================================================================
+``Committed``   ``operation`` -- an operation committed (one call per operation, in log order)
+``WriteChunk``  ``segment_id``, ``chunk``, ``offset`` (segment offset), ``data`` -- a flush's
+                bytes landed in Tier 2 (its record is not committed yet)
+``Truncate``    ``checkpoint`` -- the log was truncated below this checkpoint
+==============  =========================================================================
+
 Tests record traces to drive the model in lockstep and to check the implementation against the
 spec with TLC (``tests/trace``).  In production the tracer is None and costs one comparison.
 """
