@@ -21,6 +21,10 @@ TARGETS = {
     # Codec, event framing, key ranges, leases, batching, attribute updates (issue 24 item 3): most are
     # loop-free integer code that CrossHair exhausts in seconds; the rest get a bounded search.
     "proofs.contracts_pure": ["--per_condition_timeout", "30" if DEEP else "4"],
+    # Writer event headers, blocks, a new stream's key ranges, Spark offsets, the transaction pinger.
+    "proofs.contracts_streams": ["--per_condition_timeout", "30" if DEEP else "4"],
+    # The codec's bool fields, frame length limit and header rejection; configuration ints.
+    "proofs.contracts_wire": ["--per_condition_timeout", "30" if DEEP else "4"],
     "millstream.segmentstore.throttler": ["--per_condition_timeout", "60" if DEEP else "10"],
     # The container map (issue 23): balanced onto the live hosts, for small counts (a seeded
     # off-by-one in the quotas is found in seconds).
