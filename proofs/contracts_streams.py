@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from crosshair import deep_realize
 
+from millstream.client._routing import KeySpaceRouter
 from millstream.client._segment_writer_state import _event_header
 from millstream.client._transactions import ping_interval_seconds
 from millstream.controller._epochs import check_cover, initial_epoch, split_range
@@ -20,7 +21,7 @@ from millstream.wire.codec import count_events, encode_event
 
 __all__ = [
     "cover_with_a_gap", "first_epoch", "header_of_writer_event", "ping_interval", "spark_offset_round_trip",
-    "truncated_block_rejected",
+    "static_router_owner", "truncated_block_rejected",
 ]
 
 
@@ -91,3 +92,15 @@ def ping_interval(lease_seconds: int) -> float:
     post: 3 * __return__ <= lease_seconds
     """
     return ping_interval_seconds(lease_seconds)
+
+
+def static_router_owner(count: int, numerator: int, denominator: int) -> int:
+    """With ``count`` segments in equal slices, the point numerator/denominator goes to the segment
+    whose slice [i/count, (i+1)/count) holds it.
+
+    pre: 1 <= count <= 4
+    pre: 0 <= numerator < denominator <= 16
+    post: __return__ * denominator <= numerator * count < (__return__ + 1) * denominator
+    """
+    names = [f"scope/stream/{index}" for index in range(count)]
+    return names.index(KeySpaceRouter(names).segment_for_fraction(numerator / denominator))

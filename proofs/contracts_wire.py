@@ -26,7 +26,10 @@ from millstream.wire.codec import (
     _reject_header,
 )
 
-__all__ = ["bool_field", "checked_int", "frame_length_limit", "header_rejection"]
+__all__ = [
+    "bool_field", "checked_int", "checked_int_accepted", "frame_length_accepted", "frame_length_limit",
+    "header_rejection",
+]
 
 _KNOWN_TYPE_CODE = min(_DECODERS)
 
@@ -83,3 +86,22 @@ def checked_int(value: int, low: int, high: int) -> int | None:
         return _int(value, "a value", low=low, high=high)
     except InvalidArgumentError:
         return None
+
+
+def frame_length_accepted(length: int) -> int:
+    """An encoded command up to the frame limit keeps its length (the accepting path alone, which
+    CrossHair exhausts: the refusing path formats its message, which makes the length concrete).
+
+    pre: 0 <= length <= FRAME_BYTES_MAX
+    post: __return__ == length
+    """
+    return _frame_length(cast(Any, None), length)
+
+
+def checked_int_accepted(value: int, low: int, high: int) -> int:
+    """A configuration int in [low, high] is accepted unchanged (the accepting path alone).
+
+    pre: low <= value <= high
+    post: __return__ == value
+    """
+    return _int(value, "a value", low=low, high=high)
