@@ -35,12 +35,12 @@ from millstream.wire.codec import (
 )
 
 __all__ = [
-    "accumulate_adds", "accumulate_refuses_overflow", "batching_delay_never_grows_with_fill", "cover_of_split",
-    "disjoint_versions_rejected",
+    "accumulate_adds", "accumulate_refuses_overflow", "accumulate_twice_sees_first",
+    "batching_delay_never_grows_with_fill", "cover_of_split", "disjoint_versions_rejected",
     "event_framing_round_trip", "key_union_of_ranges", "lease_deadline_bounds", "negotiated_version",
-    "none_sets_only_absent", "offsets_round_trip", "overlap_of_ranges", "replace_if_equals_compares",
-    "replace_if_greater_only_raises", "routing_fraction_in_key_space", "split_of_range",
-    "unordered_offsets_rejected",
+    "none_sets_only_absent", "offsets_round_trip", "overlap_of_ranges", "replace_if_equals_accepts",
+    "replace_if_equals_compares", "replace_if_greater_accepts", "replace_if_greater_only_raises", "replace_sets",
+    "routing_fraction_in_key_space", "split_of_range", "unordered_offsets_rejected",
 ]
 
 
@@ -258,3 +258,46 @@ def accumulate_refuses_overflow(current: int, value: int) -> int | None:
     post: __return__ is None or __return__ == current + value
     """
     return _one_update(current, AttributeUpdateType.ACCUMULATE, value, 0)
+
+
+# The accepting paths alone: no refusal formats a message there, so CrossHair can exhaust them.
+
+
+def replace_sets(current: int, value: int) -> int:
+    """REPLACE sets the value whatever the attribute holds.
+
+    pre: -8 <= current <= 8 and -8 <= value <= 8
+    post: __return__ == value
+    """
+    return attribute_update_values(lambda _key: current, [AttributeUpdate(7, AttributeUpdateType.REPLACE, value, 0)])[7]
+
+
+def replace_if_greater_accepts(current: int, value: int) -> int:
+    """REPLACE_IF_GREATER with a value above the current one sets it.
+
+    pre: -8 <= current < value <= 8
+    post: __return__ == value
+    """
+    update = AttributeUpdate(7, AttributeUpdateType.REPLACE_IF_GREATER, value, 0)
+    return attribute_update_values(lambda _key: current, [update])[7]
+
+
+def replace_if_equals_accepts(current: int, value: int) -> int:
+    """REPLACE_IF_EQUALS whose comparison value is the current one sets the new value.
+
+    pre: -8 <= current <= 8 and -8 <= value <= 8
+    post: __return__ == value
+    """
+    update = AttributeUpdate(7, AttributeUpdateType.REPLACE_IF_EQUALS, value, current)
+    return attribute_update_values(lambda _key: current, [update])[7]
+
+
+def accumulate_twice_sees_first(current: int, first: int, second: int) -> int:
+    """Updates apply in order, each seeing those before it: two ACCUMULATEs add both values.
+
+    pre: -8 <= current <= 8 and -8 <= first <= 8 and -8 <= second <= 8
+    post: __return__ == current + first + second
+    """
+    updates = [AttributeUpdate(7, AttributeUpdateType.ACCUMULATE, first, 0),
+               AttributeUpdate(7, AttributeUpdateType.ACCUMULATE, second, 0)]
+    return attribute_update_values(lambda _key: current, updates)[7]

@@ -33,6 +33,11 @@ contracts_pure.replace_if_equals_compares             compares the new value, no
 contracts_pure.none_sets_only_absent                  NONE's presence test inverted
 contracts_pure.accumulate_adds                        absent attribute not counted as 0
 contracts_pure.accumulate_refuses_overflow            overflow bound off by one
+contracts_pure.replace_sets                           REPLACE keeps the old value
+contracts_pure.replace_if_greater_accepts             refuses a value one above (``old + 1``)
+contracts_pure.replace_if_equals_accepts              compares the new value, not the comparison
+contracts_pure.accumulate_twice_sees_first            each update reads the stored value, not the
+                                                      one the updates before it produced
 contracts_streams.header_of_writer_event              header fields swapped
 contracts_streams.truncated_block_rejected            event end check admits one byte short
 contracts_streams.first_epoch                         one segment short
