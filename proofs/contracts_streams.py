@@ -73,15 +73,17 @@ def cover_with_a_gap(parts: int, missing: int) -> bool:
     return check_cover(pieces[:missing] + pieces[missing + 1:])
 
 
-def spark_offset_round_trip(positions: dict[int, int]) -> StreamCut:
-    """A stream cut written as a Spark offset (JSON) reads back as the same cut.
+def spark_offset_round_trip(positions: dict[int, int]) -> tuple[str, dict[int, int]]:
+    """A stream cut written as a Spark offset (JSON) reads back as the same cut (its stream and
+    positions, returned as plain values for CrossHair to report).
 
     pre: 1 <= len(positions) <= 3
     pre: all(0 <= k < 2**40 and 0 <= v < 2**40 for k, v in positions.items())
-    post: __return__ == StreamCut("scope/stream", positions)
+    post: __return__ == ("scope/stream", positions)
     """
     cut = StreamCut("scope/stream", deep_realize(positions))
-    return cut_of(offset_json(offset_of(cut)), "scope/stream")
+    read = cut_of(offset_json(offset_of(cut)), "scope/stream")
+    return read.stream, dict(read.positions)
 
 
 def ping_interval(lease_seconds: int) -> float:
