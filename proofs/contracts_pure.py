@@ -15,7 +15,12 @@ from crosshair import deep_realize
 from millstream.client._routing import routing_key_fraction
 from millstream.controller._epochs import check_cover, key_union, overlaps, split_range
 from millstream.controller._transactions import _max_execution_seconds, lease_deadline  # noqa: F401 (conditions)
-from millstream.errors import BadAttributeUpdateError, IncompatibleVersionError, MalformedFrameError
+from millstream.errors import (
+    BadAttributeUpdateError,
+    IncompatibleVersionError,
+    InvalidArgumentError,
+    MalformedFrameError,
+)
 from millstream.model.types import (  # INT64_*: named by the conditions in docstrings
     INT64_MAX,  # noqa: F401
     INT64_MIN,  # noqa: F401
@@ -37,10 +42,11 @@ from millstream.wire.codec import (
 __all__ = [
     "accumulate_adds", "accumulate_refuses_overflow", "accumulate_twice_sees_first",
     "batching_delay_never_grows_with_fill", "cover_of_split", "disjoint_versions_rejected",
-    "event_framing_round_trip", "key_union_of_ranges", "lease_deadline_bounds", "negotiated_version",
-    "none_sets_only_absent", "offsets_round_trip", "overlap_of_ranges", "replace_if_equals_accepts",
-    "replace_if_equals_compares", "replace_if_greater_accepts", "replace_if_greater_only_raises", "replace_sets",
-    "routing_fraction_in_key_space", "split_of_range", "unordered_offsets_rejected",
+    "empty_own_range_is_the_callers_fault", "event_framing_round_trip", "key_union_of_ranges",
+    "lease_deadline_bounds", "negotiated_version", "none_sets_only_absent", "offsets_round_trip", "overlap_of_ranges",
+    "overlapping_ranges_rejected", "replace_if_equals_accepts", "replace_if_equals_compares",
+    "replace_if_greater_accepts", "replace_if_greater_only_raises", "replace_sets", "routing_fraction_in_key_space",
+    "split_of_range", "unordered_offsets_rejected",
 ]
 
 
@@ -301,3 +307,30 @@ def accumulate_twice_sees_first(current: int, first: int, second: int) -> int:
     updates = [AttributeUpdate(7, AttributeUpdateType.ACCUMULATE, first, 0),
                AttributeUpdate(7, AttributeUpdateType.ACCUMULATE, second, 0)]
     return attribute_update_values(lambda _key: current, updates)[7]
+
+
+def empty_own_range_is_the_callers_fault(ours_high: int, ours_low: int, theirs_high: int, theirs_low: int) -> str:
+    """An empty range of our own is the caller's bug (InvalidArgumentError), never blamed on the peer.
+
+    pre: ours_low > ours_high
+    post: __return__ == "InvalidArgumentError"
+    """
+    try:
+        negotiate(ours_high, ours_low, theirs_high, theirs_low)
+    except (InvalidArgumentError, IncompatibleVersionError) as error:
+        return type(error).__name__
+    return "accepted"
+
+
+def overlapping_ranges_rejected(a_start: int, a_end: int, b_start: int, b_end: int) -> bool:
+    """The union of two overlapping key ranges is refused (a scale may never give a key two owners).
+
+    pre: a_start < a_end and b_start < b_end
+    pre: max(a_start, b_start) < min(a_end, b_end)
+    post: __return__
+    """
+    try:
+        key_union([(a_start, a_end), (b_start, b_end)])
+    except InvalidArgumentError:
+        return True
+    return False

@@ -17,6 +17,8 @@ throttler.batching_delay_seconds                      (its own docstring, 3 post
 cluster._assignment (container map)                   off-by-one in the quotas
 contracts_pure.negotiated_version                     ``max`` of the highs; the oldest common version
 contracts_pure.disjoint_versions_rejected             overlap test off by one (``- 1``)
+contracts_pure.empty_own_range_is_the_callers_fault   our empty range not checked (blamed on the peer)
+contracts_pure.overlapping_ranges_rejected            overlap test off by one (``- 1``)
 contracts_pure.offsets_round_trip                     offsets encoded little-endian
 contracts_pure.unordered_offsets_rejected             decoder accepts equal offsets (``<`` for ``<=``)
 contracts_pure.event_framing_round_trip               payload's last byte dropped; count misses a
