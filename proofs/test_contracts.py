@@ -5,6 +5,12 @@ prints "Confirmed over all paths." for each such postcondition: CrossHair exhaus
 helpers with loops, floats (modelled as reals) or C code (``struct``, ``zlib``, ``mmh3``) get a
 bounded symbolic search ("Not confirmed.": no counterexample within the budget).
 
+Count (issue 24 item 3): 57 postconditions on 40 functions -- ``proofs.contracts`` 2,
+``contracts_pure`` 35, ``contracts_streams`` 9, ``contracts_wire`` 7, the throttler 3, the container
+map 1.  Confirmed over all paths at the CI budget: 22 (negotiation 3, range overlap 2, key union 3,
+attribute updates 8, the writer's event header 2, bool fields 2, the accepting paths of the frame
+limit and config ints 2); the other 35 are bounded.
+
 Each contract was shown to find a seeded bug when it was written: the bug planted in the
 implementation, CrossHair run on that contract alone, the counterexample seen, the code restored.
 
