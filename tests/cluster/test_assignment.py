@@ -3,6 +3,8 @@ deterministic -- for any hosts, count and previous map (Hypothesis)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -63,10 +65,10 @@ def test_a_container_moves_only_if_its_host_left_or_balance_requires(
 
 @given(_situations(), st.randoms(use_true_random=False))
 def test_the_map_depends_on_the_inputs_only_not_their_order(
-        situation: tuple[list[str], int, dict[int, str]], rng: object) -> None:
+        situation: tuple[list[str], int, dict[int, str]], rng: random.Random) -> None:
     hosts, container_count, previous = situation
     shuffled = list(hosts)
-    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    rng.shuffle(shuffled)
     reordered = dict(sorted(previous.items(), reverse=True))
     assert assign(shuffled, container_count, reordered) == assign(hosts, container_count, previous)
 

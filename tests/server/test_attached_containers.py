@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,7 +42,7 @@ async def _started_host(tiers: Tiers, container_id: int) -> ContainerHost:
     return host
 
 
-def test_a_server_serves_exactly_the_containers_attached_at_each_moment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_server_serves_exactly_the_containers_attached_at_each_moment(tmp_path: Path) -> None:
     tiers = Tiers("simulated", tmp_path)
     first, second = _segment_in(0), _segment_in(1)
 
@@ -80,7 +81,8 @@ def test_a_server_serves_exactly_the_containers_attached_at_each_moment(tmp_path
     run(scenario)
 
 
-def test_a_read_waiting_on_a_container_that_leaves_gets_its_retryable_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_read_waiting_on_a_container_that_leaves_gets_its_retryable_error(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     tiers = Tiers("simulated", tmp_path)
     segment = _segment_in(0)
 
@@ -101,7 +103,7 @@ def test_a_read_waiting_on_a_container_that_leaves_gets_its_retryable_error(tmp_
             async def read(*args: Any, **kwargs: Any) -> Any:
                 reading.set()
                 return await original_read(*args, **kwargs)
-            container.read = read  # type: ignore[method-assign]
+            monkeypatch.setattr(container, "read", read)
             await client.send(ReadSegment(2, segment, 0, 10, "", 60_000))
             await asyncio.wait_for(reading.wait(), REPLY_TIMEOUT_SECONDS)
             server.detach_container(0)
@@ -118,7 +120,7 @@ def test_a_read_waiting_on_a_container_that_leaves_gets_its_retryable_error(tmp_
     run(scenario)
 
 
-def test_attaching_is_checked_and_a_fixed_server_refuses_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_attaching_is_checked_and_a_fixed_server_refuses_it(tmp_path: Path) -> None:
     tiers = Tiers("simulated", tmp_path)
 
     async def scenario() -> None:

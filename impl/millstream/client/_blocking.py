@@ -22,7 +22,7 @@ import ssl as _ssl
 import threading
 from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 from millstream import limits
 from millstream.client._byte_stream import AsyncByteStreamWriter, ByteStreamWriter
@@ -187,7 +187,7 @@ class EventStreamWriter(Generic[T]):
         events *already serialized* (or a ``(buffer, offsets)`` pair), ``routing_keys`` an Arrow string
         array, a sequence or None (see ``AsyncEventStreamWriter.write_columns`` for what is refused)."""
         payloads, keys = _columns(self._core, values, routing_keys)
-        self.write_events(payloads, routing_keys=keys)  # type: ignore[arg-type]  # (bytes: checked by _columns)
+        self.write_events(cast(Sequence[T], payloads), routing_keys=keys)  # (a bytes writer: checked by _columns)
 
     def write_event_future(self, event: T, *, routing_key: str | None = None) -> concurrent.futures.Future[None]:
         """``write_event``, and a future that completes when the event is durable (shared by the events of

@@ -49,7 +49,7 @@ import operator
 import struct
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias, cast
 from uuid import UUID
 
 from millstream import limits
@@ -344,7 +344,7 @@ class SegmentWriterState:
         if None in routing_keys:
             key_lengths = [0 if key is None else len(key) for key in routing_keys]
         else:
-            key_lengths = list(map(len, routing_keys))  # type: ignore[arg-type]  # (no None: checked)
+            key_lengths = list(map(len, cast(Sequence[str], routing_keys)))  # (no None: checked)
         count = len(payloads)
         # ends[i]: the open block's charge before event i, counted from where the open block began
         # (an event is charged its framed bytes and its routing key's characters).

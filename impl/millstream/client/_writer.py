@@ -90,7 +90,7 @@ import logging
 import operator
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar, cast
 from uuid import UUID
 
 from millstream import limits
@@ -905,7 +905,7 @@ class AsyncEventStreamWriter(Generic[T]):
             raise InvalidArgumentError(f"write_events takes a sequence of events, not {type(events).__name__}")
         count = len(events)
         if self._identity and set(map(type, events)) <= _BYTES_TYPE:
-            payloads: list[bytes] = list(events)  # type: ignore[arg-type]  # (checked: all bytes)
+            payloads = cast(list[bytes], list(events))  # (checked: all bytes)
         else:
             serialize = self._serialize
             payloads = []
@@ -983,9 +983,9 @@ class AsyncEventStreamWriter(Generic[T]):
                         index = segments.index(None, index + 1)
                     except ValueError:
                         break
-            by_segment = segments.__getitem__
-            runs = {segment: list(indexes) for segment, indexes in itertools.groupby(  # type: ignore[misc]
-                sorted(range(count), key=by_segment), key=by_segment)}  # type: ignore[arg-type]
+            by_segment = cast(list[str], segments).__getitem__  # (every None was routed above)
+            runs = {segment: list(indexes) for segment, indexes in itertools.groupby(
+                sorted(range(count), key=by_segment), key=by_segment)}
         writers = self._writers
         for segment in runs:
             if segment not in writers:
@@ -1204,7 +1204,7 @@ class AsyncEventStreamWriter(Generic[T]):
         if self._router is None:
             await self.ready()
         payloads, keys = _columns(self, values, routing_keys)
-        await self.write_events(payloads, routing_keys=keys)  # type: ignore[arg-type]  # (bytes: a bytes writer, checked)
+        await self.write_events(cast(Sequence[T], payloads), routing_keys=keys)  # (a bytes writer: checked)
 
     async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
         """``write_event``, and a future that completes when the event is durable (or fails with the
