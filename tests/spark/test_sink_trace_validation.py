@@ -16,7 +16,6 @@ Default profile: 20 runs of up to 60 steps over 24 input events (over a thousand
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,9 @@ import pytest
 
 from millstream.spark import _writer
 from millstream.testing.tracing import TraceEvent
-from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
+from proofs.tlc import TlcOutcome
 from tests.spark.sink_run import random_run
-from tests.trace.tla_trace import tla
+from tests.trace.tla_trace import check_trace, tla
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 RUNS, STEPS = (200, 150) if DEEP else (20, 60)
@@ -69,12 +68,8 @@ def sink_run(seed: int) -> list[TraceEvent]:
 
 
 def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
-    for path in SPEC_DIR.glob("*.tla"):
-        shutil.copy(path, workdir / path.name)
-    (workdir / "TraceData.tla").write_text(trace_module(runs, num_events=NUM_EVENTS, partitions=PARTITIONS,
-                                                              max_faults=MAX_FAULTS))
-    (workdir / "trace.cfg").write_text(TRACE_CFG)
-    return run_tlc(workdir, "TraceExactlyOnceSink", "trace.cfg", check_deadlock=True)
+    data = trace_module(runs, num_events=NUM_EVENTS, partitions=PARTITIONS, max_faults=MAX_FAULTS)
+    return check_trace(workdir, "TraceExactlyOnceSink", data, TRACE_CFG)
 
 
 def test_sink_runs_with_faults_are_accepted(tmp_path: Path) -> None:

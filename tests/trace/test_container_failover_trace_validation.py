@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,9 +23,9 @@ import pytest
 
 from millstream.segmentstore.storage_writer import StorageWriter
 from millstream.testing.tracing import TraceEvent
-from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
+from proofs.tlc import TlcOutcome
 from tests.trace import container_failover_run as driver
-from tests.trace.tla_trace import tla
+from tests.trace.tla_trace import check_trace, tla
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 RUNS, STEPS = (300, 60) if DEEP else (30, 60)
@@ -75,11 +74,7 @@ Traces == {tla(records)}
 
 
 def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
-    for path in SPEC_DIR.glob("*.tla"):
-        shutil.copy(path, workdir / path.name)
-    (workdir / "TraceData.tla").write_text(trace_module(runs))
-    (workdir / "trace.cfg").write_text(TRACE_CFG)
-    return run_tlc(workdir, "TraceContainerFailover", "trace.cfg", check_deadlock=True)
+    return check_trace(workdir, "TraceContainerFailover", trace_module(runs), TRACE_CFG)
 
 
 def test_container_failover_runs_are_accepted(tmp_path: Path) -> None:

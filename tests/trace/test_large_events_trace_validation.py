@@ -18,7 +18,6 @@ observations); ``MILLSTREAM_PROFILE=nightly``: 1,000 runs of up to 60 (over ten 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,9 +30,9 @@ from millstream.naming import is_transient_segment
 from millstream.testing.history import EventTag
 from millstream.testing.tracing import TraceEvent
 from millstream.wire.codec import iter_events
-from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
+from proofs.tlc import TlcOutcome
 from tests.stateful import test_large_events_vs_model as machine
-from tests.trace.tla_trace import tla
+from tests.trace.tla_trace import check_trace, tla
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 RUNS, STEPS = (1_000, 60) if DEEP else (150, 40)
@@ -132,11 +131,7 @@ Traces == {tla(records)}
 
 
 def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
-    for path in SPEC_DIR.glob("*.tla"):
-        shutil.copy(path, workdir / path.name)
-    (workdir / "TraceData.tla").write_text(trace_module(runs))
-    (workdir / "trace.cfg").write_text(TRACE_CFG)
-    return run_tlc(workdir, "TraceLargeEvents", "trace.cfg", check_deadlock=True)
+    return check_trace(workdir, "TraceLargeEvents", trace_module(runs), TRACE_CFG)
 
 
 def test_large_event_runs_are_accepted(tmp_path: Path) -> None:

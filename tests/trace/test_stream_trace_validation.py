@@ -13,7 +13,6 @@ each run ends with everything read.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,10 @@ import attrs
 import pytest
 
 from millstream.client import _reader_group as reader_group
-from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
+from proofs.tlc import SPEC_DIR, TlcOutcome
 from tests.trace.stream_scenarios import GRID, INITIAL_SPLITS, READERS, WRITERS, recorded_run
 from tests.trace.stream_tla import TRACE_CFG_NAME, trace_module
+from tests.trace.tla_trace import check_trace
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 RUNS = 60 if DEEP else 5
@@ -35,12 +35,8 @@ SEEDED_RUNS_MAX = 40
 
 
 def check(runs: Sequence[Sequence[dict[str, Any]]], workdir: Path) -> TlcOutcome:
-    for path in SPEC_DIR.glob("*.tla"):
-        shutil.copy(path, workdir / path.name)
-    shutil.copy(SPEC_DIR / TRACE_CFG_NAME, workdir / TRACE_CFG_NAME)
-    (workdir / "TraceData.tla").write_text(
-        trace_module(runs, writers=WRITERS, readers=READERS, grid=GRID, initial_splits=INITIAL_SPLITS))
-    return run_tlc(workdir, "TraceStreamOrdering", TRACE_CFG_NAME, check_deadlock=True)
+    data = trace_module(runs, writers=WRITERS, readers=READERS, grid=GRID, initial_splits=INITIAL_SPLITS)
+    return check_trace(workdir, "TraceStreamOrdering", data, (SPEC_DIR / TRACE_CFG_NAME).read_text())
 
 
 def test_recorded_scale_and_read_runs_are_accepted(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ implementation bug produces traces TLC rejects."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,9 +12,9 @@ import pytest
 from millstream.segmentstore.data_frame import ENTRY_HEADER_LENGTH, FRAME_HEADER_LENGTH
 from millstream.segmentstore.metadata_transaction import ContainerMetadataUpdateTransaction
 from millstream.testing.tracing import TraceEvent
-from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
+from proofs.tlc import TlcOutcome
 from tests.trace.driver import FRAME_BYTES_MAX, file_log_run, machine_run, simulated_run
-from tests.trace.tla_trace import TRACE_CFG, trace_module
+from tests.trace.tla_trace import TRACE_CFG, check_trace, trace_module
 
 DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 SIMULATED_RUNS = 200 if DEEP else 24
@@ -23,12 +22,8 @@ EXIT_DEADLOCK = 11
 
 
 def check(traces: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
-    for path in SPEC_DIR.glob("*.tla"):
-        shutil.copy(path, workdir / path.name)
-    (workdir / "TraceData.tla").write_text(
-        trace_module(traces, frame_capacity=FRAME_BYTES_MAX - FRAME_HEADER_LENGTH, entry_header=ENTRY_HEADER_LENGTH))
-    (workdir / "trace.cfg").write_text(TRACE_CFG)
-    return run_tlc(workdir, "TraceDurableLog", "trace.cfg", check_deadlock=True)
+    data = trace_module(traces, frame_capacity=FRAME_BYTES_MAX - FRAME_HEADER_LENGTH, entry_header=ENTRY_HEADER_LENGTH)
+    return check_trace(workdir, "TraceDurableLog", data, TRACE_CFG)
 
 
 def test_simulated_runs_with_faults_are_accepted(tmp_path: Path) -> None:

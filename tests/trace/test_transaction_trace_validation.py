@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ import pytest
 from millstream.controller import _state, _transaction_workflows, _transactions
 from millstream.controller._transactions import TransactionRecord, TxnStatus
 from millstream.testing.tracing import TraceEvent
-from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
+from proofs.tlc import SPEC_DIR, TlcOutcome
+from tests.trace.tla_trace import check_trace
 from tests.trace.transaction_driver import RunShape, transaction_run
 from tests.trace.transaction_trace import TRACE_CFG_NAME, trace_module, trace_steps
 
@@ -46,11 +46,7 @@ ACTIONS = {"Begin", "WriteEvent", "Ping", "Tick", "ExpireLease", "Commit", "Abor
 
 
 def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
-    for path in SPEC_DIR.glob("*.tla"):
-        shutil.copy(path, workdir / path.name)
-    shutil.copy(SPEC_DIR / TRACE_CFG_NAME, workdir / TRACE_CFG_NAME)
-    (workdir / "TraceData.tla").write_text(trace_module(runs))
-    return run_tlc(workdir, "TraceTransactions", TRACE_CFG_NAME, check_deadlock=True)
+    return check_trace(workdir, "TraceTransactions", trace_module(runs), (SPEC_DIR / TRACE_CFG_NAME).read_text())
 
 
 def steps_of(workdir: Path) -> set[str]:

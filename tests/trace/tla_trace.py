@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from millstream.testing.tracing import TraceEvent
+from proofs.tlc import SPEC_DIR, TlcOutcome, run_tlc
 
-__all__ = ["ERROR_NAMES", "trace_module"]
+__all__ = ["ERROR_NAMES", "check_trace", "trace_module"]
 
 NO_SEGMENT = "none"
 
@@ -129,3 +132,14 @@ INVARIANTS
     AckedAppendsReadable
     StartWithinLength
 """
+
+
+def check_trace(workdir: Path, module: str, trace_data: str, cfg: str) -> TlcOutcome:
+    """TLC over ``spec/<module>.tla`` (a Trace module) in ``workdir``: every spec copied there, the
+    recorded runs as the ``TraceData`` module ``trace_data``, the configuration text ``cfg``; deadlock
+    checking on, so a run the spec cannot follow is rejected.  Shared by every trace validation."""
+    for path in SPEC_DIR.glob("*.tla"):
+        shutil.copy(path, workdir / path.name)
+    (workdir / "TraceData.tla").write_text(trace_data)
+    (workdir / "trace.cfg").write_text(cfg)
+    return run_tlc(workdir, module, "trace.cfg", check_deadlock=True)
