@@ -432,6 +432,12 @@ CLIENT_READ_LENGTH_BYTES: Final = 1 * MIB
 #: limits above; a thread that misses this is stuck -- a bug -- and is left behind as a daemon.)
 CLIENT_CLOSE_TIMEOUT_SECONDS: Final = 60.0
 
+#: How long a CLI command that read as a reader waits for each step of its clean-up (the reader leaving
+#: its group, ``read --stream`` deleting its own group) before it says what was left behind and exits
+#: anyway.  Each step is a few requests; a step that misses this is stuck, and a command the user
+#: stopped with Ctrl-C must still end.
+CLI_CLEANUP_TIMEOUT_SECONDS: Final = 20.0
+
 #: ``millstream write`` flushes after this many events, so that what it must remember to say where to
 #: resume after an interruption (the input position of each event since the last flush: a few
 #: bytes each) stays bounded; a flush every 65,536 events costs one round trip in that many.

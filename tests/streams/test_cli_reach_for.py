@@ -6,6 +6,7 @@ consumer lag in ``group describe``, and ``stream describe`` with segment sizes a
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -21,7 +22,9 @@ import pytest
 from click.testing import CliRunner
 
 import millstream
+from millstream import limits
 from millstream.cli import main
+from millstream.client import AsyncEventStreamReader
 
 #: Events no line-per-event output can carry: a newline inside, a NUL inside, bytes that are not UTF-8.
 AWKWARD = [b"two\nlines", b"nul\0inside", b"\xff\xfe not utf-8", b"", b"plain"]
@@ -192,6 +195,33 @@ def test_read_stream_stopped_by_sigint_exits_130_and_deletes_its_group(tmp_path:
         finally:
             process.kill()
         assert process.returncode == 130 and b"stopped after 3 events" in err, err
+        assert groups_of(uri, "s") == []
+
+
+def test_a_stuck_clean_up_does_not_keep_a_read_from_ending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step of ``read --stream``'s clean-up is bounded: a reader whose leave never finishes
+    (as the one CI run where a Ctrl-C'd ``read --stream --follow`` never exited suggests) is reported,
+    and the command still deletes its group and ends.  Before the bound, this read never returned."""
+    async def never_leaves(self: Any, position: Any = None) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(limits, "CLI_CLEANUP_TIMEOUT_SECONDS", 0.5)
+    with millstream.standalone(tmp_path) as node:
+        uri = node.uri
+        assert invoke(uri, "scope", "create", "s")[0] == 0
+        assert invoke(uri, "stream", "create", "s/a", "--segments", "2")[0] == 0
+        write(uri, "s/a", keyed(0, 3))
+        monkeypatch.setattr(AsyncEventStreamReader, "close", never_leaves)
+        result: list[tuple[int, bytes, str]] = []
+        command = ("read", "--stream", "s/a", "--max-events", "3")
+        reading = threading.Thread(target=lambda: result.append(invoke(uri, *command)), daemon=True)
+        reading.start()
+        reading.join(120)  # (a bound on a stuck command, not a pace: it ends as soon as the read does)
+        assert result, "read --stream did not end with its reader's leave stuck"
+        code, out, err = result[0]
+        assert code == 0, err
+        assert sorted(out.splitlines()) == sorted(event for _, event in keyed(0, 3))
+        assert "could not leave its group within 0.5 s" in err, err
         assert groups_of(uri, "s") == []
 
 

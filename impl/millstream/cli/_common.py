@@ -185,6 +185,25 @@ def _read_as_reader(client: Any, name: str, reader_id: str, printer: EventPrinte
             os.close(sys.stdout.fileno())
         return None, ended
     finally:
-        reader.close()  # the segments go back to the group at this reader's position
-        handle.close()
+        _leave_group(client, reader, handle)
     return printed, ended
+
+
+def _leave_group(client: Any, reader: Any, handle: Any) -> None:
+    """The reader leaves its group at its position (its segments go back to the group) and the
+    handle closes -- each step bounded by ``limits.CLI_CLEANUP_TIMEOUT_SECONDS``, so that a command
+    stopped with Ctrl-C ends even if a step is stuck: the group then declares the reader offline after
+    its timeout, as it would for a killed process, and the user is told."""
+    from millstream import limits
+    from millstream.errors import RequestTimeoutError
+
+    position = reader.position()
+    steps: tuple[tuple[str, Callable[[], Any]], ...] = (("leave its group", lambda: reader.core.close(position)),
+                                                         ("close its group handle", handle.core.close))
+    for step, coroutine in steps:
+        try:
+            client.run(coroutine(), timeout=limits.CLI_CLEANUP_TIMEOUT_SECONDS)
+        except RequestTimeoutError:
+            click.echo(f"reader {reader.reader_id!r} could not {step} within "
+                       f"{limits.CLI_CLEANUP_TIMEOUT_SECONDS:g} s; the group declares it offline after its "
+                       "timeout", err=True)

@@ -492,8 +492,8 @@ def _read_stream(client: Any, stream: str, start: str, follow: bool, max_events:
                                max_events=max_events)
     finally:
         try:
-            client.run(controller.delete_reader_group(scope, group_name))
-        except MillstreamError as error:
+            client.run(controller.delete_reader_group(scope, group_name), timeout=limits.CLI_CLEANUP_TIMEOUT_SECONDS)
+        except MillstreamError as error:  # (RequestTimeoutError too: a stopped command must end)
             click.echo(f"could not delete the reader group {scope}/{group_name} this read used "
                        f"({type(error).__name__}: {error}); `millstream group delete {scope}/{group_name}` "
                        "removes it", err=True)

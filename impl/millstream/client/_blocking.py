@@ -369,9 +369,11 @@ class Client:
         """The client's event loop (running in its own thread)."""
         return self._runner.loop
 
-    def run(self, coroutine: Coroutine[Any, Any, R]) -> R:
-        """Run a coroutine of the async core on the client's loop and wait for its result."""
-        return self._runner.run(coroutine)
+    def run(self, coroutine: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
+        """Run a coroutine of the async core on the client's loop and wait for its result; with
+        ``timeout``, at most that many seconds: then the coroutine is cancelled and
+        ``RequestTimeoutError`` raised."""
+        return self._runner.run(coroutine, timeout)
 
     def segments(self) -> Segments:
         """Blocking operations on segments by name."""
