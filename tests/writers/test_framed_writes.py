@@ -138,7 +138,7 @@ def test_framing_in_columns_gives_each_segment_its_events_framed_one_by_one_in_o
     assert batch is not None
     router = KeySpaceRouter([f"s{i}" for i in range(segment_count)])
     routes = KeyRoutes(0)
-    runs_ = frame_runs(batch, routes.route(batch.keys, router.segment_for), routes)
+    runs_ = frame_runs(batch, routes.route(batch.keys, router.segment_for))
     seen = []
     for run_ in runs_:
         positions = run_.positions.tolist()
@@ -162,12 +162,15 @@ def test_key_routes_route_each_new_key_once_and_stay_bounded() -> None:
 
     routes = KeyRoutes(0, size_max=4)
     first = routes.route(pa.array(["a", "bb", "a", "ccc"]), segment_for)
-    assert [routes.objects[i] for i in first] == ["a", "bb", "a", "ccc"] and calls == ["a", "bb", "ccc"]
+    assert [first.objects[i] for i in first.indexes] == ["a", "bb", "a", "ccc"] and calls == ["a", "bb", "ccc"]
     routes.route(pa.array(["bb", "a"]), segment_for)
     assert calls == ["a", "bb", "ccc"]  # known keys: not routed again
     again = routes.route(pa.array(["dd", "eeeee", "a"]), segment_for)  # over the bound: starts again
-    assert [routes.objects[i] for i in again] == ["dd", "eeeee", "a"] and len(routes.keys) == 3
-    assert [routes.names[routes.segments[i]] for i in again] == ["s2", "s2", "s1"]
+    assert [again.objects[i] for i in again.indexes] == ["dd", "eeeee", "a"] and len(routes.keys) == 3
+    assert [again.names[again.segments[i]] for i in again.indexes] == ["s2", "s2", "s1"]
+    # What a batch was routed with stays as it was when the routes start again under it.
+    assert [first.objects[i] for i in first.indexes] == ["a", "bb", "a", "ccc"]
+    assert [first.names[first.segments[i]] for i in first.indexes] == ["s1", "s2", "s1", "s0"]
 
 
 def test_a_batch_with_a_null_key_or_without_numpy_takes_the_per_event_path() -> None:
@@ -188,9 +191,9 @@ def spy_on_framing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     framed_events: list[int] = []
     original = _writer.frame_runs
 
-    def spy(batch: Any, key_indexes: Any, routes: KeyRoutes) -> Any:
+    def spy(batch: Any, routes: Any) -> Any:
         framed_events.append(len(batch))
-        return original(batch, key_indexes, routes)
+        return original(batch, routes)
 
     monkeypatch.setattr(_writer, "frame_runs", spy)
     return framed_events
@@ -362,3 +365,48 @@ def test_events_written_through_the_columnar_path_are_counted_and_decoded_intact
                 indexes = [payloads.index(p) if p else -1 for p in values]
                 assert [i for i in indexes if i >= 0] == sorted(i for i in indexes if i >= 0)
     run(scenario)
+
+
+def test_threads_writing_columns_through_one_writer_keep_each_keys_order_while_the_routes_start_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's key routes are shared by the threads that write through it; bounded at 50 keys
+    here, they start again every few batches, under batches routed a moment before."""
+    import functools
+
+    from millstream.client import _writer
+
+    monkeypatch.setattr(_writer, "KeyRoutes", functools.partial(KeyRoutes, size_max=50))
+    threads_count, batches, batch_events = 4, 10, 200
+    errors: list[BaseException] = []
+    with FakeServerThread() as server, millstream.connect(server.uri, config=fast_config(),
+                                                          rng=random.Random(1)) as blocking:
+        for name in SEGMENTS:
+            blocking.segments().create(name)
+        with blocking.event_writer(SEGMENTS) as writer:
+            def write(thread: int) -> None:
+                try:
+                    for batch in range(batches):
+                        numbers = range((thread * batches + batch) * batch_events,
+                                        (thread * batches + batch + 1) * batch_events)
+                        keys = [f"t{thread}-k{n % 30}" for n in numbers]
+                        values = [f"{key}:{n}".encode() for key, n in zip(keys, numbers, strict=True)]
+                        writer.write_columns(pa.array(values), pa.array(keys))
+                except BaseException as error:  # (reported by the main thread)
+                    errors.append(error)
+
+            threads = [threading.Thread(target=write, args=(thread,)) for thread in range(threads_count)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert not errors, errors
+            assert not any(thread.is_alive() for thread in threads)
+            writer.flush()
+        stored: dict[str, list[bytes]] = {}
+        for name in SEGMENTS:
+            reader = blocking.segment_reader(name)
+            stored[name] = []
+            while (event := reader.read_event()) is not None:
+                stored[name].append(event.value)
+            reader.close()
+    assert_in_order_per_key_and_once(stored, threads_count * batches * batch_events)

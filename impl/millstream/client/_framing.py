@@ -27,14 +27,15 @@ neither; without them the batch path cuts ``bytes`` per event, as before).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
 from millstream import limits
 from millstream.errors import InvalidArgumentError, PayloadTooLargeError
 
-__all__ = ["ColumnBatch", "FramedRun", "KeyRoutes", "arrow_values", "bytes_batch", "column_batch", "frame_runs",
-           "slice_bounds"]
+__all__ = ["ColumnBatch", "FramedRun", "KeyRoutes", "RoutedKeys", "arrow_values", "bytes_batch", "column_batch",
+           "frame_runs", "slice_bounds"]
 
 #: Framing header bytes per event (``type`` and ``length``, two big-endian int32).
 HEADER_LENGTH: Final = 8
@@ -77,13 +78,16 @@ class KeyRoutes:
     empties its memo, so a key is routed by the view in force.  Bounded like the memo: when it would
     hold more than ``size_max`` keys it starts again from the batch's keys."""
 
-    __slots__ = ("_index_of", "_size_max", "generation", "keys", "lengths", "names", "objects", "segments")
+    __slots__ = ("_index_of", "_lock", "_size_max", "generation", "keys", "lengths", "names", "objects", "segments")
 
     def __init__(self, generation: int, size_max: int = limits.CLIENT_ROUTING_KEY_CACHE_SIZE_MAX) -> None:
         self.generation = generation
         self._size_max = size_max
-        self.names: list[str] = []
+        self.names: list[str] = []  # (only appended to: an index into it stays valid)
         self._index_of: dict[str, int] = {}
+        # Threads writing through one writer share its routes: one routes at a time, and each batch
+        # frames by the columns it was routed with (``RoutedKeys``), whatever is added or cleared after.
+        self._lock = threading.Lock()
         self._clear()
 
     def _clear(self) -> None:
@@ -95,9 +99,13 @@ class KeyRoutes:
         self.lengths = numpy.empty(0, dtype=numpy.int64)
         self.segments = numpy.empty(0, dtype=numpy.intp)
 
-    def route(self, keys: Any, segment_for: Callable[[str], str]) -> Any:
-        """Each of ``keys``' (an Arrow string array) index into ``self.keys`` (NumPy), routing the keys
-        not seen yet with ``segment_for`` (once each)."""
+    def route(self, keys: Any, segment_for: Callable[[str], str]) -> RoutedKeys:
+        """``keys`` (an Arrow string array) routed: each one's index into the routes' columns, routing
+        the keys not seen yet with ``segment_for`` (once each)."""
+        with self._lock:
+            return self._route_locked(keys, segment_for)
+
+    def _route_locked(self, keys: Any, segment_for: Callable[[str], str]) -> RoutedKeys:
         modules = _modules()
         assert modules is not None
         numpy, pa, pc = modules
@@ -126,7 +134,22 @@ class KeyRoutes:
                                                                            count=len(new))])
             self.segments = numpy.concatenate([self.segments, numpy.asarray(segments, dtype=numpy.intp)])
             indexes = pc.index_in(keys, value_set=self.keys)
-        return indexes.to_numpy(zero_copy_only=False)
+        return RoutedKeys(indexes.to_numpy(zero_copy_only=False), self.segments, self.objects, self.lengths, self.names)
+
+
+class RoutedKeys:
+    """A batch's keys as routed: ``indexes[i]`` is event ``i``'s row in the routes' columns as they
+    were then -- ``segments`` (indexes into ``names``), ``objects`` (the keys as ``str``) and
+    ``lengths`` (their characters)."""
+
+    __slots__ = ("indexes", "lengths", "names", "objects", "segments")
+
+    def __init__(self, indexes: Any, segments: Any, objects: Any, lengths: Any, names: list[str]) -> None:
+        self.indexes = indexes
+        self.segments = segments
+        self.objects = objects
+        self.lengths = lengths
+        self.names = names
 
 
 class FramedRun:
@@ -244,8 +267,8 @@ def slice_bounds(batch: ColumnBatch, slice_bytes_max: int) -> list[tuple[int, in
     return slices
 
 
-def frame_runs(batch: ColumnBatch, key_indexes: Any, routes: KeyRoutes) -> list[FramedRun]:
-    """Group ``batch``'s events by segment (event ``i``'s key is ``routes.keys[key_indexes[i]]``),
+def frame_runs(batch: ColumnBatch, routes: RoutedKeys) -> list[FramedRun]:
+    """Group ``batch``'s events by segment (``routes``: its keys, routed),
     keeping the batch's order within each, and frame each segment's events (see the module
     docstring).  One ``FramedRun`` per segment that has events."""
     modules = _modules()
@@ -254,6 +277,7 @@ def frame_runs(batch: ColumnBatch, key_indexes: Any, routes: KeyRoutes) -> list[
     count = len(batch)
     values = batch.values
     names = routes.names
+    key_indexes = routes.indexes
     segments = routes.segments[key_indexes]
     if len(names) == 1:
         order = None

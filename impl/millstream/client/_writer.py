@@ -1109,7 +1109,7 @@ class AsyncEventStreamWriter(Generic[T]):
         routes = self._key_routes
         if routes is None or routes.generation != self._view_generation:
             routes = self._key_routes = KeyRoutes(self._view_generation)
-        runs = frame_runs(batch, routes.route(batch.keys, self._route_key), routes)
+        runs = frame_runs(batch, routes.route(batch.keys, self._route_key))
         writers = self._writers
         for run in runs:
             segment = run.segment
