@@ -177,6 +177,7 @@ def test_a_batch_with_a_null_key_or_without_numpy_takes_the_per_event_path() -> 
     assert bytes_batch([b"a", b"b"], ["k", None]) is None
     assert column_batch(pa.array([b"a"]), pa.array([None], type=pa.string())) is None
     assert column_batch(pa.array([b"a"]), None) is None
+    assert column_batch(pa.array([b"a"]), [b"k"]) is None  # (Arrow would take bytes for text)
     batch = bytes_batch([b"a", b"bc"], ["k", "k"])
     assert batch is not None and batch.lengths.tolist() == [1, 2]
 
@@ -410,3 +411,15 @@ def test_threads_writing_columns_through_one_writer_keep_each_keys_order_while_t
                 stored[name].append(event.value)
             reader.close()
     assert_in_order_per_key_and_once(stored, threads_count * batches * batch_events)
+
+
+def test_columns_with_keys_that_are_not_text_are_refused_by_name_before_anything_is_written() -> None:
+    async def scenario() -> None:
+        async with FakeServer() as server, client(server.uri) as c:
+            await c.segments().create("s")
+            async with c.event_writer(["s"]) as writer:
+                with pytest.raises(millstream.errors.InvalidArgumentError, match="not bytes"):
+                    await writer.write_columns(pa.array([b"a", b"b"]), ["k", b"k"])
+                assert writer.events_written == 0
+            assert server.payloads("s") == []
+    run(scenario)

@@ -28,7 +28,7 @@ neither; without them the batch path cuts ``bytes`` per event, as before).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from millstream import limits
@@ -195,6 +195,8 @@ def column_batch(values: Any, routing_keys: Any) -> ColumnBatch | None:
     if isinstance(routing_keys, pa.ChunkedArray):
         routing_keys = routing_keys.combine_chunks()
     if not isinstance(routing_keys, pa.Array):
+        if not isinstance(routing_keys, Sequence) or not set(map(type, routing_keys)) <= {str}:
+            return None  # (Arrow would take bytes for text: the per-event path refuses them, by name)
         try:
             routing_keys = pa.array(routing_keys, type=pa.string())
         except (pa.ArrowException, TypeError, ValueError):
