@@ -20,7 +20,10 @@ The model's actions, and what they are here:
   passed (``batch_window_passed``).  This step runs once per event, so it answers with bit flags
   (``SHIPPED``, ``OVER_BUDGET``, ``REROUTE``, ``ARM_BATCH_TIMER``) rather than instruction objects:
   nothing is made per event.  ``write_events`` is the same step for a run of events (the batch path):
-  all or nothing, blocks closing at the block size within the run.
+  all or nothing, blocks closing at the block size within the run; ``write_framed`` is it for a run
+  framed already (the columnar path), whose blocks are cut from the run's bytes.  The open block's
+  parts are framed bytes: a header and a payload per ``write_event``, a run of events per
+  ``write_framed``.
 * ``store`` -- the server's; the machine learns of it through ``acknowledge`` and ``setup``.
 * ``acknowledge`` -- ``acknowledge``: a ``DataAppended`` for event ``n`` acknowledges every block up to
   ``n`` (cumulative: a stale or reordered one is ignored; one that ends no block sent is a protocol

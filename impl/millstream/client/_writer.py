@@ -28,7 +28,13 @@ written; then routes every event, groups them into one run per segment (in the b
 events are one run) and hands each run to its machine in one step under the lock
 (``SegmentWriterState.write_events``), which fills and closes blocks as single events would.  Per
 batch, not per event: one lock step, one await or none, one flag check per segment.  A batch larger
-than half the writer's budget is added a slice at a time, waiting for capacity between slices.
+than half the writer's budget is added a slice at a time, waiting for capacity between slices.  When
+NumPy and pyarrow are installed and every event has a key, a batch does not even go event by event:
+``_framing`` groups it by segment and frames it in columns, routing each distinct key once per view
+(``KeyRoutes``), and each segment's machine cuts its blocks from the framed bytes
+(``SegmentWriterState.write_framed``).  A thread that is not the loop's hands what a step answered
+(blocks to send, batch timers) to the loop through ``WriterShared.post``: one wake-up of the loop per
+burst, not one per segment.
 
 The append session (the ``Session`` of ``_connection``) is a loop per segment writer: find the
 segment's server, take a connection, send ``SetupAppend`` and wait for ``AppendSetup``, whose
