@@ -423,3 +423,16 @@ def test_columns_with_keys_that_are_not_text_are_refused_by_name_before_anything
                 assert writer.events_written == 0
             assert server.payloads("s") == []
     run(scenario)
+
+
+def test_a_binary_column_that_framing_would_take_past_32_bit_offsets_is_framed_as_large_binary(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from millstream.client import _framing
+
+    monkeypatch.setattr(_framing, "INT32_MAX", 100)  # (2 GiB of test data, scaled down)
+    payloads = [bytes([i]) * 20 for i in range(10)]  # 200 bytes framed: past the bound
+    batch = column_batch(pa.array(payloads, type=pa.binary()), pa.array(["k"] * 10))
+    assert batch is not None
+    routes = KeyRoutes(0)
+    (run_,) = frame_runs(batch, routes.route(batch.keys, lambda key: "s"))
+    assert run_.data == b"".join(map(framed, payloads))

@@ -39,6 +39,8 @@ __all__ = ["ColumnBatch", "FramedRun", "KeyRoutes", "RoutedKeys", "arrow_values"
 
 #: Framing header bytes per event (``type`` and ``length``, two big-endian int32).
 HEADER_LENGTH: Final = 8
+#: The most bytes an Arrow ``binary`` array (32-bit offsets) holds.
+INT32_MAX: Final = 2**31 - 1
 
 
 class ColumnBatch:
@@ -225,7 +227,8 @@ def bytes_batch(payloads: list[bytes], routing_keys: list[str | None]) -> Column
     if modules is None or not payloads or None in routing_keys:
         return None
     _, pa, _ = modules
-    return column_batch(pa.array(payloads, type=pa.binary()), pa.array(routing_keys, type=pa.string()))
+    # large_binary: 64-bit offsets, so a batch over 2 GiB stays one array.
+    return column_batch(pa.array(payloads, type=pa.large_binary()), pa.array(routing_keys, type=pa.string()))
 
 
 def arrow_values(buffer: Any, offsets: Any) -> Any | None:
@@ -278,6 +281,8 @@ def frame_runs(batch: ColumnBatch, routes: RoutedKeys) -> list[FramedRun]:
     numpy, pa, pc = modules
     count = len(batch)
     values = batch.values
+    if pa.types.is_binary(values.type) and int(batch.lengths.sum()) + HEADER_LENGTH * count > INT32_MAX:
+        values = values.cast(pa.large_binary())  # (framed, it would outgrow 32-bit offsets)
     names = routes.names
     key_indexes = routes.indexes
     segments = routes.segments[key_indexes]
