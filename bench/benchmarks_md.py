@@ -16,6 +16,7 @@ from typing import Final
 
 from bench._stats import Latency
 from bench.harness import CpuWindow, HarnessReport, StepResult, SystemRun, TargetResult
+from bench.latency_loops import render_latency_loops
 from bench.limits import BENCH_PACING_TICK_SECONDS
 from bench.user_loops import render_user_loops
 from bench.workload import Workload
@@ -48,6 +49,8 @@ def render_markdown(report: HarnessReport, figures: Mapping[str, str] | None = N
     lines += ["", *_disk(report)]
     if report.user_loops is not None:
         lines += ["", *render_user_loops(report.user_loops)]
+    if report.latency_loops is not None:
+        lines += ["", *render_latency_loops(report.latency_loops)]
     for workload in report.config.workloads:
         lines += ["", *_workload(report, workload, figures.get(workload.name))]
     lines += ["", *_configurations(report)]

@@ -105,7 +105,9 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     targets are judged on medians.  `--suite quick --markdown BENCHMARKS.md` takes about 6 minutes.
     The quick suite also runs what users write -- the README's blocking loop, the asyncio loop, the
     batch call (write_events) and the columnar call (write_columns) -- each beside the raw group-commit
-    loop (1,000 x 100 B per fdatasync) of the same round, --repeat rounds (bench/user_loops.py).
+    loop (1,000 x 100 B per fdatasync) of the same round, --repeat rounds (bench/user_loops.py); and
+    the per-event loop paced at half of its max in every repeat, and a lone writer at 1,000 events/s
+    beside one fdatasync's p95 (bench/latency_loops.py).
 
     The transactions suite runs stream transactions of 100 x 100-byte events against a `millstream
     standalone` node in another process: transactions/s one at a time and 8 at once, the commit
@@ -342,6 +344,7 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
     from bench.benchmarks_md import render_markdown
     from bench.drivers import all_drivers
     from bench.harness import HarnessConfig, run_harness, write_json
+    from bench.latency_loops import LatencyLoopsConfig
     from bench.plots import plot_report
     from bench.user_loops import UserLoopsConfig
     from bench.workload import SYSTEM_NAMES, load_workload, suite_workloads
@@ -379,7 +382,11 @@ def _bench_harness(*, suite: str, workload_files: tuple[Path, ...], system_names
         # as the harness's steps would send at about a million a second, so --duration scales them too.
         seconds = workloads[0].duration_seconds if workloads else 2.5
         config = attrs.evolve(config, user_loops=UserLoopsConfig(
-            events=max(1_000, int(seconds * 200_000)), rounds=repeat, raw_seconds=disk_probe_seconds))
+            events=max(1_000, int(seconds * 200_000)), rounds=repeat, raw_seconds=disk_probe_seconds),
+            # The per-event loop at half of its max in every repeat, and a lone writer at 1,000 events/s
+            # beside one fdatasync (issue 26 items 3 and 4): the same scale.
+            latency_loops=LatencyLoopsConfig(max_events=max(1_000, int(seconds * 40_000)), paced_seconds=seconds,
+                                             repeats=repeat, lone_seconds=seconds, sync_seconds=disk_probe_seconds))
     if quiet_timeout_seconds is not None:
         config = attrs.evolve(config, quiet_timeout_seconds=quiet_timeout_seconds)
     with contextlib.ExitStack() as stack:

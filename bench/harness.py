@@ -67,6 +67,7 @@ from bench._system import (
 )
 from bench.disk_limit import DiskLimit, measure_disk_limit, measure_raw_loop
 from bench.drivers import Driver
+from bench.latency_loops import LatencyLoopsConfig, LatencyLoopsReport, run_latency_loops
 from bench.limits import BENCH_DRAIN_TIMEOUT_SECONDS, BENCH_DRIVER_CALL_TIMEOUT_SECONDS, BENCH_STEP_BYTES_MAX
 from bench.user_loops import UserLoopsConfig, UserLoopsReport, run_user_loops
 from bench.workload import Rate, Workload
@@ -114,6 +115,9 @@ class HarnessConfig:
     repeat: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     #: The users' loops beside the raw loop (``bench.user_loops``; the quick suite runs them), or None.
     user_loops: UserLoopsConfig | None = None
+    #: The per-event loop at half of max and a lone writer beside one fdatasync (``bench.latency_loops``;
+    #: the quick suite runs them), or None.
+    latency_loops: LatencyLoopsConfig | None = None
 
 
 @attrs.frozen
@@ -247,6 +251,8 @@ class HarnessReport:
     round_trip: RoundTrip | None = None
     #: The README's loops, the batch and columnar calls, each beside the raw loop (``bench.user_loops``).
     user_loops: UserLoopsReport | None = None
+    #: Latency as users see it (``bench.latency_loops``).
+    latency_loops: LatencyLoopsReport | None = None
 
     def runs_of(self, workload: str) -> list[SystemRun]:
         """The sweeps of ``workload``: repeat by repeat, the systems in turn within each."""
@@ -263,7 +269,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
     data_root.mkdir(parents=True, exist_ok=True)
     workspace = Path(tempfile.mkdtemp(prefix="millstream-harness-", dir=data_root))
     steps = Steps(1 + config.repeat * sum(len(w.rates) * len(w.systems) for w in config.workloads)
-                  + (config.user_loops is not None), progress)
+                  + (config.user_loops is not None) + (config.latency_loops is not None), progress)
     quiet_waits: list[QuietWait] = []
     try:
         machine = describe_machine(workspace, millstream.__version__)
@@ -282,6 +288,12 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
             quiet = _wait_quiet(config)
             quiet_waits.append(quiet)
             user_loops = run_user_loops(config.user_loops, workspace, quiet)
+        latency_loops = None
+        if config.latency_loops is not None:
+            steps.next("users' latency: the per-event loop at half of max, a lone writer")
+            quiet = _wait_quiet(config)
+            quiet_waits.append(quiet)
+            latency_loops = run_latency_loops(config.latency_loops, workspace, quiet)
         runs: list[SystemRun] = []
         raw_loops: list[RawLoopProbe] = []
         for workload in config.workloads:
@@ -301,7 +313,7 @@ def run_harness(config: HarnessConfig, drivers: Mapping[str, Driver], data_root:
         runs=tuple(runs), targets=tuple(judge_targets(config.workloads, runs, disk, raw_loops)),
         wall_seconds=clock() - started, quiet_waits=len(quiet_waits),
         quiet_waits_timed_out=sum(1 for wait in quiet_waits if not wait.quiet), wakeup_lateness=wakeup,
-        raw_loops=tuple(raw_loops), round_trip=round_trip, user_loops=user_loops)
+        raw_loops=tuple(raw_loops), round_trip=round_trip, user_loops=user_loops, latency_loops=latency_loops)
 
 
 def _probe_raw_loop(config: HarnessConfig, workspace: Path, workload: str, repeat: int,

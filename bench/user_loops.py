@@ -299,7 +299,9 @@ def calls_per_event(loop: str, uri: str, stream: str, payloads: Sequence[bytes],
     import pstats
 
     import millstream
+    from millstream.client import _framing
 
+    _framing._modules()  # import NumPy and pyarrow.compute first: a one-time import is no per-event cost
     profiler = cProfile.Profile()
     if loop == "asyncio-batch":
         async def write() -> None:

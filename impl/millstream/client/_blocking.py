@@ -28,6 +28,7 @@ from millstream import limits
 from millstream.client._byte_stream import AsyncByteStreamWriter, ByteStreamWriter
 from millstream.client._client import AsyncClient
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, parse_uri
+from millstream.client._framing import ColumnBatch, bytes_batch
 from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._large_events import AsyncLargeEventWriter, LargeEventConfig, LargeEventWriter
 from millstream.client._pool import SegmentLocator
@@ -178,6 +179,10 @@ class EventStreamWriter(Generic[T]):
         before any of the batch is written (see ``AsyncEventStreamWriter.write_events``)."""
         core = self._core
         payloads, keys = core._prepare_batch(events, routing_keys)
+        columns = bytes_batch(payloads, keys)
+        if columns is not None:  # framed in columns (_framing)
+            self._write_column_batch(columns)
+            return
         for start, end in core._batch_slices(payloads):
             if core._add_batch(payloads[start:end], keys[start:end]) & OVER_BUDGET:
                 self._runner.run(self._shared.wait_for_capacity())
@@ -186,8 +191,20 @@ class EventStreamWriter(Generic[T]):
         """Write a batch held in columns: ``values`` a pyarrow ``BinaryArray``/``LargeBinaryArray`` of
         events *already serialized* (or a ``(buffer, offsets)`` pair), ``routing_keys`` an Arrow string
         array, a sequence or None (see ``AsyncEventStreamWriter.write_columns`` for what is refused)."""
-        payloads, keys = _columns(self._core, values, routing_keys)
+        core = self._core
+        columns = _columns(core, values, routing_keys)
+        if isinstance(columns, ColumnBatch):  # framed in columns (_framing)
+            self._write_column_batch(columns)
+            return
+        payloads, keys = columns
         self.write_events(cast(Sequence[T], payloads), routing_keys=keys)  # (a bytes writer: checked by _columns)
+
+    def _write_column_batch(self, columns: ColumnBatch) -> None:
+        """Add a checked columnar batch a slice at a time, waiting for capacity between slices."""
+        core = self._core
+        for start, end in core._column_slices(columns):
+            if core._add_columns(columns.slice(start, end)) & OVER_BUDGET:
+                self._runner.run(self._shared.wait_for_capacity())
 
     def write_event_future(self, event: T, *, routing_key: str | None = None) -> concurrent.futures.Future[None]:
         """``write_event``, and a future that completes when the event is durable (shared by the events of

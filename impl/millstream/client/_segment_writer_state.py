@@ -20,7 +20,10 @@ The model's actions, and what they are here:
   passed (``batch_window_passed``).  This step runs once per event, so it answers with bit flags
   (``SHIPPED``, ``OVER_BUDGET``, ``REROUTE``, ``ARM_BATCH_TIMER``) rather than instruction objects:
   nothing is made per event.  ``write_events`` is the same step for a run of events (the batch path):
-  all or nothing, blocks closing at the block size within the run.
+  all or nothing, blocks closing at the block size within the run; ``write_framed`` is it for a run
+  framed already (the columnar path), whose blocks are cut from the run's bytes.  The open block's
+  parts are framed bytes: a header and a payload per ``write_event``, a run of events per
+  ``write_framed``.
 * ``store`` -- the server's; the machine learns of it through ``acknowledge`` and ``setup``.
 * ``acknowledge`` -- ``acknowledge``: a ``DataAppended`` for event ``n`` acknowledges every block up to
   ``n`` (cumulative: a stale or reordered one is ignored; one that ends no block sent is a protocol
@@ -236,7 +239,7 @@ class SegmentWriterState:
         self._clock = clock
         self._block_bytes_max = block_bytes_max
         # The open block.
-        self._parts: list[bytes] = []  # header, payload, header, payload, ...
+        self._parts: list[bytes] = []  # framed events: header, payload, ... (or runs of them: write_framed)
         self._keys: list[str | None] = []  # the open block's routing keys, one per event
         self._sequences: list[int] = []  # the open block's events' places in the writer's sequence
         # The open block's charge: its framed bytes (what goes on the wire) and its routing keys'
@@ -384,6 +387,60 @@ class SegmentWriterState:
         if shared.unacked_bytes > shared.unacked_bytes_max:
             flags |= OVER_BUDGET
         return flags
+
+    def write_framed(self, data: bytes, framed_ends: Sequence[int], charge_ends: Sequence[int],
+                     routing_keys: Sequence[str | None], sequences: Sequence[int]) -> int:
+        """``write_events`` for a run of events already framed (the columnar path: ``data`` holds the
+        run's events, ``type 0 | length | payload`` each, event ``i`` at
+        ``data[framed_ends[i]:framed_ends[i + 1]]``; ``charge_ends[i]`` is what events ``0..i-1`` are
+        charged -- framed bytes and keys' characters -- so ``charge_ends[0] == framed_ends[0] == 0``).
+        No object is made per event: blocks are cut from ``data`` where the charges reach the block
+        size, as ``write_events`` would cut them, and leave as those bytes.  All or nothing, with
+        ``write_events``' flags; the caller checked every event's length."""
+        count = len(routing_keys)
+        if not count:
+            return 0
+        shared = self._shared
+        if shared.error is not None or self._closing:
+            return self._refuse(0)
+        open_charge = self._open_charge
+        block_bytes_max = self._block_bytes_max
+        opened = self._open_count == 0
+        closed = False
+        start = 0
+        while start < count:
+            # charge_ends on the open block's scale: the open block began at -open_charge.
+            began = int(charge_ends[start]) - open_charge
+            end = bisect.bisect_left(charge_ends, began + block_bytes_max, start + 1, count + 1)
+            full = end <= count
+            end = min(end, count)
+            first = int(framed_ends[start])
+            last = int(framed_ends[end])
+            self._parts.append(data if first == 0 and last == len(data) else data[first:last])
+            self._keys.extend(routing_keys[start:end])
+            self._sequences.extend(sequences[start:end])
+            open_charge = self._open_charge = int(charge_ends[end]) - began
+            self._open_count += end - start
+            start = end
+            if full:
+                self.close_block()
+                open_charge = 0
+                opened = closed = True
+        shared.unacked_bytes += int(charge_ends[count])
+        if self._open_count and self._open_charge >= self._close_at:
+            self.close_block()
+            closed = True
+        flags = SHIPPED if closed else 0
+        if self._open_count and opened:
+            flags |= ARM_BATCH_TIMER
+        if shared.unacked_bytes > shared.unacked_bytes_max:
+            flags |= OVER_BUDGET
+        return flags
+
+    def _open_payloads(self) -> list[bytes]:
+        """The open block's payloads, in order (its parts are framed bytes: a header and a payload per
+        ``write_event``, or a run of whole events per ``write_framed``)."""
+        return list(codec.iter_events(b"".join(self._parts)))
 
     def _refuse(self, length: int) -> int:
         """Why an event of ``length`` bytes is not added (the per-event step's rare case, out of its
@@ -597,7 +654,7 @@ class SegmentWriterState:
             freed += block.charge
         open_future = self._open_future
         events.extend((payload, key, open_future, sequence) for payload, key, sequence in zip(
-            self._parts[1::2], self._keys, self._sequences, strict=True))
+            self._open_payloads(), self._keys, self._sequences, strict=True))
         self._shared.unacked_bytes -= freed
         self._inflight.clear()
         self._outbox.clear()
@@ -654,14 +711,14 @@ class SegmentWriterState:
                   for sequence, key, payload in zip(block.sequences, block.keys, codec.iter_events(block.data),
                                                     strict=True)]
         events.extend(InDoubtEvent(sequence, segment, key, payload) for sequence, key, payload
-                      in zip(self._sequences, self._keys, self._parts[1::2], strict=True))
+                      in zip(self._sequences, self._keys, self._open_payloads(), strict=True))
         return events
 
     def unacknowledged_payloads(self) -> list[bytes]:
         """The payloads not yet acknowledged, in order: in flight, queued, then the open block."""
         payloads = [payload for block in itertools.chain(self._inflight, self._outbox)
                     for payload in codec.iter_events(block.data)]
-        payloads.extend(self._parts[1::2])
+        payloads.extend(self._open_payloads())
         return payloads
 
     def charged(self) -> int:
@@ -683,7 +740,7 @@ class SegmentWriterState:
         assert 0 <= self._sent <= len(self._inflight)
         assert self._close_at == (0 if self._blocks_unacked == 0 else self._target_bytes) or self._failed, (
             self._close_at, self._blocks_unacked, self._target_bytes)
-        assert len(self._parts) == 2 * self._open_count == 2 * len(self._keys) == 2 * len(self._sequences)
+        assert codec.count_events(b"".join(self._parts)) == self._open_count == len(self._keys) == len(self._sequences)
         assert self._open_charge == sum(len(part) for part in self._parts) + sum(
             len(key) for key in self._keys if key is not None)
         for block in blocks:

@@ -28,7 +28,13 @@ written; then routes every event, groups them into one run per segment (in the b
 events are one run) and hands each run to its machine in one step under the lock
 (``SegmentWriterState.write_events``), which fills and closes blocks as single events would.  Per
 batch, not per event: one lock step, one await or none, one flag check per segment.  A batch larger
-than half the writer's budget is added a slice at a time, waiting for capacity between slices.
+than half the writer's budget is added a slice at a time, waiting for capacity between slices.  When
+NumPy and pyarrow are installed and every event has a key, a batch does not even go event by event:
+``_framing`` groups it by segment and frames it in columns, routing each distinct key once per view
+(``KeyRoutes``), and each segment's machine cuts its blocks from the framed bytes
+(``SegmentWriterState.write_framed``).  A thread that is not the loop's hands what a step answered
+(blocks to send, batch timers) to the loop through ``WriterShared.post``: one wake-up of the loop per
+burst, not one per segment.
 
 The append session (the ``Session`` of ``_connection``) is a loop per segment writer: find the
 segment's server, take a connection, send ``SetupAppend`` and wait for ``AppendSetup``, whose
@@ -84,7 +90,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import concurrent.futures
+import functools
 import itertools
 import logging
 import operator
@@ -96,6 +104,15 @@ from uuid import UUID
 from millstream import limits
 from millstream.client._append_session import AppendSession
 from millstream.client._config import ClientConfig, RandomSource, random_uuid
+from millstream.client._framing import (
+    ColumnBatch,
+    KeyRoutes,
+    arrow_values,
+    bytes_batch,
+    column_batch,
+    frame_runs,
+    slice_bounds,
+)
 from millstream.client._in_doubt import InDoubtEvent
 from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import Router, StreamRouter
@@ -191,7 +208,7 @@ class WriterShared(WriterBudget):
     that guards it and every segment writer's machine, the loop and its thread, the waiters for
     capacity and what giving up does to them all (``give_up``, set by ``AsyncEventStreamWriter``)."""
 
-    __slots__ = ("_capacity_waiters", "give_up", "lock", "loop", "loop_thread")
+    __slots__ = ("_capacity_waiters", "_posted", "_wake_pending", "give_up", "lock", "loop", "loop_thread")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, unacked_bytes_max: int) -> None:
         super().__init__(unacked_bytes_max)
@@ -199,9 +216,41 @@ class WriterShared(WriterBudget):
         self.loop = loop
         self.loop_thread = threading.get_ident()  # built on the loop's thread
         self._capacity_waiters: list[asyncio.Future[None]] = []
+        # Work other threads hand the loop (drains, batch timers), run in one loop callback: one
+        # wake-up of the loop (a write to its self-pipe) per burst, not per block (see ``post``).
+        self._posted: collections.deque[Callable[[], object]] = collections.deque()
+        self._wake_pending = False
         #: (Loop thread.)  Giving up: stop every segment writer where it is, make the error from the
         #: in-doubt set (the argument), fail them all with it and return it.
         self.give_up: Callable[[Callable[[tuple[InDoubtEvent, ...]], BaseException]], BaseException] | None = None
+
+    def post(self, callback: Callable[[], object]) -> None:
+        """(Any thread but the loop's.)  Run ``callback`` on the loop thread soon.  Callbacks posted
+        before the loop runs them go in one wake-up of the loop: ``call_soon_threadsafe`` writes to
+        the loop's self-pipe each time (a system call on each side), and a batch that ships blocks of
+        16 segments would otherwise pay 16.  The flag is cleared before the queue is drained, and a
+        poster appends before reading it, so a callback is never left behind (at worst, one wake-up
+        too many)."""
+        self._posted.append(callback)
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self.loop.call_soon_threadsafe(self._run_posted)
+            except BaseException:  # the loop is closed: the next post tries again, and raises too
+                self._wake_pending = False
+                raise
+
+    def _run_posted(self) -> None:
+        """(Loop thread.)  Run what other threads posted, in the order posted (one failing does not
+        hold the others back: each was a loop callback of its own before)."""
+        self._wake_pending = False
+        posted = self._posted
+        while posted:
+            callback = posted.popleft()
+            try:
+                callback()
+            except Exception:
+                _log.exception("a writer callback failed on the event loop")
 
     def fail(self, error: BaseException) -> None:
         """Record the writer's first error (under the lock) and wake whoever waits for capacity."""
@@ -355,7 +404,7 @@ class SegmentWriter(SegmentWriterState, AppendSession):
         if threading.get_ident() == shared.loop_thread:
             shared.loop.call_later(delay, self._batch_window_passed, generation)
         else:
-            shared.loop.call_soon_threadsafe(shared.loop.call_later, delay, self._batch_window_passed, generation)
+            shared.post(functools.partial(shared.loop.call_later, delay, self._batch_window_passed, generation))
 
     def _batch_window_passed(self, generation: int) -> None:
         with self._lock:
@@ -370,7 +419,7 @@ class SegmentWriter(SegmentWriterState, AppendSession):
             self._drain_outbox()
         elif not self._drain_scheduled:
             self._drain_scheduled = True
-            shared.loop.call_soon_threadsafe(self._drain_outbox)
+            shared.post(self._drain_outbox)
 
     # --- Loop side ---------------------------------------------------------------------------------
 
@@ -602,10 +651,11 @@ def _bad_key(routing_key: object) -> InvalidArgumentError:
 
 
 def _columns(writer: AsyncEventStreamWriter[T], values: object, routing_keys: object,
-             ) -> tuple[list[bytes], list[str | None] | None]:
-    """``write_columns``' input as ``write_events``' sequences (see there for what is refused).  The
-    bytes of each event are cut from the column by Arrow (``to_pylist``, in C) or by slicing the
-    buffer; keys are read the same way."""
+             ) -> ColumnBatch | tuple[list[bytes], list[str | None] | None]:
+    """``write_columns``' input, checked (see there for what is refused): as a ``ColumnBatch``, which
+    is framed in columns (``_framing``), when NumPy and pyarrow are installed and every event has a
+    ``str`` key -- else as ``write_events``' sequences: the bytes of each event cut from the column
+    by Arrow or by slicing the buffer, keys read the same way."""
     if not writer._identity:
         raise OperationUnsupportedError(
             f"write_columns takes events already serialized to bytes, but this writer's serializer is "
@@ -622,6 +672,10 @@ def _columns(writer: AsyncEventStreamWriter[T], values: object, routing_keys: ob
         if not ends or ends[0] < 0 or ends[-1] > len(view) or ends != sorted(ends):
             raise InvalidArgumentError(f"columnar offsets must rise from 0 or more to at most the buffer's "
                                        f"{len(view)} bytes")
+        array = arrow_values(view, ends) if routing_keys is not None else None
+        batch = None if array is None else column_batch(array, routing_keys)
+        if batch is not None:
+            return batch
         payloads = _cut(view.tobytes(), ends)
     else:
         pa = _pyarrow()
@@ -633,6 +687,9 @@ def _columns(writer: AsyncEventStreamWriter[T], values: object, routing_keys: ob
                                        f"(buffer, offsets) pair), not {type(values).__name__}")
         if values.null_count:
             raise InvalidArgumentError(f"columnar values hold {values.null_count} null(s): every event needs bytes")
+        batch = column_batch(values, routing_keys)
+        if batch is not None:
+            return batch
         payloads = _cut(*_arrow_column(values, pa.types.is_large_binary(values.type)))
     keys: list[str | None] | None
     if routing_keys is None:
@@ -696,6 +753,16 @@ def _picker(indexes: list[int]) -> Callable[[Sequence[T]], Sequence[T]]:
     return operator.itemgetter(*indexes)
 
 
+def _carry_out_on_loop(work: list[tuple[SegmentWriter, int, int]]) -> None:
+    """(Loop thread.)  A batch's answers (``AsyncEventStreamWriter._carry_out_batch``): arm each new
+    open block's batch timer and send each writer's closed blocks."""
+    for writer, flags, generation in work:
+        if flags & ARM_BATCH_TIMER:
+            writer._arm_batch_timer(generation)
+        if flags & SHIPPED:
+            writer._drain_outbox()
+
+
 def _chain_completion(old: Completion, news: Sequence[Completion]) -> None:
     """Complete ``old`` -- the future that the events of a handed-over block shared -- once every
     block they moved into (``news``) is durable, or with the first failure among them."""
@@ -751,6 +818,10 @@ class AsyncEventStreamWriter(Generic[T]):
         #: While the router's view has one segment: that segment, for every key that is a ``str`` (and
         #: for no key) without asking the memo or the router (None: ask them).
         self._single: str | None
+        #: Counts the router's views (``_follow_view``); the columnar path's key routes (None: none
+        #: yet) hold for the view they were made in.
+        self._view_generation = 0
+        self._key_routes: KeyRoutes | None = None
         self._follow_view(router)
         #: Whether the router still routes to a segment (a stream's view changes; a fixed router's not).
         self._routes_to: Callable[[str], bool] | None = None
@@ -838,7 +909,9 @@ class AsyncEventStreamWriter(Generic[T]):
 
     def _follow_view(self, router: Router | None) -> None:
         """Take the per-event shortcuts from ``router``'s current view (at start, and with the lock
-        held whenever the view changes): its memo's lookup and its single segment, if it has one."""
+        held whenever the view changes): its memo's lookup and its single segment, if it has one; and
+        drop the columnar path's key routes (``_framing.KeyRoutes``, made for the old view)."""
+        self._view_generation += 1
         self._lookup = _memo_lookup(router)
         self._single = _single_segment(router)
 
@@ -1021,17 +1094,92 @@ class AsyncEventStreamWriter(Generic[T]):
                     answers.append((writer, flags, writer.last_assigned))
         finally:
             lock.release()
-        result = 0
-        for writer, flags, generation in answers:
-            if flags & ARM_BATCH_TIMER:
-                writer._arm_batch_timer(generation)
-            if flags & SHIPPED:
-                writer._ship()
-            result |= flags & OVER_BUDGET
+        result = self._carry_out_batch(answers)
         # A segment sealed and handed over between routing and the step: its events go where its keys
         # went, one by one, in the batch's order (per key, the order holds: a key's events are one run).
         for index in sorted(rerouted):
             result |= self._append_rerouted(payloads[index], keys[index], None) & OVER_BUDGET
+        return result
+
+    def _column_slices(self, batch: ColumnBatch) -> list[tuple[int, int]]:
+        """``_batch_slices`` for a columnar batch: at most half the writer's budget each."""
+        return slice_bounds(batch, max(self._shared.unacked_bytes_max // 2, 1))
+
+    def _add_columns(self, batch: ColumnBatch, routed: int = 0) -> int:
+        """``_add_batch`` for a columnar batch (any thread, once ``ready()`` has returned): route each
+        distinct key once (the router's memo first: a scale empties it, so keys follow the new view),
+        frame each segment's events in columns (``_framing.frame_runs``) and hand each segment's run
+        to its machine (``SegmentWriterState.write_framed``) in one step under the writer's lock.
+        Returns ``OVER_BUDGET`` or 0; raises the writer's error or ``ObjectClosedError`` before any of
+        the slice is added."""
+        routes = self._key_routes
+        if routes is None or routes.generation != self._view_generation:
+            routes = self._key_routes = KeyRoutes(self._view_generation)
+        runs = frame_runs(batch, routes.route(batch.keys, self._route_key))
+        writers = self._writers
+        for run in runs:
+            segment = run.segment
+            if segment not in writers:
+                opened = self._open_segment(segment, None)
+                if opened.segment != segment:  # the view changed meanwhile: route this slice again
+                    if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
+                        raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
+                    return self._add_columns(batch, routed + 1)
+        shared = self._shared
+        count = len(batch)
+        answers: list[tuple[SegmentWriter, int, int]] = []
+        rerouted: list[Any] = []
+        lock = self._lock
+        lock.acquire()
+        try:
+            shared.raise_error()
+            if self._closed:
+                raise ObjectClosedError("the writer is closed")
+            base = shared.sequence + 1
+            shared.sequence += count
+            for run in runs:
+                writer = writers.get(run.segment)
+                if writer is None or writer.retired:
+                    rerouted.append(run.positions)
+                    continue
+                flags = writer.write_framed(run.data, run.framed_ends, run.charge_ends, run.routing_keys,
+                                            (run.positions + base).tolist())
+                if flags & REROUTE:
+                    rerouted.append(run.positions)
+                elif flags:
+                    answers.append((writer, flags, writer.last_assigned))
+        finally:
+            lock.release()
+        result = self._carry_out_batch(answers)
+        if rerouted:
+            # A segment sealed and handed over between routing and the step: its events go where its
+            # keys went, one by one, in the batch's order (as ``_add_batch``'s do).
+            positions = sorted(itertools.chain.from_iterable(run_positions.tolist() for run_positions in rerouted))
+            for payload, key in zip(batch.payloads(positions), batch.routing_keys(positions), strict=True):
+                result |= self._append_rerouted(payload, key, None) & OVER_BUDGET
+        return result
+
+    def _route_key(self, routing_key: str) -> str:
+        """The segment of ``routing_key`` now (the memo first): for ``KeyRoutes``, once per new key."""
+        return self._lookup(routing_key) or self._segment_for(routing_key)
+
+    def _carry_out_batch(self, answers: list[tuple[SegmentWriter, int, int]]) -> int:
+        """What a batch's machine steps answered (``(writer, flags, generation)`` each): arm the batch
+        timers and ship the closed blocks -- on another thread than the loop's, in one hand-off to
+        the loop for the whole batch (one wake-up, not one per segment).  Returns ``OVER_BUDGET`` if
+        any step answered it."""
+        result = 0
+        for _, flags, _ in answers:
+            result |= flags & OVER_BUDGET
+        work = [(writer, flags, generation) for writer, flags, generation in answers
+                if flags & (ARM_BATCH_TIMER | SHIPPED)]
+        if not work:
+            return result
+        shared = self._shared
+        if threading.get_ident() == shared.loop_thread:
+            _carry_out_on_loop(work)
+        else:
+            shared.post(functools.partial(_carry_out_on_loop, work))
         return result
 
     def _open_segment(self, segment: str, routing_key: str | None) -> SegmentWriter:
@@ -1181,6 +1329,10 @@ class AsyncEventStreamWriter(Generic[T]):
         if self._router is None:
             await self.ready()
         payloads, keys = self._prepare_batch(events, routing_keys)
+        columns = bytes_batch(payloads, keys)
+        if columns is not None:  # framed in columns (_framing)
+            await self._write_column_batch(columns)
+            return
         for start, end in self._batch_slices(payloads):
             if self._add_batch(payloads[start:end], keys[start:end]) & OVER_BUDGET:
                 await self._shared.wait_for_capacity()
@@ -1203,8 +1355,20 @@ class AsyncEventStreamWriter(Generic[T]):
         ``OperationUnsupportedError``."""
         if self._router is None:
             await self.ready()
-        payloads, keys = _columns(self, values, routing_keys)
+        columns = _columns(self, values, routing_keys)
+        if isinstance(columns, ColumnBatch):
+            await self._write_column_batch(columns)
+            return
+        payloads, keys = columns
         await self.write_events(cast(Sequence[T], payloads), routing_keys=keys)  # (a bytes writer: checked)
+
+    async def _write_column_batch(self, columns: ColumnBatch) -> None:
+        """Add a checked columnar batch a slice at a time (see ``write_events``)."""
+        for start, end in self._column_slices(columns):
+            if self._add_columns(columns.slice(start, end)) & OVER_BUDGET:
+                await self._shared.wait_for_capacity()
+            else:
+                await asyncio.sleep(0)  # let the loop read acknowledgements
 
     async def write_event_future(self, event: T, *, routing_key: str | None = None) -> asyncio.Future[None]:
         """``write_event``, and a future that completes when the event is durable (or fails with the
