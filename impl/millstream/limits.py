@@ -909,3 +909,13 @@ ZOOKEEPER_REQUEST_TIMEOUT_SECONDS: Final = 10.0
 
 #: How long stopping a member waits for its election thread to leave the election.
 ZOOKEEPER_ELECTION_STOP_TIMEOUT_SECONDS: Final = 10.0
+
+#: How many times a host starts a container again, under one map generation, after an older map's
+#: owner fenced it while this host held the container's claim (``ContainerManager``).  One restart
+#: heals the start-up race (an older claimant opens once); a few more cover an old owner's container
+#: restarting after a failure; the bound stops a ping-pong nobody foresaw until the next map.
+CLUSTER_CONTAINER_RECLAIMS_MAX: Final = 3
+
+#: How many times a claim of a container's znode is retried when another host's conditional write
+#: got there first (each retry re-reads the claim; two hosts at most contend under one generation).
+CLUSTER_CLAIM_ATTEMPTS_MAX: Final = 5
