@@ -919,3 +919,18 @@ CLUSTER_CONTAINER_RECLAIMS_MAX: Final = 3
 #: How many times a claim of a container's znode is retried when another host's conditional write
 #: got there first (each retry re-reads the claim; two hosts at most contend under one generation).
 CLUSTER_CLAIM_ATTEMPTS_MAX: Final = 5
+
+#: How long ``millstream serve --tier1`` waits for NATS JetStream to answer before it refuses to
+#: start (a wrong address fails within this, naming it).  Loopback or a LAN answers in milliseconds;
+#: a loaded machine may take a second or two to accept a connection.
+CLUSTER_TIER1_CHECK_TIMEOUT_SECONDS: Final = 5.0
+
+#: How long ``millstream cluster up`` waits for its ZooKeeper, NATS servers and nodes to be ready
+#: (each node prints its address and the map gives every container a claimed owner) before it stops
+#: everything and fails.  A JVM and three JetStream servers start in seconds here; a loaded CI
+#: machine may take many times that.
+CLUSTER_UP_START_TIMEOUT_SECONDS: Final = 120.0
+
+#: How long ``millstream cluster up`` gives each child (node, NATS server, ZooKeeper) to exit after
+#: SIGTERM before it SIGKILLs it: a node drains what its containers acknowledged first.
+CLUSTER_UP_STOP_TIMEOUT_SECONDS: Final = 30.0

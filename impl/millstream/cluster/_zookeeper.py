@@ -88,7 +88,8 @@ from millstream.errors import (
 from millstream.tasks import cancel_and_wait
 
 __all__ = ["Assignment", "ClusterMember", "cluster_paths", "decode_assignment", "decode_claim",
-           "encode_assignment", "encode_claim", "read_assignment", "read_claim", "write_assignment", "write_claim"]
+           "encode_assignment", "encode_claim", "read_assignment", "read_claim", "read_cluster_status",
+           "write_assignment", "write_claim"]
 
 log = logging.getLogger("millstream.cluster")
 
@@ -262,6 +263,53 @@ def write_claim(client: KazooClient, paths: ClusterPaths, container_id: int, hos
         return True
     raise CoordinationUnavailableError(
         f"container {container_id}'s claim kept changing under {limits.CLUSTER_CLAIM_ATTEMPTS_MAX} attempts")
+
+
+def read_cluster_status(client: KazooClient, paths: ClusterPaths, *,
+                        timeout_seconds: float = limits.ZOOKEEPER_REQUEST_TIMEOUT_SECONDS) -> dict[str, Any]:
+    """What ZooKeeper says of the cluster now (``millstream cluster status``), as plain data::
+
+        {"map_version": V, "container_count": N, "leader": host id or None,
+         "hosts": {host id: {"address": "host:port", "containers": [ids]}},
+         "containers": {id: {"host": host id or None, "claimed_by": host id or None,
+                             "claimed_under": map version or None}}}
+
+    A container whose host is not registered is listed with that host (it is moving).  Blocks: call
+    it from a thread."""
+    def get(path: str) -> bytes | None:
+        try:
+            data, _ = client.get_async(path).get(timeout=timeout_seconds)
+        except NoNodeError:
+            return None
+        return bytes(data)
+
+    def children(path: str) -> list[str]:
+        try:
+            return sorted(client.get_children_async(path).get(timeout=timeout_seconds))
+        except NoNodeError:
+            return []
+
+    assignment = read_assignment(client, paths, timeout_seconds=timeout_seconds)
+    hosts: dict[str, dict[str, Any]] = {}
+    for host_id in children(paths.hosts):
+        address = get(paths.host(host_id))
+        if address is not None:
+            hosts[host_id] = {"address": address.decode(errors="replace"),
+                              "containers": sorted(assignment.containers_of(host_id))}
+    contenders = sorted(children(paths.election), key=lambda name: name.rsplit("_", 1)[-1])
+    leader = None
+    if contenders:
+        data = get(f"{paths.election}/{contenders[0]}")
+        leader = None if data is None else data.decode(errors="replace")
+    containers: dict[int, dict[str, Any]] = {}
+    for container_id in range(assignment.container_count):
+        recorded = get(paths.container(container_id))
+        claim = None if recorded is None else decode_claim(recorded)
+        containers[container_id] = {"host": assignment.containers.get(container_id),
+                                    "claimed_by": None if claim is None else claim[0],
+                                    "claimed_under": None if claim is None else claim[1]}
+    return {"map_version": assignment.version, "container_count": assignment.container_count, "leader": leader,
+            "hosts": hosts, "containers": containers}
 
 
 class ClusterMember:
