@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from millstream.testing.zookeeper_server import ZooKeeperServer
 from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
 
 CONTAINER_COUNT = 4
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Bounds on a child command (not speed checks): a hung command fails the test instead of hanging it.
 _UP_READY_SECONDS = 300.0
@@ -136,14 +138,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _readme_cluster_commands() -> tuple[list[str], str]:
+    """The README's "A cluster on one machine" commands: ``cluster up``'s arguments, and the status line."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## A cluster on one machine\n", 1)[1].split("\n## ", 1)[0]
+    install, status = re.findall(r"```sh\n(.*?)```", section, re.S)
+    up = next(line for line in install.splitlines() if line.startswith("millstream cluster up"))
+    assert up == "millstream cluster up --nodes 3 --data-dir ./cluster"
+    return shlex.split(up)[1:], status.strip()
+
+
 def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    """(``zookeeper``: only for its skip when ZooKeeper is not installed; ``cluster up`` starts its own.)"""
+    """The README's cluster commands, as written (in a fresh directory).  (``zookeeper``: only for its
+    skip when ZooKeeper is not installed; ``cluster up`` starts its own.)"""
     NatsCluster(tmp_path / "probe", size=1)  # fails now, saying how to install it, if nats-server is missing
+    up, status_line = _readme_cluster_commands()
     process = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from millstream.cli import main; sys.exit(main())", "cluster", "up",
-         "--nodes", "3", "--data-dir", str(tmp_path / "cluster")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-c", "import sys; from millstream.cli import main; sys.exit(main())", *up],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -167,6 +180,10 @@ def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
         assert len(pids) == 1 + 3 + 3, text  # ZooKeeper, three NATS servers, three nodes
         nodes = re.findall(r"^node-(\d) (tcp://127\.0\.0\.1:\d+) ", text, re.M)
         assert [index for index, _ in nodes] == ["1", "2", "3"], text
+        port = zookeeper_address.group(1).rpartition(":")[2]
+        assert status_line == "millstream cluster status --zookeeper 127.0.0.1:PORT"
+        result = CliRunner().invoke(main, shlex.split(status_line.replace("PORT", port))[1:])
+        assert result.exit_code == 0 and "3 host(s), 4 container(s)" in result.output, result.output
         code, output = _status(zookeeper_address.group(1), "millstream", "--json")
         assert code == 0, output
         status = json.loads(output)
