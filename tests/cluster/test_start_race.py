@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from millstream.cluster import ClusterNode, assign
+from millstream.cluster._containers import ContainerManager
+from millstream.cluster._zookeeper import Assignment
 from millstream.errors import MillstreamError
 from millstream.naming import container_of
 from millstream.segmentstore.durable_data_log import DurableDataLog, LogAddress, LogRecord, OnDone, WriteSettings
@@ -139,3 +141,63 @@ async def test_a_claim_under_an_older_map_is_refused_and_a_newer_one_taken(zooke
     finally:
         await asyncio.to_thread(client.stop)
         await asyncio.to_thread(client.close)
+
+
+class _Claims:
+    """``ContainerClaims`` in memory, with ``write_claim``'s rule (for managers driven by hand)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[int, tuple[str, int]] = {}
+
+    async def claim_container(self, container_id: int, host_id: str, map_version: int) -> bool:
+        held = self.claims.get(container_id)
+        if held is not None and (held[1] > map_version or (held[1] == map_version and held[0] != host_id)):
+            return False
+        self.claims[container_id] = (host_id, map_version)
+        return True
+
+    async def container_claim(self, container_id: int) -> tuple[str, int] | None:
+        return self.claims.get(container_id)
+
+
+@in_loop
+async def test_an_owner_a_newer_map_kept_starts_again_when_an_older_claimant_fences_it(tmp_path: Path) -> None:
+    """The race, one map later: b claimed the container under map 1, map 2 left it on b, and a, still
+    opening it under map 0, fences b.  b holds its claim (under map 1, older than the current map) and
+    the current map gives it the container, so b starts it again."""
+    entered, gate = asyncio.Event(), asyncio.Event()
+    claims = _Claims()
+
+    def manager(host_id: str) -> ContainerManager:
+        def open_log(container_id: int) -> DurableDataLog:
+            log = FileLog(tmp_path / "tier1" / f"container-{container_id}")
+            if host_id == "a" and not gate.is_set():
+                return _GatedLog(log, entered, gate)
+            return log
+        return ContainerManager(host_id, open_log, chunk_storage=FileChunkStorage(tmp_path / "tier2"),
+                                host_options={"restart_delay_seconds": 0.01}, claims=claims)
+
+    a, b = manager("a"), manager("b")
+    async with a, b:
+        a.apply(Assignment({0: "a"}, 0, 1))
+        await asyncio.wait_for(entered.wait(), WAIT_SECONDS)  # a claimed it under map 0 and is opening its log
+        b.apply(Assignment({0: "b"}, 1, 1))
+        await b.settled()
+        assert b.serving == {0} and claims.claims[0] == ("b", 1)
+        for later in (a, b):
+            later.apply(Assignment({0: "b"}, 2, 1))  # a newer map leaves it on b
+        await b.settled()
+        gate.set()  # a's open goes through now: it fences b, re-reads the claim and stops its copy
+        await a.settled()
+        assert a.serving == frozenset() and a.history == []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_SECONDS
+        for index in itertools.count():
+            try:
+                await b.container(0).create_segment(f"scope/after-{index}")
+                break
+            except MillstreamError:
+                assert loop.time() < deadline, "b did not serve the container again after a fenced it"
+                await asyncio.sleep(0.02)
+        assert b.history == [("start", 0), ("stop", 0), ("start", 0)]
+        assert claims.claims[0] == ("b", 2)

@@ -28,10 +28,11 @@ version it claimed under, written conditionally):
 * after the log is open it reads the claim again: if a newer map's owner claimed meanwhile, it stops
   its copy at once (that owner opens after it, or -- the race above -- has opened before it and is
   now fenced);
-* a container fenced while this host still holds its claim under the current map was fenced by an
-  older claimant (the race above, or an old owner's ``ContainerHost`` restarting a failed container),
-  so it is started again, fencing that one -- at most ``CLUSTER_CONTAINER_RECLAIMS_MAX`` times per
-  map generation.
+* a container fenced while this host still holds its claim (under the map it started it with, which
+  may be older than the current one if a newer map left the container here) and the current map
+  still gives it this host was fenced by an older claimant (the race above, or an old owner's
+  ``ContainerHost`` restarting a failed container), so it is started again under the current map,
+  fencing that one -- at most ``CLUSTER_CONTAINER_RECLAIMS_MAX`` times per map generation.
 
 Otherwise a container that stops on its own (its host gave up: fenced, corrupt, or restarts
 exhausted) is not started again under the same map generation: the newer owner that fenced it is
@@ -234,9 +235,11 @@ class ContainerManager:
     async def _fenced_by_an_older_claimant(self, container_id: int, host: ContainerHost,
                                            claimed: int | None) -> bool:
         """Whether ``host`` (stopped on its own) was fenced while this host still holds the container's
-        claim under the current map, with restarts left: then it is started again (see the docstring)."""
+        claim and the current map still gives it the container, with restarts left: then it is started
+        again, claiming it under the current map (see the docstring)."""
         version = self._assignment.version
-        if self._claims is None or claimed != version or host.status[0] != "fenced" or self._lost:
+        if self._claims is None or claimed is None or host.status[0] != "fenced" \
+                or container_id not in self._wanted():
             return False
         restarts = self._reclaims.get((container_id, version), 0)
         if restarts >= limits.CLUSTER_CONTAINER_RECLAIMS_MAX:
@@ -248,7 +251,7 @@ class ContainerManager:
         except Exception as error:
             log.error("host %s could not read container %d's claim: %r", self.host_id, container_id, error)
             return False
-        if holder != (self.host_id, version):
+        if holder != (self.host_id, claimed):
             return False
         self._reclaims[(container_id, version)] = restarts + 1
         log.warning("host %s: container %d was fenced by an older map's owner while this host holds it under "
