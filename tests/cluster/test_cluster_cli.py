@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -180,7 +181,8 @@ def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
         assert len(pids) == 1 + 3 + 3, text  # ZooKeeper, three NATS servers, three nodes
         nodes = re.findall(r"^node-(\d) (tcp://127\.0\.0\.1:\d+) ", text, re.M)
         assert [index for index, _ in nodes] == ["1", "2", "3"], text
-        port = zookeeper_address.group(1).rpartition(":")[2]
+        zookeeper_connect = zookeeper_address.group(1)
+        port = zookeeper_connect.rpartition(":")[2]
         assert status_line == "millstream cluster status --zookeeper 127.0.0.1:PORT"
         result = CliRunner().invoke(main, shlex.split(status_line.replace("PORT", port))[1:])
         assert result.exit_code == 0 and "3 host(s), 4 container(s)" in result.output, result.output
@@ -191,9 +193,25 @@ def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
         assert {f"tcp://{entry['address']}" for entry in status["hosts"].values()} == {uri for _, uri in nodes}
         assert all(container["claimed_by"] == container["host"] for container in status["containers"].values())
         assert all(_alive(pid) for pid in pids)
+        # A node killed: the cluster carries on, and its containers move to the other two.
+        killed = int(re.search(r"^node-2 \S+ \(pid (\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + _UP_READY_SECONDS
+
+        def moved() -> bool:
+            code, output = _status(zookeeper_connect, "millstream", "--json")
+            status = json.loads(output) if code == 0 else {"hosts": {}}
+            return sorted(status["hosts"]) == ["node-1", "node-3"] and all(
+                container["host"] in status["hosts"] and container["claimed_by"] == container["host"]
+                for container in status["containers"].values())
+        while not moved():
+            assert time.monotonic() < deadline, "node-2's containers did not move to the other nodes"
+            time.sleep(0.2)
+        assert process.poll() is None
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=_UP_STOP_SECONDS) == 0
         assert [pid for pid in pids if _alive(pid)] == []
+        assert process.stderr is not None and "node-2 exited with status -9" in process.stderr.read()
     finally:
         if process.poll() is None:
             process.kill()

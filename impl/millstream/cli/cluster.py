@@ -7,7 +7,8 @@ starts one ZooKeeper, a three-server JetStream cluster and ``--nodes`` cluster n
 process with its files under ``--data-dir`` -- waits until every container of the map is claimed by
 its owner, prints the addresses and serves until SIGINT or SIGTERM; then it stops the nodes (SIGTERM:
 they drain), the NATS servers and ZooKeeper, waiting for each, and leaves no process behind.  A
-child that dies meanwhile stops everything and fails the command.
+child that dies while starting stops everything and fails the command; one that dies later (a node
+killed to watch its containers move) is reported on stderr and the rest carry on.
 """
 
 from __future__ import annotations
@@ -208,7 +209,9 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
     It prints each address once the map gives every container to a node that claimed it, then a
     line `millstream cluster ready`, and serves until you press Ctrl-C (SIGINT) or send SIGTERM:
     then it stops the nodes (they drain), the NATS servers and ZooKeeper, and exits.  Each node's
-    output is in DATA_DIR/node-N/node.log.  A child that dies stops everything (exit status 1).
+    output is in DATA_DIR/node-N/node.log.  A child that dies while starting stops everything
+    (exit status 1); a node that dies later -- killed to watch its containers move to the others --
+    is reported on stderr, and the cluster carries on without it.
 
     Clients connect to any node's address; a segment on another node is answered WrongHost
     (no controller runs on cluster nodes yet: see docs/cluster.md).
@@ -236,7 +239,6 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
     nats = None
     children: list[_Child] = []
     client = None
-    failure: str | None = None
     try:
         try:
             zookeeper.start()
@@ -284,12 +286,13 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
             click.echo(f"millstream cluster ready: {node_count} node(s), {container_count} container(s); "
                        f"Ctrl-C stops everything")
             sys.stdout.flush()
+            reported: set[str] = set()
             while not stopping.is_set():
-                exited = [child for child in children if child.process.poll() is not None]
-                if exited:
-                    failure = (f"{exited[0].name} exited with status {exited[0].process.returncode}; "
-                               f"its log: {exited[0].log_path}")
-                    break
+                for child in children:
+                    if child.name not in reported and child.process.poll() is not None:
+                        reported.add(child.name)
+                        click.echo(f"millstream: {child.name} exited with status {child.process.returncode} (its "
+                                   f"log: {child.log_path}); the cluster carries on without it", err=True)
                 stopping.wait(0.2)
     finally:
         click.echo("millstream: stopping the cluster ...", err=True)
@@ -305,8 +308,6 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
         for signal_number, handler in previous.items():
             signal.signal(signal_number, handler)
         click.echo("millstream: stopped", err=True)
-    if failure is not None:
-        raise click.ClickException(failure)
 
 
 # --- serve --zookeeper -------------------------------------------------------------------------------------
