@@ -127,7 +127,8 @@ class MergeOutcomeUnknownError(ConnectionLostError):
 
 # --- The cluster's coordination on ZooKeeper (``millstream.cluster``: issue 23) --------------------
 
-__all__ += ["AssignmentConflictError", "CoordinationError", "CoordinationUnavailableError", "SessionLostError"]
+__all__ += ["AssignmentConflictError", "CoordinationError", "CoordinationUnavailableError", "SessionLostError",
+            "Tier1UnavailableError"]
 
 
 class CoordinationError(MillstreamError):
@@ -147,6 +148,14 @@ class AssignmentConflictError(CoordinationError, RetryableError):
     leader wrote the map meanwhile (this one was deposed, or raced a successor).  Nothing was written.
     Raised by ``write_assignment``; an elected member reads the map again and recomputes, a deposed one
     stops writing."""
+
+
+class Tier1UnavailableError(CoordinationError, RetryableError, ConnectionError):
+    """The replicated Tier-1 (NATS JetStream) could not be reached, or answered without JetStream,
+    within the check's timeout: a wrong address, servers that are down, or servers started without
+    JetStream.  Raised by ``check_jetstream`` before a cluster node starts (``millstream serve
+    --tier1``), so that a host given a wrong address fails at once, naming it, instead of starting
+    and failing every container it is given.  Retrying helps once the servers answer."""
 
 
 class SessionLostError(CoordinationError):

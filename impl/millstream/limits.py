@@ -915,3 +915,28 @@ ZOOKEEPER_REQUEST_TIMEOUT_SECONDS: Final = 10.0
 
 #: How long stopping a member waits for its election thread to leave the election.
 ZOOKEEPER_ELECTION_STOP_TIMEOUT_SECONDS: Final = 10.0
+
+#: How many times a host starts a container again, under one map generation, after an older map's
+#: owner fenced it while this host held the container's claim (``ContainerManager``).  One restart
+#: heals the start-up race (an older claimant opens once); a few more cover an old owner's container
+#: restarting after a failure; the bound stops a ping-pong nobody foresaw until the next map.
+CLUSTER_CONTAINER_RECLAIMS_MAX: Final = 3
+
+#: How many times a claim of a container's znode is retried when another host's conditional write
+#: got there first (each retry re-reads the claim; two hosts at most contend under one generation).
+CLUSTER_CLAIM_ATTEMPTS_MAX: Final = 5
+
+#: How long ``millstream serve --tier1`` waits for NATS JetStream to answer before it refuses to
+#: start (a wrong address fails within this, naming it).  Loopback or a LAN answers in milliseconds;
+#: a loaded machine may take a second or two to accept a connection.
+CLUSTER_TIER1_CHECK_TIMEOUT_SECONDS: Final = 5.0
+
+#: How long ``millstream cluster up`` waits for its ZooKeeper, NATS servers and nodes to be ready
+#: (each node prints its address and the map gives every container a claimed owner) before it stops
+#: everything and fails.  A JVM and three JetStream servers start in seconds here; a loaded CI
+#: machine may take many times that.
+CLUSTER_UP_START_TIMEOUT_SECONDS: Final = 120.0
+
+#: How long ``millstream cluster up`` gives each child (node, NATS server, ZooKeeper) to exit after
+#: SIGTERM before it SIGKILLs it: a node drains what its containers acknowledged first.
+CLUSTER_UP_STOP_TIMEOUT_SECONDS: Final = 30.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from millstream.cluster._containers import ContainerManager
+from millstream.cluster._containers import ContainerClaims, ContainerManager
 from millstream.cluster._zookeeper import Assignment, ClusterMember
 from millstream.errors import ContainerUnavailableError, DataLogFencedError, WrongHostError
 from millstream.segmentstore.durable_data_log import DurableDataLog
@@ -30,9 +30,9 @@ def _file_logs(root: Path) -> Callable[[int], DurableDataLog]:
     return open_log
 
 
-def _manager(root: Path, host_id: str) -> ContainerManager:
+def _manager(root: Path, host_id: str, claims: ContainerClaims | None = None) -> ContainerManager:
     return ContainerManager(host_id, _file_logs(root), chunk_storage=FileChunkStorage(root / "tier2"),
-                            host_options={"restart_delay_seconds": 0.01})
+                            host_options={"restart_delay_seconds": 0.01}, claims=claims)
 
 
 def _map(version: int, **owners: str) -> Assignment:
@@ -135,12 +135,16 @@ async def test_suspended_starts_nothing_new_and_a_lost_session_stops_everything(
 async def test_members_on_zookeeper_move_containers_and_their_data_when_a_host_leaves(
         zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
     cluster = cluster_name()
-    managers = {host: _manager(tmp_path, host) for host in ("a", "b")}
+    managers: dict[str, ContainerManager] = {}
     members = {host: ClusterMember(zookeeper.connect_string, cluster=cluster, host_id=host, address=f"{host}:1",
                                    container_count=CONTAINER_COUNT, session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
-                                   connect_timeout_seconds=30.0, on_assignment=managers[host].apply,
-                                   on_suspended=managers[host].suspend, on_session_lost=managers[host].session_lost)
+                                   connect_timeout_seconds=30.0,
+                                   on_assignment=lambda assignment, host=host: managers[host].apply(assignment),
+                                   on_suspended=lambda suspended, host=host: managers[host].suspend(suspended),
+                                   on_session_lost=lambda error, host=host: managers[host].session_lost(error))
                for host in ("a", "b")}
+    # (The members keep the containers' claims: the two hosts start together safely.)
+    managers.update({host: _manager(tmp_path, host, claims=members[host]) for host in ("a", "b")})
     try:
         for host in ("a", "b"):
             await managers[host].start()

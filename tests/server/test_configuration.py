@@ -157,9 +157,15 @@ def _options(command: click.Command) -> dict[str, click.Option]:
 def test_the_configuration_page_lists_every_option_of_standalone_and_serve_and_only_those() -> None:
     rows = _table("Node keys")
     documented = {(key or "config_path"): (flag, variable) for key, flag, variable, *_ in rows}
+    cluster = {flag: variable for _, flag, variable, *_ in _table("Cluster node options")}
     for name in ("standalone", "serve"):
         command = main.commands[name]
         options = _options(command)
+        if name == "serve":  # (its cluster node's options are command-line and environment only)
+            joining = {key: option for key, option in options.items() if set(option.opts) & set(cluster)}
+            assert {flag for option in joining.values() for flag in option.opts} == set(cluster)
+            assert all(option.envvar == cluster[option.opts[0]] for option in joining.values())
+            options = {key: option for key, option in options.items() if key not in joining}
         assert set(options) == set(documented), name
         for key, option in options.items():
             flag, variable = documented[key]

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from millstream import limits
 from millstream.cli._group import main
 from millstream.cli._logging import configure_logging, logging_options
 from millstream.config import CONFIG_ENVIRONMENT_VARIABLE, environment_variable
@@ -231,16 +232,53 @@ def standalone(config_path: Path | None, data_dir: Path, container_count: int | 
     _serve_node(data_dir, container_count, options)
 
 
-@main.command(short_help="Run a node as a configuration file describes it.")
-@_config_option(required=True)
-@_option("data_dir", "--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-         help="Where the node keeps everything (usually the file's data_dir).")
+def _cluster_options(command: F) -> F:
+    """``serve``'s options for a cluster node (``--zookeeper`` and what goes with it)."""
+    directory = click.Path(file_okay=False, path_type=Path)
+    for decorate in reversed((
+        click.option("--zookeeper", envvar="MILLSTREAM_ZOOKEEPER", show_envvar=True, default=None,
+                     help="Run a cluster node: join the cluster on this ZooKeeper ensemble (HOST:PORT[,...]) and "
+                          "serve the containers its map gives this node (docs/cluster.md).  Without it, serve "
+                          "runs a node of its own as before."),
+        click.option("--cluster", "cluster_name", envvar="MILLSTREAM_CLUSTER", show_envvar=True, default="millstream",
+                     show_default=True, help="With --zookeeper: the cluster's name."),
+        click.option("--host-id", envvar="MILLSTREAM_HOST_ID", show_envvar=True, default=None,
+                     help="With --zookeeper: this node's name in the cluster, unique and kept across restarts.  "
+                          "[default: HOSTNAME-<data dir name>]"),
+        click.option("--tier1", envvar="MILLSTREAM_TIER1", show_envvar=True, default=None,
+                     help="With --zookeeper: the replicated Tier-1, jetstream://HOST:PORT[,...] (list every "
+                          "NATS server; replicas: 3, or fewer servers if fewer are listed).  [default: FileLogs "
+                          "under DATA_DIR/tier1, which every node must then share]"),
+        click.option("--tier2-dir", envvar="MILLSTREAM_TIER2_DIR", show_envvar=True, type=directory, default=None,
+                     help="With --zookeeper: the Tier-2 directory every node mounts (NFS semantics; "
+                          "docs/cluster.md).  [default: DATA_DIR/tier2]"),
+        click.option("--advertised-host", envvar="MILLSTREAM_ADVERTISED_HOST", show_envvar=True, default=None,
+                     help="With --zookeeper: the address other nodes and clients reach this one at.  "
+                          "[default: --host]"),
+        click.option("--connect-timeout", "connect_timeout_seconds", type=click.FloatRange(min=0.1),
+                     envvar="MILLSTREAM_CONNECT_TIMEOUT", show_envvar=True,
+                     default=limits.ZOOKEEPER_CONNECT_TIMEOUT_SECONDS, show_default=True,
+                     help="With --zookeeper: seconds to wait for ZooKeeper (and for JetStream, with --tier1) "
+                          "before failing to start, naming the address."),
+    )):
+        command = decorate(command)
+    return command
+
+
+@main.command(short_help="Run a node as a configuration file describes it, or a cluster node.")
+@_config_option(required=False)
+@_option("data_dir", "--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+         help="Where the node keeps everything (usually the file's data_dir).  [required]")
 @_option("container_count", "--containers", type=click.IntRange(1, 1024), default=None,
          help=f"Segment containers (fixed for a data directory once it is used).  [default: the data "
               f"directory's count, else {_SERVE_CONTAINER_COUNT_DEFAULT}]")
 @_node_options
-def serve(config_path: Path, data_dir: Path, container_count: int | None, **options: Any) -> None:
-    """Run a millstream node as described by a TOML file, until SIGINT or SIGTERM.
+@_cluster_options
+def serve(config_path: Path | None, data_dir: Path | None, container_count: int | None, zookeeper: str | None,
+          cluster_name: str, host_id: str | None, tier1: str | None, tier2_dir: Path | None,
+          advertised_host: str | None, connect_timeout_seconds: float, **options: Any) -> None:
+    """Run a millstream node as described by a TOML file, until SIGINT or SIGTERM; with
+    --zookeeper, a node of a cluster.
 
     \b
     Keys (relative paths are relative to the file's directory):
@@ -267,12 +305,49 @@ def serve(config_path: Path, data_dir: Path, container_count: int | None, **opti
     over the environment, which wins over the file (docs/configuration.md).  It prints the same
     "listening on" line as `millstream standalone`, warns as it does when bound beyond loopback
     without authentication or TLS, and shuts down gracefully.
+
+    \b
+    With --zookeeper it runs a cluster node instead (--config is then optional): it joins the
+    cluster, serves the containers ZooKeeper's map gives it (others are answered WrongHost),
+    and prints
+        millstream node ID of cluster NAME listening on tcp://HOST:PORT (...)
+    Every node of a cluster gives the same --containers (default 4).  No controller runs on a
+    cluster node yet, so --owned-containers and --metrics-port do not apply.  A wrong ZooKeeper
+    or NATS address fails within --connect-timeout, naming it.
+      millstream serve --zookeeper 127.0.0.1:2181 --tier1 jetstream://127.0.0.1:4222 \\
+          --tier2-dir /mnt/shared/tier2 --data-dir ./node --port 0
     """
+    if zookeeper is None and config_path is None:
+        raise click.UsageError("Missing option '--config' (serve runs what a file describes, unless --zookeeper "
+                               "makes it a cluster node).")
+    if data_dir is None:
+        raise click.UsageError("Missing option '--data-dir' (or data_dir in the --config file).")
+    if zookeeper is not None:
+        _serve_cluster_node(data_dir, container_count, options, zookeeper=zookeeper, cluster_name=cluster_name,
+                            host_id=host_id, tier1=tier1, tier2_dir=tier2_dir, advertised_host=advertised_host,
+                            connect_timeout_seconds=connect_timeout_seconds)
+        return
     from millstream.standalone import recorded_container_count
 
     if container_count is None:
         container_count = recorded_container_count(data_dir) or _SERVE_CONTAINER_COUNT_DEFAULT
     _serve_node(data_dir, container_count, options)
+
+
+def _serve_cluster_node(data_dir: Path, container_count: int | None, options: dict[str, Any], **cluster: Any) -> None:
+    """Check the options, configure logging and run a cluster node (``cli.cluster.run_cluster_node``)."""
+    from millstream.cli.cluster import run_cluster_node
+
+    for name, flag in (("owned_containers", "--owned-containers"), ("metrics_port", "--metrics-port")):
+        if options[name] is not None:
+            raise click.BadParameter("a cluster node takes no such option: the map decides its containers, and "
+                                     "it serves no metrics yet", param_hint=flag)
+    secret, ssl_context = _load_security(options["auth_secret_file"], options["tls_cert_file"],
+                                         options["tls_key_file"], "--auth-secret-file/--tls-cert/--tls-key")
+    configure_logging(options["log_level"], options["log_format"], options["quiet"])
+    run_cluster_node(data_dir=data_dir, container_count=container_count or _SERVE_CONTAINER_COUNT_DEFAULT,
+                     host=options["host"], port=options["port"], auth_secret=secret, ssl_context=ssl_context,
+                     quiet=options["quiet"], **cluster)
 
 
 def _serve_node(data_dir: Path, container_count: int | None, options: dict[str, Any]) -> None:

@@ -14,9 +14,29 @@ The task compares what the map wants on this host with what runs:
   Tier-1 write and stops.  Only then does the new container recover by replay and serve.  So the
   log, not the map, is what keeps two owners from both writing.
 
-A container that stops on its own (its host gave up: fenced, corrupt, or restarts exhausted) is not
-started again under the same map generation: the newer owner that fenced it is serving, and starting
-it again would fence that owner in turn.  A newer map that still gives it to this host starts it
+Claims tie the map's generation to the log's fencing.  Opening a log fences whoever opened it
+before, whatever map they acted on, so a host still starting a container under an old map can fence
+the owner the newer map chose: two hosts start together, A under map v1 is slow to open container
+c's log, B under v2 opens it and serves, then A's open fences B.  B would give c up (fenced), A would
+stop it (v2 is not its map), and nobody would serve c until the next map.  With ``claims`` (the
+host's ``ClusterMember`` on ZooKeeper: one znode per container recording the owner and the map
+version it claimed under, written conditionally):
+
+* before opening a log the manager claims the container under its map version; a claim recorded
+  under a newer map refuses it, and the container is not opened (nobody older fences a newer owner
+  once that owner has claimed);
+* after the log is open it reads the claim again: if a newer map's owner claimed meanwhile, it stops
+  its copy at once (that owner opens after it, or -- the race above -- has opened before it and is
+  now fenced);
+* a container fenced while this host still holds its claim (under the map it started it with, which
+  may be older than the current one if a newer map left the container here) and the current map
+  still gives it this host was fenced by an older claimant (the race above, or an old owner's
+  ``ContainerHost`` restarting a failed container), so it is started again under the current map,
+  fencing that one -- at most ``CLUSTER_CONTAINER_RECLAIMS_MAX`` times per map generation.
+
+Otherwise a container that stops on its own (its host gave up: fenced, corrupt, or restarts
+exhausted) is not started again under the same map generation: the newer owner that fenced it is
+serving, and starting it again would fence that owner in turn.  A newer map that still gives it to this host starts it
 again; a start that fails is retried on the next map likewise (so retries are bounded by the maps the
 leader writes).  While the member is suspended, nothing new starts (running containers keep serving);
 once the session is lost every container stops and none starts again.
@@ -31,8 +51,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
+from millstream import limits
 from millstream.cluster._zookeeper import Assignment
 from millstream.errors import InvalidArgumentError, ObjectClosedError, WrongHostError
 from millstream.segmentstore.chunk_storage import ChunkStorage
@@ -41,9 +62,21 @@ from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
 from millstream.tasks import cancel_and_wait
 
-__all__ = ["ContainerManager"]
+__all__ = ["ContainerClaims", "ContainerManager"]
 
 log = logging.getLogger("millstream.cluster")
+
+
+class ContainerClaims(Protocol):
+    """Who may open a container's log, by map generation (``ClusterMember`` implements it on ZooKeeper).
+    Both calls raise ``CoordinationError`` when the coordination service cannot answer."""
+
+    async def claim_container(self, container_id: int, host_id: str, map_version: int) -> bool:
+        """Record ``host_id`` as the owner of ``container_id`` under map ``map_version``, unless a claim
+        under a newer map (or another host's under the same one) is recorded: then False, nothing written."""
+
+    async def container_claim(self, container_id: int) -> tuple[str, int] | None:
+        """The recorded claim of ``container_id``: (host id, map version), None if never claimed."""
 
 
 class ContainerManager:
@@ -60,6 +93,7 @@ class ContainerManager:
         host_options: Mapping[str, Any] | None = None,
         on_serving: Callable[[int, ContainerHost], None] | None = None,
         on_leaving: Callable[[int], None] | None = None,
+        claims: ContainerClaims | None = None,
     ) -> None:
         if not isinstance(host_id, str) or not host_id:
             raise InvalidArgumentError(f"host_id must be a non-empty string, not {host_id!r}")
@@ -72,6 +106,12 @@ class ContainerManager:
         #: handing it new ones first.
         self._on_serving = on_serving
         self._on_leaving = on_leaving
+        #: Without claims (tests driving maps by hand), the map alone decides (see the docstring).
+        self._claims = claims
+        #: container -> the map version this host claimed it under (while it runs here).
+        self._claimed: dict[int, int] = {}
+        #: (container, map version) -> restarts after being fenced while holding the claim.
+        self._reclaims: dict[tuple[int, int], int] = {}
         self._assignment = Assignment()
         self._suspended = False
         self._lost = False
@@ -175,8 +215,10 @@ class ContainerManager:
                 del self.hosts[container_id]
                 if self._on_leaving is not None:
                     self._on_leaving(container_id)
-                self._given_up[container_id] = self._assignment.version
+                claimed = self._claimed.pop(container_id, None)
                 self.history.append(("stop", container_id))
+                if not await self._fenced_by_an_older_claimant(container_id, host, claimed):
+                    self._given_up[container_id] = self._assignment.version
         wanted = self._wanted()
         for container_id in sorted(set(self.hosts) - wanted):
             await self._stop_container(container_id)
@@ -190,7 +232,62 @@ class ContainerManager:
                 break  # (a newer map arrived meanwhile: the next round decides)
             await self._start_container(container_id, version)
 
+    async def _fenced_by_an_older_claimant(self, container_id: int, host: ContainerHost,
+                                           claimed: int | None) -> bool:
+        """Whether ``host`` (stopped on its own) was fenced while this host still holds the container's
+        claim and the current map still gives it the container, with restarts left: then it is started
+        again, claiming it under the current map (see the docstring)."""
+        version = self._assignment.version
+        if self._claims is None or claimed is None or host.status[0] != "fenced" \
+                or container_id not in self._wanted():
+            return False
+        restarts = self._reclaims.get((container_id, version), 0)
+        if restarts >= limits.CLUSTER_CONTAINER_RECLAIMS_MAX:
+            log.error("host %s: container %d was fenced %d times under map version %d while this host held its "
+                      "claim; giving it up until the next map", self.host_id, container_id, restarts, version)
+            return False
+        try:
+            holder = await self._claims.container_claim(container_id)
+        except Exception as error:
+            log.error("host %s could not read container %d's claim: %r", self.host_id, container_id, error)
+            return False
+        if holder != (self.host_id, claimed):
+            return False
+        self._reclaims[(container_id, version)] = restarts + 1
+        log.warning("host %s: container %d was fenced by an older map's owner while this host holds it under "
+                    "map version %d; starting it again", self.host_id, container_id, version)
+        return True
+
+    async def _claim(self, container_id: int, version: int) -> bool:
+        """Claim the container under ``version`` before opening its log (True without claims)."""
+        if self._claims is None:
+            return True
+        try:
+            claimed = await self._claims.claim_container(container_id, self.host_id, version)
+        except Exception as error:
+            log.error("host %s could not claim container %d under map version %d: %r; retrying on the next map",
+                      self.host_id, container_id, version, error)
+            return False
+        if not claimed:
+            log.info("host %s: container %d is claimed under a newer map than version %d; not opening it",
+                     self.host_id, container_id, version)
+        return claimed
+
+    async def _still_claimed(self, container_id: int, version: int) -> bool:
+        """After opening the log: whether no newer map's owner claimed the container meanwhile."""
+        if self._claims is None:
+            return True
+        try:
+            holder = await self._claims.container_claim(container_id)
+        except Exception as error:
+            log.error("host %s could not read container %d's claim: %r", self.host_id, container_id, error)
+            return False
+        return holder == (self.host_id, version)
+
     async def _start_container(self, container_id: int, version: int) -> None:
+        if not await self._claim(container_id, version):
+            self._given_up[container_id] = version
+            return
         host = ContainerHost(container_id, _bind(self._open_log, container_id), chunk_storage=self._chunk_storage,
                              **self._host_options)
         try:
@@ -202,6 +299,14 @@ class ContainerManager:
             with contextlib.suppress(Exception):
                 await host.stop()
             return
+        if not await self._still_claimed(container_id, version):
+            self._given_up[container_id] = version
+            log.info("host %s: container %d was claimed under a newer map while it opened; stopping it",
+                     self.host_id, container_id)
+            with contextlib.suppress(Exception):
+                await host.stop()
+            return
+        self._claimed[container_id] = version
         self.hosts[container_id] = host
         self.history.append(("start", container_id))
         if self._on_serving is not None:
@@ -211,6 +316,7 @@ class ContainerManager:
 
     async def _stop_container(self, container_id: int) -> None:
         host = self.hosts.pop(container_id, None)
+        self._claimed.pop(container_id, None)
         if host is None:
             return
         if self._on_leaving is not None:

@@ -95,7 +95,7 @@ class ClusterNode:
         self.server = SegmentStoreServer(open_log, config=self.config, chunk_storage=chunk_storage,
                                          attached_containers=True, **dict(server_options or {}))
         self.manager = ContainerManager(host_id, open_log, chunk_storage=chunk_storage, host_options=host_options,
-                                        on_serving=self._serving, on_leaving=self._leaving)
+                                        on_serving=self._serving, on_leaving=self._leaving, claims=self)
         self._zookeeper = zookeeper
         self._cluster = cluster
         self.host_id = host_id
@@ -103,6 +103,8 @@ class ClusterNode:
         self._session_timeout_seconds = session_timeout_seconds
         self._connect_timeout_seconds = connect_timeout_seconds
         self.member: ClusterMember | None = None
+        #: The member from the moment it is made (its maps may reach the manager before ``start`` returns).
+        self._joining: ClusterMember | None = None
         self._started = False
 
     # --- Lifecycle ---------------------------------------------------------------------------------
@@ -121,6 +123,7 @@ class ClusterNode:
                 on_suspended=self.manager.suspend, on_session_lost=self.manager.session_lost,
                 session_timeout_seconds=self._session_timeout_seconds,
                 connect_timeout_seconds=self._connect_timeout_seconds)
+            self._joining = member
             await member.start()
             self.member = member
         except BaseException:
@@ -188,6 +191,19 @@ class ClusterNode:
         except KazooException as error:
             raise CoordinationUnavailableError(f"ZooKeeper did not say where host {owner} is: {error!r}") from error
         return f"{'tls' if self.server.tls else 'tcp'}://{data.decode()}"  # (a cluster's hosts all use TLS or none)
+
+    # --- The manager's container claims (``ContainerClaims``), kept by the member on ZooKeeper ----------
+
+    async def claim_container(self, container_id: int, host_id: str, map_version: int) -> bool:
+        return await self._claims().claim_container(container_id, host_id, map_version)
+
+    async def container_claim(self, container_id: int) -> tuple[str, int] | None:
+        return await self._claims().container_claim(container_id)
+
+    def _claims(self) -> ClusterMember:
+        if self._joining is None:
+            raise CoordinationUnavailableError("the node has not joined the cluster")
+        return self._joining
 
     def _serving(self, container_id: int, host: ContainerHost) -> None:
         self.server.attach_container(container_id, host)

@@ -16,9 +16,20 @@ Znode layout (one cluster: ``/millstream/<cluster>``)::
                                              (``AssignmentConflictError``); the znode version is the
                                              map's generation.
 
-No per-container epoch lives here: ownership of a container's data is decided by its Tier-1 log,
-whose ``initialize()`` fences every older owner (the ``DurableDataLog`` contract).  The map says who
-*should* serve; the log decides who *can* write.
+    /millstream/<cluster>/containers/<id>    PERSISTENT, data: the container's claim as JSON
+                                             {"format": 1, "host": "<host-id>", "map_version": V}:
+                                             the host that last opened (or is about to open) the
+                                             container's log and the map version it acted on.
+                                             Written by that host before it opens the log, only
+                                             conditionally on the znode version it read and only if
+                                             the recorded map version is not newer than its own
+                                             (``claim_container``).
+
+Ownership of a container's data is decided by its Tier-1 log, whose ``initialize()`` fences every
+older owner (the ``DurableDataLog`` contract): the map says who *should* serve; the log decides who
+*can* write.  The claims tie the two: a host acting on an older map never opens a log a newer map's
+owner has claimed, and a newer owner fenced by an older claimant that opened first starts again
+(``ContainerManager``'s docstring tells the race this closes).  No epoch lives here.
 
 Theory of operation.  ``ClusterMember.start`` connects (bounded by ``connect_timeout_seconds``: a wrong
 address raises ``CoordinationUnavailableError``), registers the host, sets a children watch on
@@ -76,8 +87,9 @@ from millstream.errors import (
 )
 from millstream.tasks import cancel_and_wait
 
-__all__ = ["Assignment", "ClusterMember", "cluster_paths", "decode_assignment", "encode_assignment",
-           "read_assignment", "write_assignment"]
+__all__ = ["Assignment", "ClusterMember", "cluster_paths", "decode_assignment", "decode_claim",
+           "encode_assignment", "encode_claim", "read_assignment", "read_claim", "read_cluster_status",
+           "write_assignment", "write_claim"]
 
 log = logging.getLogger("millstream.cluster")
 
@@ -110,9 +122,13 @@ class ClusterPaths:
     hosts: str
     election: str
     assignment: str
+    containers: str
 
     def host(self, host_id: str) -> str:
         return f"{self.hosts}/{host_id}"
+
+    def container(self, container_id: int) -> str:
+        return f"{self.containers}/{container_id}"
 
 
 def cluster_paths(cluster: str) -> ClusterPaths:
@@ -120,7 +136,7 @@ def cluster_paths(cluster: str) -> ClusterPaths:
     take as more than one path element."""
     _check_name("cluster", cluster)
     root = f"/millstream/{cluster}"
-    return ClusterPaths(root, f"{root}/hosts", f"{root}/election", f"{root}/assignment")
+    return ClusterPaths(root, f"{root}/hosts", f"{root}/election", f"{root}/assignment", f"{root}/containers")
 
 
 def _check_name(what: str, name: str) -> None:
@@ -185,6 +201,115 @@ def write_assignment(client: KazooClient, paths: ClusterPaths, containers: Mappi
             f"the container map is no longer at version {expected_version}: another leader wrote it") from error
     version: int = stat.version
     return version
+
+
+def encode_claim(host_id: str, map_version: int) -> bytes:
+    """A container claim znode's data."""
+    return json.dumps({"format": _FORMAT, "host": host_id, "map_version": map_version}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def decode_claim(data: bytes) -> tuple[str, int]:
+    """(host id, map version) of a claim znode's ``data``.  Raises ``DataCorruptionError`` for data
+    that is not a claim."""
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("format") != _FORMAT:
+            raise ValueError("not a claim of format 1")
+        host, version = body["host"], body["map_version"]
+        if not isinstance(host, str) or not isinstance(version, int):
+            raise ValueError("host or map_version malformed")
+    except (ValueError, KeyError, TypeError) as error:
+        raise DataCorruptionError(f"a container claim is malformed: {error}") from error
+    return host, version
+
+
+def read_claim(client: KazooClient, paths: ClusterPaths, container_id: int, *,
+               timeout_seconds: float = limits.ZOOKEEPER_REQUEST_TIMEOUT_SECONDS) -> tuple[str, int] | None:
+    """The claim of ``container_id`` (None if never claimed).  Blocks: call it from a thread."""
+    try:
+        data, _ = client.get_async(paths.container(container_id)).get(timeout=timeout_seconds)
+    except NoNodeError:
+        return None
+    return decode_claim(data)
+
+
+def write_claim(client: KazooClient, paths: ClusterPaths, container_id: int, host_id: str, map_version: int, *,
+                timeout_seconds: float = limits.ZOOKEEPER_REQUEST_TIMEOUT_SECONDS) -> bool:
+    """Claim ``container_id`` for ``host_id`` under map ``map_version`` unless the recorded claim is
+    under a newer map, or another host's under the same one (False, nothing written).  Conditional on
+    the znode version read, retried when another claimant wrote in between.  Raises
+    ``CoordinationUnavailableError`` if the retries run out.  Blocks: call it from a thread."""
+    path = paths.container(container_id)
+    data = encode_claim(host_id, map_version)
+    for _ in range(limits.CLUSTER_CLAIM_ATTEMPTS_MAX):
+        try:
+            recorded, stat = client.get_async(path).get(timeout=timeout_seconds)
+        except NoNodeError:
+            try:
+                client.create_async(path, data, makepath=True).get(timeout=timeout_seconds)
+            except NodeExistsError:
+                continue
+            return True
+        holder, version = decode_claim(recorded)
+        if version > map_version or (version == map_version and holder != host_id):
+            return False
+        if (holder, version) == (host_id, map_version):
+            return True
+        try:
+            client.set_async(path, data, version=stat.version).get(timeout=timeout_seconds)
+        except (BadVersionError, NoNodeError):
+            continue
+        return True
+    raise CoordinationUnavailableError(
+        f"container {container_id}'s claim kept changing under {limits.CLUSTER_CLAIM_ATTEMPTS_MAX} attempts")
+
+
+def read_cluster_status(client: KazooClient, paths: ClusterPaths, *,
+                        timeout_seconds: float = limits.ZOOKEEPER_REQUEST_TIMEOUT_SECONDS) -> dict[str, Any]:
+    """What ZooKeeper says of the cluster now (``millstream cluster status``), as plain data::
+
+        {"map_version": V, "container_count": N, "leader": host id or None,
+         "hosts": {host id: {"address": "host:port", "containers": [ids]}},
+         "containers": {id: {"host": host id or None, "claimed_by": host id or None,
+                             "claimed_under": map version or None}}}
+
+    A container whose host is not registered is listed with that host (it is moving).  Blocks: call
+    it from a thread."""
+    def get(path: str) -> bytes | None:
+        try:
+            data, _ = client.get_async(path).get(timeout=timeout_seconds)
+        except NoNodeError:
+            return None
+        return bytes(data)
+
+    def children(path: str) -> list[str]:
+        try:
+            return sorted(client.get_children_async(path).get(timeout=timeout_seconds))
+        except NoNodeError:
+            return []
+
+    assignment = read_assignment(client, paths, timeout_seconds=timeout_seconds)
+    hosts: dict[str, dict[str, Any]] = {}
+    for host_id in children(paths.hosts):
+        address = get(paths.host(host_id))
+        if address is not None:
+            hosts[host_id] = {"address": address.decode(errors="replace"),
+                              "containers": sorted(assignment.containers_of(host_id))}
+    contenders = sorted(children(paths.election), key=lambda name: name.rsplit("_", 1)[-1])
+    leader = None
+    if contenders:
+        data = get(f"{paths.election}/{contenders[0]}")
+        leader = None if data is None else data.decode(errors="replace")
+    containers: dict[int, dict[str, Any]] = {}
+    for container_id in range(assignment.container_count):
+        recorded = get(paths.container(container_id))
+        claim = None if recorded is None else decode_claim(recorded)
+        containers[container_id] = {"host": assignment.containers.get(container_id),
+                                    "claimed_by": None if claim is None else claim[0],
+                                    "claimed_under": None if claim is None else claim[1]}
+    return {"map_version": assignment.version, "container_count": assignment.container_count, "leader": leader,
+            "hosts": hosts, "containers": containers}
 
 
 class ClusterMember:
@@ -350,6 +475,28 @@ class ClusterMember:
         if self._client is None:
             raise InvalidArgumentError("the member is not started")
         return self._client
+
+    # --- Container claims (``ContainerClaims``; see the module docstring) -----------------------------
+
+    async def claim_container(self, container_id: int, host_id: str, map_version: int) -> bool:
+        """Claim ``container_id`` for ``host_id`` under map ``map_version`` (``write_claim``)."""
+        client = self.client
+        try:
+            return await asyncio.to_thread(write_claim, client, self.paths, container_id, host_id, map_version,
+                                           timeout_seconds=self._request_timeout_seconds)
+        except (KazooException, KazooTimeoutError) as error:
+            raise CoordinationUnavailableError(f"ZooKeeper did not take container {container_id}'s claim: "
+                                               f"{error!r}") from error
+
+    async def container_claim(self, container_id: int) -> tuple[str, int] | None:
+        """The recorded claim of ``container_id`` (``read_claim``)."""
+        client = self.client
+        try:
+            return await asyncio.to_thread(read_claim, client, self.paths, container_id,
+                                           timeout_seconds=self._request_timeout_seconds)
+        except (KazooException, KazooTimeoutError) as error:
+            raise CoordinationUnavailableError(f"ZooKeeper did not say who claimed container {container_id}: "
+                                               f"{error!r}") from error
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], *, name: str) -> None:
         """Run ``coroutine`` as a task that ``stop`` cancels and awaits; its failure is logged."""

@@ -315,7 +315,7 @@ class NatsCluster:
         with open(server.directory / "server.log", "ab") as log:
             server.process = subprocess.Popen(
                 [str(self.binary), "-c", str(config)], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
+                stdin=subprocess.DEVNULL, start_new_session=True)  # (Ctrl-C reaches the owner, who stops it)
 
     def _end(self, index: int, how: signal.Signals) -> None:
         server = self.servers[index]
