@@ -13,9 +13,10 @@ from millstream.model.types import OperationKind
 
 
 def test_acked_appends_readable_is_excused_only_by_a_truncation_of_the_same_segment() -> None:
-    """An acknowledged append to ``a`` at offset 0, then ``b`` truncated to 1, and the container stops:
-    a doctored ``a`` whose start moved past the append breaks ``AckedAppendsReadable`` -- the truncation of ``b`` excuses
-    nothing in ``a``.  Kills ``op.request.segment == request.segment`` -> ``!=`` in the excuse."""
+    """An acknowledged append to ``a`` at offset 0, then ``b`` truncated to 1, and the container
+    stops: a doctored ``a`` whose start moved past the append breaks ``AckedAppendsReadable`` -- the
+    truncation of ``b`` excuses nothing in ``a``.  Kills ``op.request.segment == request.segment`` ->
+    ``!=`` in the excuse."""
     state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a", "b"))
     for request in (Request(OperationKind.APPEND, "a", data=b"x"), Request(OperationKind.APPEND, "b", data=b"y"),
                     Request(OperationKind.TRUNCATE, "b", offset=1)):
