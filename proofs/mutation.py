@@ -188,6 +188,27 @@ def _rate(entry: PackageScore) -> str:
     return f"{text} (partial: {entry.pending} not run)" if entry.partial else text
 
 
+def disposition_kind(disposition: str | None) -> str:
+    """``killed`` (by a test since), ``equivalent``, or ``open`` (none, or marked open)."""
+    if disposition is None:
+        return "open"
+    for kind in ("killed", "equivalent"):
+        if disposition.startswith(kind):
+            return kind
+    return "open"
+
+
+def _after(entry: PackageScore, dispositions: dict[str, str]) -> str:
+    """The kill rate once survivors killed since count as killed and equivalent ones are left out."""
+    kinds = [disposition_kind(dispositions.get(m.key)) for m in entry.survivors]
+    detected = entry.run - entry.survived + kinds.count("killed")
+    counted = entry.run - kinds.count("equivalent")
+    if counted == 0:
+        return "not run"
+    return f"{100 * detected / counted:.1f}% ({kinds.count('killed')} killed since, {kinds.count('equivalent')}" \
+           f" equivalent, {kinds.count('open')} open)"
+
+
 def render(mutants: Sequence[Mutant], dispositions: dict[str, str], *, date: str, commands: Sequence[str],
            tool_version: str, sources: dict[str, str] | None = None) -> str:
     """``MUTATION.md``'s text: the per-package table and every survivor with its disposition.
@@ -205,14 +226,18 @@ def render(mutants: Sequence[Mutant], dispositions: dict[str, str], *, date: str
         *(f"  - `{command}`" for command in commands or ["(none run)"]),
         f"- Tool: cosmic-ray {tool_version}",
         "",
-        "| package | generated | sampled | run | killed | survived | timed out | incompetent | kill rate |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| package | generated | sampled | run | killed | survived | timed out | incompetent | kill rate |"
+        " after dispositions |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for entry in scores.values():
         lines.append(f"| {entry.package} | {entry.generated} | {entry.sampled} | {entry.run} | {entry.killed} |"
-                     f" {entry.survived} | {entry.timeout} | {entry.incompetent} | {_rate(entry)} |")
-    lines += ["", "Kill rate: killed, timed out and incompetent mutants over the mutants run.  \"partial\":"
-              " the budget ended before every sampled mutant ran; the rate counts only those that did.", ""]
+                     f" {entry.survived} | {entry.timeout} | {entry.incompetent} | {_rate(entry)} |"
+                     f" {_after(entry, dispositions)} |")
+    lines += ["", "Kill rate: killed, timed out and incompetent mutants over the mutants run, as measured."
+              "  \"partial\": the budget ended before every sampled mutant ran; the rate counts only those that"
+              " did.  After dispositions: survivors a test added since kills count as killed, equivalent ones are"
+              " left out.", ""]
     survivors = [m for entry in scores.values() for m in entry.survivors]
     lines += ["## Surviving mutants", ""]
     if not survivors:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proofs.mutation import OPERATORS, SCOPE, Mutant, load_dispositions, render, score
+from proofs.mutation import OPERATORS, SCOPE, Mutant, disposition_kind, load_dispositions, render, score
 
 MODULE = "model/transactions.py"
 
@@ -38,9 +38,11 @@ def test_a_complete_package_and_a_partial_one() -> None:
                   tool_version="8.7.0", sources={MODULE: "\n".join(f"line {n} | a" for n in range(1, 30))})
     table, survivors = text.split("## Surviving mutants")
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
-    assert rows["model"] == "| model | 25 | 20 | 20 | 17 | 2 | 1 | 0 | 90.0% |"
-    assert rows["server"] == "| server | 7 | 7 | 3 | 3 | 0 | 0 | 0 | 100.0% (partial: 4 not run) |"
-    assert rows["spark"].endswith("| not run |")
+    assert rows["model"] == ("| model | 25 | 20 | 20 | 17 | 2 | 1 | 0 | 90.0% |"
+                             " 95.0% (1 killed since, 0 equivalent, 1 open) |")
+    assert rows["server"] == ("| server | 7 | 7 | 3 | 3 | 0 | 0 | 0 | 100.0% (partial: 4 not run) |"
+                              " 100.0% (0 killed since, 0 equivalent, 0 open) |")
+    assert rows["spark"].endswith("| not run | not run |")
     assert "`python -m proofs.mutation run --package model`" in text and "cosmic-ray 8.7.0" in text
     # Every survivor is listed, quoted, with its disposition or as open.
     survivor_rows = [line for line in survivors.splitlines() if "core/NumberReplacer" in line]
@@ -48,6 +50,14 @@ def test_a_complete_package_and_a_partial_one() -> None:
     assert survivor_rows[0] == (f"| model | `{MODULE}:19:core/NumberReplacer:0` | `line 19 \\| a` |"
                                 " killed by test_x since |")
     assert survivor_rows[1].endswith("| **open**: not examined yet |")
+
+
+def test_an_equivalent_survivor_leaves_the_rate_after_dispositions() -> None:
+    results = mutants("model", MODULE, killed=3, survived=1)
+    text = render(results, {f"{MODULE}:4:core/NumberReplacer:0": "equivalent: the value is never read"},
+                  date="d", commands=[], tool_version="v")
+    assert "| 75.0% | 100.0% (0 killed since, 1 equivalent, 0 open) |" in text
+    assert disposition_kind("**open**: trace-only") == "open" and disposition_kind(None) == "open"
 
 
 def test_no_survivors_and_unknown_outcomes() -> None:
