@@ -30,9 +30,12 @@ stay pending in their session (the next ``run`` resumes them).  The report says 
 package with pending mutants, and counts only mutants run.
 
 **The report.**  Per package: mutants generated (by the chosen operators), sampled, run, killed,
-survived, timed out, kill rate (killed plus timed out, over run).  Then every surviving mutant, with its
-disposition from ``proofs/mutation_dispositions.toml`` (keyed ``module:line:operator:occurrence``):
-killed by a named test since, or equivalent and why; a survivor without one is listed as open.
+survived, timed out, kill rate (killed plus timed out, over run) as measured, and the rate after
+dispositions.  Then every surviving mutant, with its disposition from
+``proofs/mutation_dispositions.toml`` (keyed ``module:line:operator:occurrence``): killed by a named
+test since (confirmed by planting the mutant and running that test), or equivalent and why, or open
+and why; a survivor without one is listed as open.  The measured rate is what the run saw; the rate
+after dispositions counts survivors killed since as killed and leaves equivalent ones out.
 Re-run one mutant by hand: ``cosmic-ray apply MODULE OPERATOR OCCURRENCE``, the mapped tests,
 ``git checkout MODULE``.
 """
