@@ -381,3 +381,16 @@ class ReaderGroupStateMachine(RuleBasedStateMachine):
 ReaderGroupStateMachine.TestCase.settings = settings(max_examples=2000 if NIGHTLY else 80,
                                    stateful_step_count=100 if NIGHTLY else 40, deadline=None)
 TestReaderGroupState = ReaderGroupStateMachine.TestCase
+
+
+def test_boundaries_the_sampled_mutants_found_unchecked() -> None:
+    """A reader exactly at the tail (lag 0) is a valid heartbeat, also read back from the state
+    segment; a checkpoint refuses a cut that is not of the stream it is filed under.  Kills ``0 <=
+    lag`` -> ``0 < lag`` in ``UpdateDistanceToTail.decode`` and the mutant skipping ``Checkpoint``'s
+    check of its cuts."""
+    at_tail = UpdateDistanceToTail("r1", 0.0)
+    assert ReaderGroupUpdate.from_json_object(json.loads(canonical_json(at_tail.to_json_object()))) == at_tail
+    with pytest.raises(InvalidArgumentError, match="must be a StreamCut of it"):
+        Checkpoint("c1", {"s/a": StreamCut("s/b", {0: 0})})
+    with pytest.raises(InvalidArgumentError, match="must be a StreamCut of it"):
+        Checkpoint("c1", {"s/a": StreamCut("s/a", {0: 0}), "s/b": {0: 0}})  # type: ignore[dict-item]
