@@ -48,6 +48,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -372,6 +373,14 @@ def write_report(commands: Sequence[str]) -> str:
     return text
 
 
+def forget(packages: Sequence[str]) -> None:
+    """Delete the sessions of ``packages`` (and the list of commands run), so that the next ``run``
+    samples the current sources afresh rather than resuming mutants of an older version."""
+    for package in packages:
+        shutil.rmtree(SESSIONS / package, ignore_errors=True)
+    (SESSIONS / "commands.txt").unlink(missing_ok=True)
+
+
 def run(packages: Sequence[str], budget_seconds: float, per_mutant_seconds: float, mutants_per_module: int,
         seed: int) -> bool:
     """Every target of ``packages`` in turn, within the budget; True if every sampled mutant ran."""
@@ -411,10 +420,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--mutants-per-module", type=int, default=40,
                             help="the seeded sample of each module's mutants (default 40)")
     run_parser.add_argument("--seed", type=int, default=24)
+    run_parser.add_argument("--fresh", action="store_true",
+                            help="forget the packages' earlier sessions first (else a run resumes them)")
     subcommands.add_parser("report", help="rewrite MUTATION.md from the sessions in build/mutation")
     arguments = parser.parse_args(argv)
     history = SESSIONS / "commands.txt"  # the runs' commands, for the report to quote
     if arguments.command == "run":
+        if arguments.fresh:
+            forget(arguments.package or PACKAGES)
         SESSIONS.mkdir(parents=True, exist_ok=True)
         with history.open("a", encoding="utf-8") as file:
             file.write("python -m proofs.mutation " + " ".join(sys.argv[1:] if argv is None else argv) + "\n")

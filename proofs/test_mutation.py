@@ -80,3 +80,16 @@ def test_dispositions_file_and_scope(tmp_path: Path) -> None:
     assert OPERATORS.match("core/ReplaceComparisonOperator_Lt_LtE")
     assert not OPERATORS.match("core/ReplaceBinaryOperator_Add_LShift")
     assert not OPERATORS.match("core/RemoveDecorator")
+
+
+def test_fresh_forgets_only_the_named_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from proofs import mutation
+
+    monkeypatch.setattr(mutation, "SESSIONS", tmp_path)
+    for package in ("model", "spark"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "x.sqlite").write_text("")
+    (tmp_path / "commands.txt").write_text("python -m proofs.mutation run\n")
+    mutation.forget(["model"])
+    assert not (tmp_path / "model").exists() and (tmp_path / "spark" / "x.sqlite").exists()
+    assert not (tmp_path / "commands.txt").exists()
