@@ -179,3 +179,50 @@ def test_layout_covers_storage_catches_a_flush_record_whose_layout_is_short() ->
     state = cluster.write_chunk(_appended(_serving()), "h1", C)
     bad = cluster.Record("flush", 1, "h1", length=1, storage=1, layout=(LayoutEntry(1, 2),))
     _broken(_with_log(state, bad), "LayoutCoversStorage")
+
+
+def test_guards_on_replicas_flushes_and_truncation() -> None:
+    """A replica lost once can be restored (and none can be restored when none is down); a flush with
+    nothing written, and a truncation at an index that is not a truncation point or by a host that does
+    not serve, are not enabled; an unassigned container is not served.  Kills the sampled mutants
+    ``replicas_down > 1`` in ``restore_replica``, ``written >= 0`` in ``commit_flush``, ``or`` for
+    ``and`` in ``truncate``'s guard, and ``host is not None or ...`` in ``served``."""
+    state = _appended(_serving())
+    assert cluster.restore_replica(cluster.lose_replica(state)).replicas_down == 0
+    with pytest.raises(NotEnabled):
+        cluster.restore_replica(state)
+    with pytest.raises(NotEnabled):
+        cluster.commit_flush(state, "h1", C)                 # nothing written to a chunk yet
+    state = _appended(state)
+    state = cluster.quorum_commit(cluster.commit_flush(cluster.write_chunk(state, "h1", C), "h1", C), C)
+    assert cluster.truncation_points(state, C) == [4]
+    for index in (1, 2, 3, 5):
+        with pytest.raises(NotEnabled):
+            cluster.truncate(state, "h1", C, index)
+    with pytest.raises(NotEnabled):
+        cluster.truncate(state, "h2", C, 4)                  # h2 does not serve c1
+    assert not cluster.initial_state(["h1"], [C], replicas=3).served(C)
+
+
+def test_a_second_flush_into_a_new_owners_chunk_extends_that_chunk() -> None:
+    """h1 flushes two units into its chunk; h2 takes over and flushes one unit, then another, into its
+    own: the layout's last entry grows to 2 while the first stays 2 long.  Kills the mutant extending
+    the last entry by the first entry's length (``me.layout[-0]`` in ``_flushed_layout``)."""
+    state = _appended(_appended(_serving()))
+    state = cluster.quorum_commit(cluster.commit_flush(cluster.write_chunk(state, "h1", C), "h1", C), C)
+    state = _taken_over(state)
+    for _ in range(2):
+        state = _appended(state, "h2")
+        state = cluster.quorum_commit(cluster.commit_flush(cluster.write_chunk(state, "h2", C), "h2", C), C)
+    layout = state.own["h2"][C].layout
+    assert [entry.length for entry in layout] == [2, 2], layout
+    cluster.check_invariants(state)
+
+
+def test_readers_see_only_durable_catches_a_served_unit_that_differs_from_the_log() -> None:
+    """The owner acknowledged as many units as were recovered, but not the same ones.  Kills ``and``
+    -> ``or`` between the two halves of ``ReadersSeeOnlyDurable``."""
+    state = _appended(_appended(_serving()))
+    me = state.own["h1"][C]
+    _broken(attrs.evolve(state, own=state.own.set("h1", state.own["h1"].set(C, attrs.evolve(me, units=(2, 1))))),
+            "ReadersSeeOnlyDurable")

@@ -176,3 +176,20 @@ def test_the_lifecycle_tables_are_exactly_what_the_state_graph_exercises() -> No
     assert driver == pairs(eos.DRIVER_TRANSITIONS)
     assert task == pairs(eos.TASK_TRANSITIONS)
     assert transaction == pairs(eos.TRANSACTION_TRANSITIONS)
+
+
+def test_the_first_batch_and_rows_across_three_partitions() -> None:
+    """A started driver runs no batch (batch 0, which ``TypeOK`` requires while no batch is logged),
+    nor does a crashed one; the first batch may end at offset 1; with three partitions each gets every
+    third event.  Kills the mutants starting or crashing the driver into batch -1 or 1, ``last_end`` 1
+    on an empty offset log, and routing rows by ``(e + 1) % partitions`` (the same as ``e - 1`` for one
+    or two partitions, which every other test uses)."""
+    started = eos.driver_start(eos.initial_state(3, 3))
+    assert started.batch == 0 and started.last_end == 0
+    started.check_invariants()
+    crashed = eos.driver_crash(started)
+    assert crashed.batch == 0
+    crashed.check_invariants()
+    assert eos.plan_batch(started, 1).offsets == (1,)
+    planned = eos.plan_batch(started, 3)
+    assert [planned.rows(1, partition) for partition in (1, 2, 3)] == [(1,), (2,), (3,)]

@@ -4,6 +4,7 @@ the seal), and random walks through the enabled steps keep the invariants."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -112,3 +113,22 @@ def test_random_walks_through_enabled_steps_keep_the_invariants(steps: list[tupl
         state.check_invariants()
         assert iw.WRITER_TRANSITIONS[WriterStatus.ACTIVE] >= {s.status for s in state.writers.values()} - {
             WriterStatus.ACTIVE}
+
+
+def test_the_invariants_fail_on_a_refused_writer_that_was_not_told_everything_stored() -> None:
+    """A refused writer whose acknowledged count lags what was stored breaks the invariant even on a
+    sealed segment.  Kills ``self.sealed and ...`` -> ``self.sealed or ...`` in ``check_invariants``."""
+    state = iw.seal(iw.observe(written({"a": 2}), [Event("a", 1), Event("a", 2)]))
+    state.check_invariants()
+    lagging = attrs.evolve(state, writers=state.writers.set("a", attrs.evolve(
+        state.writer("a"), acknowledged=1, status=WriterStatus.REFUSED)))
+    with pytest.raises(AssertionError):
+        lagging.check_invariants()
+
+
+def test_a_gap_names_the_events_skipped() -> None:
+    """The refusal of a gap says which events are missing.  Kills the mutants that misnumber the last
+    one (``number - 1`` -> ``number + 1`` or ``number - 0`` in ``store``'s message)."""
+    state = iw.store(written({"a": 4}), "a", 1)
+    with pytest.raises(NotEnabled, match=r"events 2\.\.3 were skipped\)$"):
+        iw.store(state, "a", 4)

@@ -196,3 +196,19 @@ def test_the_lifecycle_tables_are_exactly_what_the_state_graph_exercises() -> No
 
     assert writer == pairs(le.WRITER_TRANSITIONS)
     assert transient == pairs(le.TRANSIENT_TRANSITIONS)
+
+
+def test_writers_of_different_sizes_keep_the_invariants() -> None:
+    """Two writers, events of 3 chunks and of 1 (inline): each invariant must read each writer's own
+    event size.  Kills the mutants reading the other writer's (``state.parts[w - 2]`` in
+    ``TransientHoldsPrefix`` and ``CommittedEventsAppear``), which a one-writer test cannot tell apart,
+    and refuses an event of no chunks (``n < 1`` -> ``n < 0`` in ``initial_state``)."""
+    state = le.create_transient(le.initial_state((3, 1), 1), 1)
+    state = _deliver_all(_send_all(state, 1), 1, 0)
+    assert state.transient(1).data == le.framed(1, 3)
+    state.check_invariants()
+    state = le.commit(state, 2)
+    assert le.framed(2, 1) in state.pending and le.Call(LARGE, 2) not in state.visible_events()
+    state.check_invariants()
+    with pytest.raises(ValueError, match="at least one chunk"):
+        le.initial_state((2, 0), 1)

@@ -229,3 +229,47 @@ def test_random_walks_keep_every_invariant_and_the_group_catches_up(choices: lis
     # Everything after the cut the group last started from was delivered, once, in key order.
     expected = {p for p in caught_up.all_positions() if caught_up.after(p, caught_up.origin)}
     assert set(caught_up.reads) == expected and len(caught_up.reads) == len(expected)
+
+
+def test_the_scales_offered_are_every_split_and_every_adjacent_merge_and_each_is_counted() -> None:
+    """``scale_requests`` offers every split of a current segment at a cell boundary and every merge
+    of two neighbours; ``create_successors`` counts the scales (the spec's bound on them starts at 0).
+    Kills the mutants offering no split (its first loop over no segments) and starting the count at -1."""
+    assert list(so.scale_requests(fresh())) == [(frozenset({1}), ((0, 1), (1, 2)))]
+    assert list(so.scale_requests(fresh(initial_splits=(1,)))) == [(frozenset({1, 2}), ((0, 2),))]
+    assert fresh().scales == 0
+    assert split_first(fresh()).scales == 1
+
+
+def test_a_checkpoint_cut_holds_a_completed_predecessor_at_its_end() -> None:
+    """A merged successor waits for its second predecessor; the first, read to its end (two events),
+    is in the cut at offset 2.  Kills the mutant taking the length of the wrong segment's data
+    (``state.data[p - 2]`` in ``create_checkpoint``)."""
+    state = store(fresh(initial_splits=(1,)), 0, times=2)
+    state = so.acquire_segment(so.acquire_segment(state, R1, 1), R2, 2)
+    state = so.create_successors(state, frozenset({1, 2}), ((0, 2),))
+    state = so.activate_epoch(so.seal_predecessors(so.record_epoch(state)))
+    state = so.read_next_event(so.read_next_event(state, R1, 1), R1, 1)
+    state = so.segment_completed(state, R1, 1)
+    assert state.completed_waiting == frozenset({1})
+    state = so.create_checkpoint(state)
+    assert state.checkpoints[-1].cut[1] == 2
+    state.check_invariants()
+
+
+def test_a_reader_records_the_checkpoint_it_owes_not_an_earlier_one() -> None:
+    """Checkpoint 1 completes; on checkpoint 2, R1 records first, so R2 still owes it.  Kills the
+    mutant recording into checkpoint 2 what it derived from checkpoint 1 (``state.checkpoints[number -
+    2]`` in ``checkpoint_reader``): checkpoint 2 came out complete without R2."""
+    state = so.acquire_segment(store(fresh(), 0, times=2), R1, 1)
+    for _ in range(2):
+        state = so.read_next_event(state, R1, 1)
+        state = so.create_checkpoint(state)
+        state = so.checkpoint_reader(so.surface_checkpoint(state, R1), R1)
+        if len(state.checkpoints) == 1:
+            state = so.checkpoint_reader(so.surface_checkpoint(state, R2), R2)
+            assert state.checkpoints[0].complete
+    assert state.checkpoints[1].pending == frozenset({R2}) and not state.checkpoints[1].complete
+    assert state.checkpoints[1].cut == FrozenMap({1: 2})
+    state = so.checkpoint_reader(so.surface_checkpoint(state, R2), R2)
+    assert state.checkpoints[1].complete and state.checkpoints[1].cut == FrozenMap({1: 2})

@@ -229,3 +229,54 @@ def test_invariants_fail_on_bad_states() -> None:
                                         attrs.evolve(second.transaction(2), order=1)))
     with pytest.raises(AssertionError, match="CommitOrderPerKey"):
         swapped.check_invariants()
+
+
+def test_not_both_committed_and_aborted_fails_on_a_transaction_with_a_stray_order_or_merge() -> None:
+    """The invariant's per-transaction half: an open transaction with a commit order, an aborted one
+    with a merged segment (no events, so no other invariant notices).  Kills the mutant that runs that
+    loop over no transactions (``model/transactions.py``'s ``for me in state.txn`` -> ``for me in []``)."""
+    state = tx.begin(_state(SPLIT), 1)
+    state.check_invariants()
+    record = state.transaction(1)
+    ordered = attrs.evolve(state, txn=(attrs.evolve(record, order=1), *state.txn[1:]))
+    with pytest.raises(AssertionError, match="NotBothCommittedAndAborted"):
+        ordered.check_invariants()
+    merged = attrs.evolve(state, txn=(attrs.evolve(record, status=ABORTED, merged=frozenset({1})), *state.txn[1:]))
+    with pytest.raises(AssertionError, match="NotBothCommittedAndAborted"):
+        merged.check_invariants()
+
+
+def test_a_fenced_decision_needs_a_running_controller_and_a_request_that_exists() -> None:
+    """``DecideFencedCommit(i)`` for i outside 1..Len(inbox), or with the controller down, is not
+    enabled.  Kills ``1 <= index`` -> ``0 <= index`` (index 0 decided the last request) and ``state.up
+    and ...`` -> ``state.up or ...`` in ``decide_fenced_commit``'s guard."""
+    state = tx.begin(_state(ONE_SEGMENT, fence_keys=("q",)), 1)
+    state = tx.request_fenced_commit(state, tx.FencedRequest(frozenset({1}), "q", 1))
+    for index in (0, 2):
+        with pytest.raises(NotEnabled):
+            tx.decide_fenced_commit(state, index)
+    with pytest.raises(NotEnabled):
+        tx.decide_fenced_commit(tx.crash_controller(state), 1)
+    assert tx.decide_fenced_commit(state, 1).fence_log[-1].outcome is tx.FenceOutcome.COMMITTED
+
+
+def test_invariants_fail_on_unmerged_reads_and_repeated_plain_writes() -> None:
+    """Bad states only one clause notices: a committed transaction whose events are in the stream but
+    whose segments are not recorded as merged (``NoPartialTransactionRead``'s per-segment loop), and a
+    plain write read twice (``CommitBetweenPlainWrites``' strict order of plain writes).  Kills the
+    mutants emptying that loop and turning ``first.number < second.number`` into ``<=``."""
+    state = tx.begin(_state(SPLIT), 1)
+    state = tx.write_event(tx.write_event(state, 1, "k1"), 1, "k2")
+    state = tx.settle(tx.commit(state, 1))
+    state.check_invariants()
+    record = state.transaction(1)
+    assert record.status is COMMITTED
+    unmerged = attrs.evolve(state, txn=(attrs.evolve(record, merged=frozenset()), *state.txn[1:]))
+    with pytest.raises(AssertionError, match="NoPartialTransactionRead"):
+        unmerged.check_invariants()
+    plain = tx.write_plain_event(_state(ONE_SEGMENT), "k1")
+    plain.check_invariants()
+    (event,) = plain.epochs[0].segments[0]
+    twice = attrs.evolve(plain, epochs=(attrs.evolve(plain.epochs[0], segments=((event, event),)),))
+    with pytest.raises(AssertionError, match="CommitBetweenPlainWrites"):
+        twice.check_invariants()

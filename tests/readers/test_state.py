@@ -37,6 +37,7 @@ from millstream.errors import (
     ReaderExistsError,
     ReaderNotInGroupError,
 )
+from millstream.naming import segment_id, stream_segment_name
 from tests.readers.topology import (
     A0,
     A1,
@@ -381,3 +382,27 @@ class ReaderGroupStateMachine(RuleBasedStateMachine):
 ReaderGroupStateMachine.TestCase.settings = settings(max_examples=2000 if NIGHTLY else 80,
                                    stateful_step_count=100 if NIGHTLY else 40, deadline=None)
 TestReaderGroupState = ReaderGroupStateMachine.TestCase
+
+
+def test_boundaries_the_sampled_mutants_found_unchecked() -> None:
+    """A reader exactly at the tail (lag 0) is a valid heartbeat, also read back from the state
+    segment; a checkpoint refuses a cut that is not of the stream it is filed under.  Kills ``0 <=
+    lag`` -> ``0 < lag`` in ``UpdateDistanceToTail.decode`` and the mutant skipping ``Checkpoint``'s
+    check of its cuts."""
+    at_tail = UpdateDistanceToTail("r1", 0.0)
+    assert ReaderGroupUpdate.from_json_object(json.loads(canonical_json(at_tail.to_json_object()))) == at_tail
+    with pytest.raises(InvalidArgumentError, match="must be a StreamCut of it"):
+        Checkpoint("c1", {"s/a": StreamCut("s/b", {0: 0})})
+    with pytest.raises(InvalidArgumentError, match="must be a StreamCut of it"):
+        Checkpoint("c1", {"s/a": StreamCut("s/a", {0: 0}), "s/b": {0: 0}})  # type: ignore[dict-item]
+
+
+def test_a_group_may_hold_exactly_the_most_segments_and_not_one_more() -> None:
+    """``READER_GROUP_SEGMENTS_MAX`` segments are allowed (``initial`` and the invariants agree), one
+    more is refused.  Kills ``len(held) <= ...`` -> ``<`` in ``check_invariants``."""
+    most = limits.READER_GROUP_SEGMENTS_MAX
+    start = {B0: 0, **{stream_segment_name("s", "a", segment_id(0, n)): 0 for n in range(most - 1)}}
+    assert len(start) == most
+    ReaderGroupState.initial(CONFIG, 0, start, {}).check_invariants()
+    with pytest.raises(InvalidArgumentError, match="at most"):
+        ReaderGroupState.initial(CONFIG, 0, {**start, stream_segment_name("s", "a", segment_id(0, most)): 0}, {})

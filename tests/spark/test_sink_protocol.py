@@ -272,3 +272,20 @@ def test_an_event_that_does_not_fit_the_schema_names_where_it_lies(node: Any, un
     string = StructType([StructField("value", StringType())])
     with pytest.raises(SchemaMismatchError, match=r"option 'serializer' is string.*not UTF-8"):
         read_stream(node, stream, "string", string)
+
+
+def test_an_empty_arrow_batch_is_skipped_and_the_rows_after_it_written(node: Any, unique_stream: Any) -> None:
+    """A task's Arrow batches may be empty anywhere (Spark sends them): an empty one is skipped, and
+    the rows of the batches after it are written and committed.  Kills ``continue`` -> ``break`` in
+    ``_SinkProtocol.write_events``, which lost every row after a leading or middle empty batch."""
+    stream = unique_stream(1)
+    protocol = _SinkProtocol(sink_options(node, stream), RAW)
+
+    def arrow(rows: list[int]) -> tuple[Any, Any]:
+        return (pa.array([f"b0-p0-r{row}".encode() for row in rows], type=pa.binary()),
+                pa.array(["key-0"] * len(rows), type=pa.string()))
+
+    message = protocol.write_events([arrow([]), arrow([0, 1]), arrow([]), arrow([2])], TaskIdentity("q1", 0, 0, 0))
+    assert message.events == 3 and message.txn_id is not None
+    driver(node, stream).commit([message], 0)
+    assert read_stream(node, stream) == expected({0: 3}, partitions=1)

@@ -5,7 +5,9 @@ reached by a real ``AsyncClient`` over TCP -- and the model through the same ste
 named after the model transition it takes (``spec/README.md``'s table): clients begin, write into,
 ping, commit and abort transactions (``TransactionalEventStreamWriter``), a plain stream writer writes
 concurrently and follows the stream through scales and rolls, a Spark-like caller sends fenced
-multi-commits (sometimes twice, as after a lost reply), the stream scales while transactions are
+multi-commits (sometimes twice, as after a lost reply), several transactions are committed one
+after another in a drawn order (so the commit queue holds two or more, in an order other than the
+one they began in), the stream scales while transactions are
 open, time passes on an injected clock and leases lapse, and the controller is killed and restarted
 from its metadata log.  The controller runs no workflow step by itself
 (``ControllerConfig.transaction_workflows=False``): the rules ``start_commit``,
@@ -15,7 +17,7 @@ one, exactly when the model takes them.
 After every step the two must agree on everything a client can observe: each transaction's status;
 what a reader of each routing key reads, event by event (and what it will read once a roll in
 progress finishes); which segments are sealed; which transaction segments are merged; the recorded
-fence value; and both sides' invariants.
+fence value; the commit queue, in the order the workflow will take it; and both sides' invariants.
 
 Bounds (the model's ``NumTxns``, ``MaxTxnEvents``, ...): three transactions, three events each, six
 plain events, three layouts (one segment; halves; a quarter and the rest -- all different, see
@@ -43,6 +45,7 @@ from millstream.client import (
 )
 from millstream.client._transactions import AsyncTransaction
 from millstream.controller import Controller, ControllerConfig, ControllerRpc, EpochRecord, LocalSegmentStore
+from millstream.controller._transactions import commit_queue
 from millstream.errors import LeaseExpiredError, StreamSegmentNotExistsError, TransactionNotOpenError
 from millstream.model import transactions as tx
 from millstream.naming import stream_segment_name
@@ -183,6 +186,18 @@ class TransactionsMachine(RuleBasedStateMachine):
         t = data.draw(st.sampled_from(self.with_status(tx.TxnStatus.OPEN)), label="t")
         assert self.run(self.txns[t].commit()) is TransactionStatus.COMMITTING
         self.step(tx.commit, t)
+
+    @precondition(lambda self: self.model.up and len(self.with_status(tx.TxnStatus.OPEN)) >= 2)
+    @rule(data=st.data())
+    def commit_several(self, data: st.DataObject) -> None:
+        """``Commit`` for two or more open transactions in a drawn order -- often not the order they
+        began in -- before the workflow starts any of them, perhaps behind an earlier pending commit:
+        the commit queue then holds several, and must hand them out in commit order, not start order."""
+        chosen = data.draw(st.permutations(self.with_status(tx.TxnStatus.OPEN)), label="order")
+        count = data.draw(st.integers(2, len(chosen)), label="count")
+        for t in chosen[:count]:
+            assert self.run(self.txns[t].commit()) is TransactionStatus.COMMITTING
+            self.step(tx.commit, t)
 
     @precondition(lambda self: self.model.up and self.with_status(tx.TxnStatus.OPEN))
     @rule(data=st.data(), again=st.booleans())
@@ -353,6 +368,10 @@ class TransactionsMachine(RuleBasedStateMachine):
                 assert present != gone, (t, position, record)
         recorded = self.run(self.client.get_fence(f"{SCOPE}/{STREAM}", FENCE_KEY))
         assert (recorded or 0) == tx.recorded_value(self.model, FENCE_KEY)
+        # The commit queue: the committing transactions in the order the workflow will take them.
+        queue = commit_queue(self.controller.state.streams[(SCOPE, STREAM)].transactions)
+        expected = sorted(self.model.commit_queue, key=lambda t: self.model.transaction(t).order)
+        assert [r.txn_id for r in queue] == [self.txn_id(t) for t in expected], (queue, expected)
 
 
 TransactionsMachine.TestCase.settings = settings(
@@ -387,3 +406,38 @@ def test_a_fenced_multi_commit_orders_its_transactions_as_they_began() -> None:
             machine.clients_observe_what_the_model_says()
         finally:
             machine.teardown()
+
+
+class _DrawnInTurn:
+    """``st.data()`` for a rule called by hand: the draws are ``values``, in turn."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        return self.values.pop(0)
+
+
+def test_commits_queued_out_of_start_order_are_taken_in_commit_order() -> None:
+    """Three transactions begin 1, 2, 3; 1 commits, then 3 and 2 while 1's commit is still pending.
+    The queue is 1, 3, 2 (commit order), not 1, 2, 3 (start order): the controller's queue says so and
+    its workflow takes 3 before 2.  (Keying the controller's ``commit_queue`` by ``number`` -- start
+    order -- fails here at the queue check after the commits.)"""
+    machine = TransactionsMachine()
+    try:
+        for _ in range(3):
+            machine.begin()
+        machine.commit(_Drawn(1))  # type: ignore[arg-type]
+        machine.commit_several(_DrawnInTurn([3, 2], 2))  # type: ignore[arg-type]
+        machine.clients_observe_what_the_model_says()
+        for expected in (1, 3, 2):
+            assert machine.model.workflow == tx.Workflow()
+            machine.start_commit()
+            assert machine.model.workflow.txn == expected
+            for position in machine.unmerged():
+                machine.merge_txn_segment(_Drawn(position))  # type: ignore[arg-type]
+            machine.finish_commit()
+            machine.clients_observe_what_the_model_says()
+        assert [machine.status(t) for t in (1, 2, 3)] == [tx.TxnStatus.COMMITTED] * 3
+    finally:
+        machine.teardown()

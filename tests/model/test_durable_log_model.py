@@ -1,0 +1,52 @@
+"""The DurableLog model: a frame's room, and invariants that fail on bad states only one of their clauses notices
+(the mutation run's survivors: ``python -m proofs.mutation``)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from millstream.model import durable_log as dl
+from millstream.model.errors import InternalError
+from millstream.model.segment import Request
+from millstream.model.types import OperationKind
+
+
+def test_acked_appends_readable_is_excused_only_by_a_truncation_of_the_same_segment() -> None:
+    """An acknowledged append to ``a`` at offset 0, then ``b`` truncated to 1, and the container
+    stops: a doctored ``a`` whose start moved past the append breaks ``AckedAppendsReadable`` -- the
+    truncation of ``b`` excuses nothing in ``a``.  Kills ``op.request.segment == request.segment`` ->
+    ``!=`` in the excuse."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a", "b"))
+    for request in (Request(OperationKind.APPEND, "a", data=b"x"), Request(OperationKind.APPEND, "b", data=b"y"),
+                    Request(OperationKind.TRUNCATE, "b", offset=1)):
+        state = dl.process(dl.submit(state, request))
+    state = dl.complete(dl.persist(dl.seal_frame(state)), 1)
+    assert [result.kind for result in state.results] == [dl.ResultKind.ACKED] * 3
+    state.check_invariants()
+    state = dl.crash(state)  # stopped: its metadata is what recovery starts from, and nothing else checks it
+    state.check_invariants()
+    moved = attrs.evolve(state.metadata["a"], start_offset=1)
+    doctored = attrs.evolve(state, metadata=state.metadata.set("a", moved))
+    with pytest.raises(InternalError, match="AckedAppendsReadable"):
+        doctored.check_invariants()
+
+
+def test_a_frame_has_room_while_an_entry_header_and_one_unit_fit() -> None:
+    """Kills the sampled mutant moving ``has_room``'s boundary (``entry_header + 1`` -> ``+ 2``):
+    10 units, headers of 3: room at 6 used (4 left), none at 7 (3 left)."""
+    layout = dl.FrameLayout(10, 3)
+    assert layout.has_room(6) and not layout.has_room(7)
+
+
+def test_log_replays_cleanly_fails_on_a_log_that_does_not_replay() -> None:
+    """A committed append whose recorded offset is not the one replay assigns breaks
+    ``LogReplaysCleanly``.  Kills the mutant replaying no operation (``_replays_cleanly``'s loop)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a",))
+    state = dl.process(dl.submit(state, Request(OperationKind.APPEND, "a", data=b"x")))
+    state = dl.complete(dl.persist(dl.seal_frame(state)), 1)
+    state.check_invariants()
+    (entry,) = state.log[0]
+    moved = attrs.evolve(entry, operation=attrs.evolve(entry.operation, offset=5))
+    with pytest.raises(InternalError, match="LogReplaysCleanly"):
+        attrs.evolve(state, log=((moved,),)).check_invariants()
