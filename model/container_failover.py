@@ -11,7 +11,8 @@ whose next log write fails) and recovering -- metadata from the log (from its fi
 checkpoint once truncated), bytes from LTS up to the storage length and from the log's append
 records beyond it.  It appends (a log record each), flushes in two steps (write into its own chunk,
 named by its epoch; then commit the new layout with a log record), checkpoints, and truncates the
-log at a checkpoint once everything before it is in LTS.
+log at a checkpoint once everything before it is in LTS.  Before its first chunk write, a new owner
+may adopt a verified prefix of what an older owner wrote into its chunk but never recorded.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ __all__ = [
     "OwnerState",
     "OwnerStatus",
     "Record",
+    "adopt",
+    "adoption_candidates",
+    "adoptions",
     "checkpoint",
     "client_append",
     "commit_flush",
@@ -42,6 +46,7 @@ __all__ = [
     "start_allowed",
     "truncate",
     "truncation_points",
+    "verified",
     "write_chunk",
 ]
 
@@ -250,6 +255,59 @@ def commit_flush(state: ContainerFailoverState, owner: str) -> ContainerFailover
     return attrs.evolve(
         state, log=(*state.log, Record("flush", state.log_epoch, storage=storage, layout=layout)),
         own=_with_owner(state, owner, attrs.evolve(me, layout=layout, storage=storage, written=0)))
+
+
+def _last_chunk(me: OwnerState) -> int:
+    """The chunk of the layout's last entry; 0 (no epoch's) for an empty layout."""
+    return me.layout[-1].chunk if me.layout else 0
+
+
+def _adopt_base(me: OwnerState, chunk: int) -> int:
+    """The units of ``chunk`` the layout already takes (counted from the chunk's start)."""
+    return me.layout[-1].length if _last_chunk(me) == chunk else 0
+
+
+def adoption_candidates(state: ContainerFailoverState, owner: str) -> list[int]:
+    """Older epochs' chunks an owner may adopt from: the layout's last one, or one it does not name."""
+    me = state.own[owner]
+    named = {entry.chunk for entry in me.layout}
+    return [chunk for chunk in sorted(state.chunks)
+            if chunk < me.epoch and (chunk == _last_chunk(me) or chunk not in named)]
+
+
+def verified(state: ContainerFailoverState, owner: str, chunk: int, count: int) -> bool:
+    """The spec's ``Verified``: ``chunk`` holds ``count`` more units beyond what the layout takes from
+    it, each equal to the unflushed unit at its place."""
+    me = state.own[owner]
+    units = state.chunks.get(chunk, ())
+    base = _adopt_base(me, chunk)
+    return (base + count <= len(units)
+            and units[base:base + count] == me.units[me.storage:me.storage + count])
+
+
+def adoptions(state: ContainerFailoverState, owner: str) -> list[tuple[int, int]]:
+    """Every (chunk, count) ``Adopt(o)`` may choose: before the owner's first chunk write, a verified
+    prefix of an older chunk's unrecorded units."""
+    me = state.own[owner]
+    if not state.current(owner) or target_chunk(state, owner) in state.chunks:
+        return []
+    return [(chunk, count) for chunk in adoption_candidates(state, owner)
+            for count in range(1, len(me.units) - me.storage + 1) if verified(state, owner, chunk, count)]
+
+
+def adopt(state: ContainerFailoverState, owner: str, chunk: int, count: int) -> ContainerFailoverState:
+    """``Adopt(o)``: record ``count`` units an older owner wrote into ``chunk`` but never recorded (a
+    verified prefix of the unflushed units) with one flush record naming that chunk; nothing is written."""
+    _require((chunk, count) in adoptions(state, owner), "Adopt")
+    me = state.own[owner]
+    if _last_chunk(me) == chunk:
+        layout = (*me.layout[:-1], LayoutEntry(chunk, me.layout[-1].length + count))
+    else:
+        layout = (*me.layout, LayoutEntry(chunk, count))
+    storage = me.storage + count
+    return attrs.evolve(
+        state, log=(*state.log, Record("flush", state.log_epoch, storage=storage, layout=layout)),
+        own=_with_owner(state, owner, attrs.evolve(me, layout=layout, storage=storage)))
 
 
 def checkpoint(state: ContainerFailoverState, owner: str) -> ContainerFailoverState:

@@ -48,6 +48,8 @@ def successors(config: Configuration, state: cf.ContainerFailoverState) -> Itera
             yield "WriteChunk", cf.write_chunk(state, owner)
         if state.current(owner) and me.written > 0:
             yield "CommitFlush", cf.commit_flush(state, owner)
+        for chunk, count in cf.adoptions(state, owner):
+            yield "Adopt", cf.adopt(state, owner, chunk, count)
         if state.current(owner) and state.checkpoints < config.max_checkpoints:
             yield "Checkpoint", cf.checkpoint(state, owner)
         for index in cf.truncation_points(state, owner):

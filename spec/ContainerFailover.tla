@@ -20,7 +20,10 @@
 (* it may keep writing bytes into its chunk.  That is harmless because the *)
 (* layout lives in the log (a fenced owner cannot commit it), and because  *)
 (* an owner never writes into a chunk another epoch created: a new owner   *)
-(* always starts its own chunk, named by its epoch.                        *)
+(* always starts its own chunk, named by its epoch.  A new owner may,      *)
+(* before its first chunk write, *adopt* units an older owner wrote but    *)
+(* never recorded: a prefix of them verified equal to its unflushed units, *)
+(* recorded by a flush naming the older chunk -- a log write, so fenced.   *)
 (*                                                                         *)
 (* One segment; every append is one unit, labelled with its id.  Each      *)
 (* action is atomic, so a crash may fall between any two of them.  Results *)
@@ -182,6 +185,49 @@ CommitFlush(o) ==
           /\ own' = [own EXCEPT ![o].layout = layout, ![o].storage = storage, ![o].written = 0]
     /\ UNCHANGED <<logEpoch, chunks, history, crashes, checkpoints>>
 
+(* Adoption (the StorageWriter's reconciliation, before its first chunk write): units an older      *)
+(* owner wrote into its chunk but never recorded -- it was fenced, or crashed, before its flush      *)
+(* record committed -- are compared with the unflushed units in memory, and a verified prefix of     *)
+(* them is recorded by a flush naming that older chunk, without being written again.  A candidate    *)
+(* chunk is the layout's last one (continued beyond the units the layout takes from it) or one the   *)
+(* layout does not name (read from its start; the implementation finds it by the segment offset in  *)
+(* its name, the spec by its units, which are unique ids).                                          *)
+LastChunk(o) == IF own[o].layout = <<>> THEN 0 ELSE own[o].layout[Len(own[o].layout)].chunk   \* 0: none
+
+(* The units of chunk c the layout already takes: counted from the chunk's start. *)
+AdoptBase(o, c) == IF LastChunk(o) = c THEN own[o].layout[Len(own[o].layout)].len ELSE 0
+
+AdoptCandidates(o) ==
+    {c \in DOMAIN chunks :
+        /\ c < own[o].epoch
+        /\ \/ LastChunk(o) = c
+           \/ \A k \in 1..Len(own[o].layout) : own[o].layout[k].chunk # c}
+
+(* Chunk c holds n more units beyond what the layout takes from it, each equal to the unflushed *)
+(* unit at its place.                                                                          *)
+Verified(o, c, n) ==
+    LET units == ChunkUnits(c)
+        base == AdoptBase(o, c)
+    IN /\ base + n <= Len(units)
+       /\ \A i \in 1..n : units[base + i] = own[o].units[own[o].storage + i]
+
+(* The layout once n units of chunk c are adopted: its last entry grows, or c joins. *)
+AdoptedLayout(o, c, n) ==
+    IF LastChunk(o) = c
+    THEN [own[o].layout EXCEPT ![Len(own[o].layout)].len = @ + n]
+    ELSE Append(own[o].layout, [chunk |-> c, len |-> n])
+
+Adopt(o) ==
+    /\ Current(o)
+    /\ TargetChunk(o) \notin DOMAIN chunks
+    /\ \E c \in AdoptCandidates(o), n \in 1..(Len(own[o].units) - own[o].storage) :
+          /\ Verified(o, c, n)
+          /\ LET layout == AdoptedLayout(o, c, n)
+                 storage == own[o].storage + n
+             IN /\ log' = Append(log, FlushRecord(logEpoch, layout, storage))
+                /\ own' = [own EXCEPT ![o].layout = layout, ![o].storage = storage]
+    /\ UNCHANGED <<logEpoch, chunks, history, crashes, checkpoints>>
+
 (* A metadata checkpoint: a snapshot of the metadata, so recovery need not start at the beginning. *)
 Checkpoint(o) ==
     /\ Current(o)
@@ -214,6 +260,7 @@ Next ==
         \/ LogWriteFenced(o)
         \/ WriteChunk(o)
         \/ CommitFlush(o)
+        \/ Adopt(o)
         \/ Checkpoint(o)
         \/ Truncate(o)
         \/ Crash(o)

@@ -23,12 +23,12 @@
 (* named for epoch e (one per epoch in these runs; several would be        *)
 (* concatenated in segment order) are chunks[e].  A chunk the              *)
 (* implementation deleted as garbage (unreferenced: a fenced owner's       *)
-(* write) is not observed; the spec keeps it, and nothing reads it.  Bytes *)
-(* a new owner adopts when it reconciles (an earlier owner's unrecorded    *)
-(* write, verified equal, recorded by a flush naming the older chunk) are  *)
-(* WriteChunk then CommitFlush by the adopting owner: its chunks[e] is     *)
-(* observed as the adopted units followed by its own chunk's.  The         *)
-(* segment's creation and the records the spec lacks are stuttering steps. *)
+(* write) is not observed; the spec keeps it, and nothing reads it.  A     *)
+(* flush record a new owner commits when it reconciles, naming an older    *)
+(* epoch's chunk (an earlier owner's unrecorded write, verified equal: all *)
+(* of the unflushed tail or a prefix of it), is Adopt of that chunk up to  *)
+(* the recorded storage length.  The segment's creation and the records    *)
+(* the spec lacks are stuttering steps.                                    *)
 (* A truncation is at the checkpoint that leaves `remaining` records.      *)
 (***************************************************************************)
 EXTENDS ContainerFailover, TraceData
@@ -61,6 +61,10 @@ Step(rec) ==
             /\ WriteChunk(rec.o)
             /\ chunks'[TargetChunk(rec.o)] = ChunkUnits(TargetChunk(rec.o)) \o rec.units
       [] rec.a = "CommitFlush" -> CommitFlush(rec.o) /\ own'[rec.o].storage = rec.storage
+      [] rec.a = "Adopt" ->
+            /\ Adopt(rec.o)
+            /\ own'[rec.o].storage = rec.storage
+            /\ own'[rec.o].layout[Len(own'[rec.o].layout)].chunk = rec.chunk
       [] rec.a = "Checkpoint" ->
             /\ Checkpoint(rec.o)
             /\ log'[Len(log')].length = rec.length

@@ -8,7 +8,8 @@ decides when it does.  Every append is one unit: a fixed-size record carrying th
 seeded random step is one of
 
 * ``start``   -- a down slot builds a container and starts it (bumping the log's epoch: fencing the
-  previous owner) [Start]; recovery, the StorageWriter's reconciliation and first pass run to rest;
+  previous owner) [Start]; recovery, the StorageWriter's reconciliation (each prefix of an earlier
+  owner's unrecorded chunk write it verifies and records [Adopt]) and first pass run to rest;
 * ``append``  -- the current owner appends one unit [ClientAppend]; a checkpoint the processor adds
   on its own is recorded where it commits [Checkpoint];
 * ``flush``   -- a serving owner's StorageWriter flushes the segment: its chunk write [WriteChunk],
@@ -30,18 +31,11 @@ The refinement mapping (written down in ``spec/TraceContainerFailover.tla`` too)
 * the chunks named for epoch ``e`` (one per epoch here; several would be concatenated in segment
   order) are the spec's ``chunks[e]``; a chunk the implementation deleted as garbage (an unreferenced
   one: a fenced owner's write) is not observed -- the spec keeps it, nobody reads it;
-* bytes a new owner *adopts* on reconciliation (an earlier owner's unrecorded write, verified equal
-  and recorded by a flush naming the older chunk) are the spec's ``WriteChunk`` + ``CommitFlush`` by
-  the adopting owner: its ``chunks[e]`` is observed as the adopted units followed by its own chunk's;
+* a flush record a new owner commits on reconciliation naming an older epoch's chunk (bytes an earlier
+  owner wrote but never recorded, verified equal to the unflushed bytes: all of them, or a prefix when
+  appends were made since that write) is the spec's ``Adopt`` of that chunk, up to the recorded
+  storage length;
 * creating the segment, and records the spec does not have, are stuttering steps.
-
-Where the mapping is not exact: a new owner that adopts only *part* of the unflushed tail (an earlier
-owner's chunk write that covered a prefix of what is unflushed now -- the earlier owner was fenced,
-or crashed, after writing it and before its record committed, and later appends were made since)
-records a flush of a prefix, naming an older epoch's chunk.  The spec's ``WriteChunk`` always takes
-every unflushed unit into the owner's own chunk, and it has no step for a partial adoption (a safe
-behaviour -- the adopted bytes are verified equal -- that the spec does not model).  A run's record
-ends just before such an adoption (``cut``); the test counts how often.
 """
 
 from __future__ import annotations
@@ -130,11 +124,9 @@ class FailoverRun:
         self.next_id = 1
         #: The spec's log: the sequence number of each record it has (append, flush, checkpoint).
         self.records: list[int] = []
-        #: Epoch -> units adopted by that epoch's owner (the refinement mapping's virtual writes).
-        self.adopted: dict[int, list[int]] = {}
+        #: Adoptions recorded: (units adopted, whether they were the whole unflushed tail).
+        self.adoptions: list[tuple[int, bool]] = []
         self.segment_id: int | None = None
-        #: Where the record ends if a new owner adopted part of the unflushed tail (None: it did not).
-        self.cut: int | None = None
         #: Whether a start's recovery refused what the tiers hold (the run ended there).
         self.refused = False
 
@@ -166,19 +158,15 @@ class FailoverRun:
         elif isinstance(operation, StorageFlushOperation):
             self.records.append(operation.sequence_number)
             storage = (operation.offset + operation.length) // UNIT_BYTES
-            if chunk_epoch(operation.chunk) != epoch:  # adopted: the mapping's virtual write
+            adopted = chunk_epoch(operation.chunk)
+            if adopted != epoch:  # reconciliation recorded an older owner's unrecorded write
                 owner = self.owners[slot]
                 assert owner is not None
-                if operation.offset + operation.length < owner.container.get_info(SEGMENT).length:
-                    # Part of the unflushed tail only: the spec's WriteChunk takes all of it, and has
-                    # no step for this.  The run's record ends before it (see the module docstring).
-                    self.cut = len(self.trace)
-                    return
-                ids = unit_ids(self.lts.chunks()[operation.chunk][
-                    operation.chunk_offset:operation.chunk_offset + operation.length])
-                self.adopted.setdefault(epoch, []).extend(ids)
-                self.emit("WriteChunk", o=slot, units=ids)
-            self.emit("CommitFlush", o=slot, storage=storage)
+                whole = operation.offset + operation.length == owner.container.get_info(SEGMENT).length
+                self.adoptions.append((operation.length // UNIT_BYTES, whole))
+                self.emit("Adopt", o=slot, chunk=adopted, storage=storage)
+            else:
+                self.emit("CommitFlush", o=slot, storage=storage)
         elif isinstance(operation, MetadataCheckpointOperation):
             self.records.append(operation.sequence_number)
             described = deserialize_checkpoint(operation.payload, CONTAINER_ID)
@@ -315,8 +303,7 @@ class FailoverRun:
             found = _CHUNK_ORDER.search(name)
             assert found is not None, name
             by_epoch.setdefault(int(found[2]), []).append((int(found[1]), int(found[3]), unit_ids(data)))
-        chunks = {(epoch, tuple(self.adopted.get(epoch, []) + [u for _, _, ids in sorted(parts) for u in ids]))
-                  for epoch, parts in by_epoch.items()}
+        chunks = {(epoch, tuple(u for _, _, ids in sorted(parts) for u in ids)) for epoch, parts in by_epoch.items()}
         fields: dict[str, Any] = {"serving": set(self.serving()), "chunks": chunks, "o": 0, "units": [], "storage": 0}
         current = self.current()
         owner = None if current is None else self.owners[current]
@@ -329,9 +316,6 @@ class FailoverRun:
         try:
             for _ in range(self.steps):
                 await self.step()
-                if self.cut is not None:
-                    del self.trace[self.cut:]
-                    break
         except _Refused:
             pass
         finally:

@@ -11,21 +11,29 @@ parent reads (a large one only when whole; a torn one is recorded as such), ever
 that exists with its length, the writers whose commit returned, and what each streaming writer knows
 is acknowledged.  Derandomized Hypothesis runs: the same runs every time.
 
+With ``RecordingWithoutLockstep``, the machine's comparison with the model after every step is skipped,
+so a bug planted in the implementation is recorded -- not stopped by the machine -- and it is TLC that
+must refuse the run.  (A rule's own checks may still end such a run later: its record up to there is
+kept.)
+
 Default profile: 150 runs of up to 40 rules (over a thousand recorded spec steps besides the
 observations); ``MILLSTREAM_PROFILE=nightly``: 1,000 runs of up to 60 (over ten thousand).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
 from millstream.client import EventWriterPhase
+from millstream.client._byte_stream import ChunkPipeline
 from millstream.naming import is_transient_segment
 from millstream.testing.history import EventTag
 from millstream.testing.tracing import TraceEvent
@@ -107,11 +115,28 @@ class Recording(machine.LargeEventsMachine):
                                                  "acked": acked}))
 
 
-def recorded_runs() -> list[list[TraceEvent]]:
+class RecordingWithoutLockstep(Recording):
+    """``Recording`` with the machine's comparison with the model after every step (the stateful
+    test's invariant) off: only ``observe`` runs, so what the implementation did reaches the record
+    however wrong it is.  (A subclass rather than a flag on ``Recording``: derandomized Hypothesis
+    derives its seed from the machine's definition, and the accepted runs must stay the same.)"""
+
+    @invariant()
+    def implementation_matches_the_model(self) -> None:
+        pass
+
+
+def recorded_runs(*, lockstep: bool = True) -> list[list[TraceEvent]]:
+    """The runs' records.  With ``lockstep`` off (a planted bug), the first run the machine's own rule
+    checks stop ends the recording (no shrinking): the records so far are returned, that one's too."""
     Recording.runs = []
-    run_state_machine_as_test(Recording, settings=settings(
-        max_examples=RUNS, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+    chosen = settings(max_examples=RUNS, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    if lockstep:
+        run_state_machine_as_test(Recording, settings=chosen)
+    else:
+        with contextlib.suppress(Exception):
+            run_state_machine_as_test(RecordingWithoutLockstep, settings=settings(chosen, phases=(Phase.generate,)))
     return [run for run in Recording.runs if run]
 
 
@@ -146,8 +171,8 @@ def test_large_event_runs_are_accepted(tmp_path: Path) -> None:
 
 def test_an_observation_the_spec_cannot_reach_is_rejected(tmp_path: Path) -> None:
     """The check is not blind: a real run in which the store showed a committed large event twice (what
-    a merge applied twice would leave) -- one ``Observe`` doctored -- is refused.  (A bug planted in the
-    implementation itself is not here yet: the machine's own lockstep assertions stop such a run first.)"""
+    a merge applied twice would leave) -- one ``Observe`` doctored -- is refused at that observation.  (A
+    bug planted in the implementation itself: ``test_a_chunk_acknowledged_when_sent_is_rejected``.)"""
     runs = recorded_runs()
     for number, run in enumerate(runs):
         for index, event in enumerate(run):
@@ -159,3 +184,29 @@ def test_an_observation_the_spec_cannot_reach_is_rejected(tmp_path: Path) -> Non
                 assert "run = 1" in outcome.output and f"cursor = {index + 1}" in outcome.output, number
                 return
     raise AssertionError("no run committed a large event")
+
+
+def test_a_chunk_acknowledged_when_sent_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug planted in the implementation, recorded with the lockstep comparison off: the chunk
+    pipeline counts a chunk acknowledged as soon as it is sent, not when the store's reply comes (so
+    ``flush`` and a commit stop waiting for chunks still on their way: the merged event can miss them,
+    ``LargeEvents_merge_before_acked``'s outcome).  The first observation in which a writer knows more
+    parts acknowledged than its transient segment holds is where TLC refuses the run."""
+    send = ChunkPipeline._send
+
+    def acknowledged_when_sent(self: ChunkPipeline, chunk: Any) -> None:
+        send(self, chunk)
+        self._acked_offset = max(self._acked_offset, chunk.offset + len(chunk.data))
+    monkeypatch.setattr(ChunkPipeline, "_send", acknowledged_when_sent)
+    for run in recorded_runs(lockstep=False):
+        wrong = next((index for index, event in enumerate(run) if event.action == "Observe"
+                      and any(held < acked for w, acked in event.fields["acked"]
+                              for v, held in event.fields["active"] if v == w)), None)
+        if wrong is None:
+            continue
+        outcome = check([run], tmp_path)
+        assert outcome.returncode in (EXIT_DEADLOCK, EXIT_SAFETY), outcome.output[-4000:]
+        assert "run = 1" in outcome.output, outcome.output[-4000:]
+        assert f"cursor = {wrong + 1}" in outcome.output, (wrong, outcome.output[-4000:])
+        return
+    raise AssertionError("no run acknowledged a chunk the store did not hold")
