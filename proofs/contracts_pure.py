@@ -16,7 +16,6 @@ from millstream.client._routing import routing_key_fraction
 from millstream.controller._epochs import check_cover, key_union, overlaps, split_range
 from millstream.controller._transactions import _max_execution_seconds, lease_deadline  # noqa: F401 (conditions)
 from millstream.errors import (
-    BadAttributeUpdateError,
     IncompatibleVersionError,
     InvalidArgumentError,
     MalformedFrameError,
@@ -28,7 +27,7 @@ from millstream.model.types import (  # INT64_*: named by the conditions in docs
     AttributeUpdate,
     AttributeUpdateType,
 )
-from millstream.segmentstore.metadata import attribute_update_values
+from millstream.segmentstore.metadata import attribute_update_values, updated_attribute_value
 from millstream.segmentstore.throttler import batching_delay_seconds
 from millstream.wire.codec import (
     count_events,
@@ -37,6 +36,7 @@ from millstream.wire.codec import (
     encode_offsets,
     iter_events,
     negotiate,
+    negotiation_outcome,
 )
 
 __all__ = [
@@ -66,17 +66,14 @@ def negotiated_version(ours_high: int, ours_low: int, theirs_high: int, theirs_l
 
 
 def disjoint_versions_rejected(ours_high: int, ours_low: int, theirs_high: int, theirs_low: int) -> bool:
-    """Version ranges that share no version are refused as incompatible.
+    """Version ranges that share no version are refused as incompatible (``negotiate``'s core, which
+    formats no message: the refusal's message would make the versions concrete).
 
     pre: ours_low <= ours_high and theirs_low <= theirs_high
     pre: max(ours_low, theirs_low) > min(ours_high, theirs_high)
     post: __return__
     """
-    try:
-        negotiate(ours_high, ours_low, theirs_high, theirs_low)
-    except IncompatibleVersionError:
-        return True
-    return False
+    return negotiation_outcome(ours_high, ours_low, theirs_high, theirs_low) is IncompatibleVersionError
 
 
 def offsets_round_trip(offsets: list[int]) -> tuple[int, ...]:
@@ -206,13 +203,12 @@ def batching_delay_never_grows_with_fill(writes_in_flight: int, latency_millisec
 
 
 def _one_update(current: int | None, update_type: AttributeUpdateType, value: int, comparison: int) -> int | None:
-    """The attribute's value after one update (``current`` None: absent), or None if it is refused."""
+    """The attribute's value after one update (``current`` None: absent), or None if it is refused:
+    ``attribute_update_values``' core, which formats no refusal message (a message would make the
+    values concrete; ``attribute_update_values`` itself is checked by the accepting contracts below and
+    by ``proofs.contracts.attribute_rules_agree``)."""
     read = NULL_ATTRIBUTE_VALUE if current is None else current
-    try:
-        changes = attribute_update_values(lambda _key: read, [AttributeUpdate(7, update_type, value, comparison)])
-    except BadAttributeUpdateError:
-        return None
-    return changes.get(7, read)
+    return updated_attribute_value(read, AttributeUpdate(7, update_type, value, comparison))
 
 
 def replace_if_greater_only_raises(current: int | None, value: int) -> int | None:
@@ -310,16 +306,14 @@ def accumulate_twice_sees_first(current: int, first: int, second: int) -> int:
 
 
 def empty_own_range_is_the_callers_fault(ours_high: int, ours_low: int, theirs_high: int, theirs_low: int) -> str:
-    """An empty range of our own is the caller's bug (InvalidArgumentError), never blamed on the peer.
+    """An empty range of our own is the caller's bug (InvalidArgumentError), never blamed on the peer
+    (``negotiate``'s core).
 
     pre: ours_low > ours_high
     post: __return__ == "InvalidArgumentError"
     """
-    try:
-        negotiate(ours_high, ours_low, theirs_high, theirs_low)
-    except (InvalidArgumentError, IncompatibleVersionError) as error:
-        return type(error).__name__
-    return "accepted"
+    outcome = negotiation_outcome(ours_high, ours_low, theirs_high, theirs_low)
+    return outcome.__name__ if isinstance(outcome, type) else "accepted"
 
 
 def overlapping_ranges_rejected(a_start: int, a_end: int, b_start: int, b_end: int) -> bool:

@@ -23,7 +23,7 @@ from millstream.wire.codec import (
     FRAME_BYTES_MAX,  # noqa: F401 (named by the conditions)
     _bool,
     _frame_length,
-    _reject_header,
+    _header_refusal,
 )
 
 __all__ = [
@@ -59,22 +59,15 @@ def frame_length_limit(length: int) -> int | None:
         return None
 
 
-def header_rejection(known: bool, length: int, length_max: int) -> str:
+def header_rejection(known: bool, length: int) -> str:
     """A bad frame header gets the error it deserves: unknown type first, then a negative length
-    (malformed), then too large.
+    (malformed), then too large (``_reject_header``'s core, which formats no message).
 
-    pre: 0 <= length_max <= FRAME_BYTES_MAX
     post: __return__ == ("unknown" if not known else "malformed" if length < 0 else "too large")
     """
-    try:
-        _reject_header(_KNOWN_TYPE_CODE if known else -1, length, length_max)
-    except UnknownCommandError:
-        return "unknown"
-    except FrameTooLargeError:  # before its base class, MalformedFrameError
-        return "too large"
-    except MalformedFrameError:
-        return "malformed"
-    return "accepted"
+    refusal = _header_refusal(_KNOWN_TYPE_CODE if known else -1, length)
+    return {UnknownCommandError: "unknown", MalformedFrameError: "malformed", FrameTooLargeError: "too large"}.get(
+        refusal, "accepted")
 
 
 def checked_int(value: int, low: int, high: int) -> int | None:

@@ -53,6 +53,7 @@ __all__ = [
     "checkpoint_version",
     "deserialize_checkpoint",
     "serialize_checkpoint",
+    "updated_attribute_value",
 ]
 
 _STATUS_CODES = {SegmentStatus.ACTIVE: 0, SegmentStatus.SEALED: 1, SegmentStatus.MERGED: 2, SegmentStatus.DELETED: 3}
@@ -164,28 +165,40 @@ def attribute_update_values(read: Callable[[int], int], updates: Iterable[Attrib
     for update in updates:
         attribute_id = update.attribute_id
         old = values[attribute_id] if attribute_id in values else read(attribute_id)
-        update_type = update.update_type
-        if update_type == AttributeUpdateType.REPLACE:
-            new = update.value
-        elif update_type == AttributeUpdateType.REPLACE_IF_EQUALS:
-            if old != update.comparison_value:
-                raise BadAttributeUpdateError(
-                    f"attribute {attribute_id:#x} is {old}, expected {update.comparison_value}")
-            new = update.value
-        elif update_type == AttributeUpdateType.REPLACE_IF_GREATER:
-            if update.value <= old:
-                raise BadAttributeUpdateError(f"attribute {attribute_id:#x}: {update.value} is not above {old}")
-            new = update.value
-        elif update_type == AttributeUpdateType.NONE:
-            if old != NULL_ATTRIBUTE_VALUE:
-                raise BadAttributeUpdateError(f"attribute {attribute_id:#x} is already set")
-            new = update.value
-        else:
-            new = (0 if old == NULL_ATTRIBUTE_VALUE else old) + update.value
-            if not INT64_MIN < new <= INT64_MAX:
-                raise BadAttributeUpdateError(f"attribute {attribute_id:#x}: accumulating overflows")
+        new = updated_attribute_value(old, update)
+        if new is None:
+            raise BadAttributeUpdateError(_refusal(attribute_id, old, update))
         values[attribute_id] = new
     return values
+
+
+def updated_attribute_value(old: int, update: AttributeUpdate) -> int | None:
+    """The value ``update`` gives an attribute holding ``old`` (``NULL_ATTRIBUTE_VALUE``: absent), or
+    None if its condition fails.  Formats no message, so CrossHair checks its contracts over all paths
+    (``proofs/contracts_pure.py``)."""
+    update_type = update.update_type
+    if update_type == AttributeUpdateType.REPLACE:
+        return update.value
+    if update_type == AttributeUpdateType.REPLACE_IF_EQUALS:
+        return update.value if old == update.comparison_value else None
+    if update_type == AttributeUpdateType.REPLACE_IF_GREATER:
+        return update.value if update.value > old else None
+    if update_type == AttributeUpdateType.NONE:
+        return update.value if old == NULL_ATTRIBUTE_VALUE else None
+    new = (0 if old == NULL_ATTRIBUTE_VALUE else old) + update.value
+    return new if INT64_MIN < new <= INT64_MAX else None
+
+
+def _refusal(attribute_id: int, old: int, update: AttributeUpdate) -> str:
+    """Why ``update`` was refused on an attribute holding ``old``."""
+    update_type = update.update_type
+    if update_type == AttributeUpdateType.REPLACE_IF_EQUALS:
+        return f"attribute {attribute_id:#x} is {old}, expected {update.comparison_value}"
+    if update_type == AttributeUpdateType.REPLACE_IF_GREATER:
+        return f"attribute {attribute_id:#x}: {update.value} is not above {old}"
+    if update_type == AttributeUpdateType.NONE:
+        return f"attribute {attribute_id:#x} is already set"
+    return f"attribute {attribute_id:#x}: accumulating overflows"
 
 
 def serialize_checkpoint(next_segment_id: int, segments: Iterable[SegmentMetadata], *,

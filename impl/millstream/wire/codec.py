@@ -148,6 +148,7 @@ __all__ = [
     "encode_offsets",
     "iter_events",
     "negotiate",
+    "negotiation_outcome",
 ]
 
 # --- Limits and versions ---------------------------------------------------------------------------
@@ -190,14 +191,29 @@ def negotiate(ours_high: int, ours_low: int, theirs_high: int, theirs_low: int) 
     for value in (ours_high, ours_low, theirs_high, theirs_low):
         if type(value) is not int:
             raise InvalidArgumentError(f"versions are ints, not {value!r}")
-    if ours_low > ours_high:
+    version = negotiation_outcome(ours_high, ours_low, theirs_high, theirs_low)
+    if version is InvalidArgumentError:
         raise InvalidArgumentError(f"our version range [{ours_low}, {ours_high}] is empty")
-    if theirs_low > theirs_high:
-        raise IncompatibleVersionError(f"the peer's version range [{theirs_low}, {theirs_high}] is empty")
-    version = min(ours_high, theirs_high)
-    if version < max(ours_low, theirs_low):
+    if version is IncompatibleVersionError:
+        if theirs_low > theirs_high:
+            raise IncompatibleVersionError(f"the peer's version range [{theirs_low}, {theirs_high}] is empty")
         raise IncompatibleVersionError(
             f"no common version: we speak [{ours_low}, {ours_high}], the peer [{theirs_low}, {theirs_high}]")
+    assert isinstance(version, int)
+    return version
+
+
+def negotiation_outcome(ours_high: int, ours_low: int, theirs_high: int,
+                        theirs_low: int) -> int | type[InvalidArgumentError] | type[IncompatibleVersionError]:
+    """``negotiate``'s answer for int versions: the version, or the class of the error it raises.
+    Formats no message, so CrossHair checks its contracts over all paths (``proofs/contracts_pure.py``)."""
+    if ours_low > ours_high:
+        return InvalidArgumentError
+    if theirs_low > theirs_high:
+        return IncompatibleVersionError
+    version = min(ours_high, theirs_high)
+    if version < max(ours_low, theirs_low):
+        return IncompatibleVersionError
     return version
 
 
@@ -635,15 +651,26 @@ def encode_into(buffer: bytearray, command: Command) -> int:
 
 def _reject_header(type_code: int, length: int, length_max: int = FRAME_BYTES_MAX) -> None:
     """Raise the error a bad frame header deserves (``Decoder`` calls this only for a bad one)."""
-    if type_code not in _DECODERS:
+    refusal = _header_refusal(type_code, length)
+    if refusal is UnknownCommandError:
         raise UnknownCommandError(f"unknown command type {type_code}")
-    if length < 0:
+    if refusal is MalformedFrameError:
         raise MalformedFrameError(f"a frame of type {type_code} announces a negative length ({length})")
     if length > FRAME_BYTES_MAX:
         raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; "
                                  f"the limit is {FRAME_BYTES_MAX}")
     raise FrameTooLargeError(f"a frame of type {type_code} announces {length} bytes; the limit on this "
                              f"connection (not authenticated yet) is {length_max}")
+
+
+def _header_refusal(type_code: int, length: int) -> type[WireProtocolError]:
+    """The class of error a bad frame header deserves: an unknown type first, then a negative length
+    (malformed), else too large.  Formats no message, so CrossHair checks it over all paths."""
+    if type_code not in _DECODERS:
+        return UnknownCommandError
+    if length < 0:
+        return MalformedFrameError
+    return FrameTooLargeError
 
 
 class Decoder:
