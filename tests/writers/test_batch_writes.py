@@ -103,6 +103,21 @@ def test_a_run_while_blocks_are_in_flight_leaves_an_open_block_for_the_timer() -
     state.check_invariants()
 
 
+def test_a_run_that_reaches_the_target_exactly_closes_the_open_block() -> None:
+    """The open block closes when its charge reaches the target, equality included, as a single
+    ``write_event`` does.  (A mutation run found nothing pinned the boundary: with ``>`` the block
+    stayed open for one more event.)  The target adapts to the arrival rate; here it is set below
+    the block size, as a slower writer's would be."""
+    state, _ = machine()
+    state.write_event(payload(0), "k", None)  # goes out alone: now a block is in flight
+    state.take_closed()
+    state._target_bytes = state._close_at = 42  # two events of 21 (below the block size, 64)
+    flags = state.write_events([payload(1), payload(2)], ["k", "k"], [2, 3])
+    assert flags & SHIPPED and state._open_count == 0
+    assert [block.event_count for block in state.take_closed()] == [2]
+    state.check_invariants()
+
+
 def test_a_run_is_all_or_nothing_and_answers_over_budget_and_reroute() -> None:
     state, budget = machine(unacked_bytes_max=50)
     too_big = [payload(0), b"x" * (millstream.limits.EVENT_LENGTH_BYTES_MAX + 1)]
