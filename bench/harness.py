@@ -475,9 +475,9 @@ def _run_system(config: HarnessConfig, driver: Driver | None, system: str, workl
             results.append(result)
     finally:
         server.stop()
-        profile = _combine_profiles(writer_profile, server_profile)
+        summary = _combine_profiles(writer_profile, server_profile)
         shutil.rmtree(workdir, ignore_errors=True)
-    return attrs.evolve(base, steps=tuple(results), profile=profile)
+    return attrs.evolve(base, steps=tuple(results), profile=summary)
 
 
 def _skipped_step(rate: Rate, reason: str) -> StepResult:

@@ -37,7 +37,8 @@ def test_every_repeat_is_paced_at_half_its_own_max_and_the_lone_writer_sits_besi
     lone = report.lone
     assert lone.events > 0 and lone.latency.count == lone.events  # every event waited for, one at a time
     assert lone.sync.syncs > 0 and lone.sync.write_bytes == 100
-    assert lone.p95_over_sync == lone.latency.p95_ms / lone.sync.latency.p95_ms  # type: ignore[operator]
+    mine, sync = lone.latency.p95_ms, lone.sync.latency.p95_ms
+    assert mine is not None and sync is not None and lone.p95_over_sync == mine / sync
     lines = "\n".join(render_latency_loops(report))
     assert lines.count("\n| 1 |") == 1 and lines.count("\n| 2 |") == 1  # every repeat, not a median alone
     assert "| one `fdatasync` |" in lines and "| lone writer |" in lines

@@ -194,7 +194,9 @@ def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
         assert all(container["claimed_by"] == container["host"] for container in status["containers"].values())
         assert all(_alive(pid) for pid in pids)
         # A node killed: the cluster carries on, and its containers move to the other two.
-        killed = int(re.search(r"^node-2 \S+ \(pid (\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+        found = re.search(r"^node-2 \S+ \(pid (\d+)", text, re.M)
+        assert found, text
+        killed = int(found.group(1))
         os.kill(killed, signal.SIGKILL)
         deadline = time.monotonic() + _UP_READY_SECONDS
 
