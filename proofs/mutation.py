@@ -286,6 +286,7 @@ def _cosmic_ray(*arguments: str) -> list[str]:
 def _initialise(target: Target, config: Path, session: Path, mutants_per_module: int, seed: int) -> None:
     """A new session: every mutant cosmic-ray generates; those of other operators, and those beyond the
     seeded sample, marked skipped."""
+    # (cosmic-ray ships no type information: hence the two ignores)
     from cosmic_ray.work_db import WorkDB, use_db  # type: ignore[import-untyped]
     from cosmic_ray.work_item import WorkerOutcome, WorkResult  # type: ignore[import-untyped]
 

@@ -394,6 +394,7 @@ def test_boundaries_the_sampled_mutants_found_unchecked() -> None:
     with pytest.raises(InvalidArgumentError, match="must be a StreamCut of it"):
         Checkpoint("c1", {"s/a": StreamCut("s/b", {0: 0})})
     with pytest.raises(InvalidArgumentError, match="must be a StreamCut of it"):
+        # (a plain dict where a StreamCut belongs, on purpose: the refusal is what is tested)
         Checkpoint("c1", {"s/a": StreamCut("s/a", {0: 0}), "s/b": {0: 0}})  # type: ignore[dict-item]
 
 

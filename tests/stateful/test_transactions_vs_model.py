@@ -409,7 +409,9 @@ def test_a_fenced_multi_commit_orders_its_transactions_as_they_began() -> None:
 
 
 class _DrawnInTurn:
-    """``st.data()`` for a rule called by hand: the draws are ``values``, in turn."""
+    """``st.data()`` for a rule called by hand: the draws are ``values``, in turn.  (It and ``_Drawn``
+    stand in for Hypothesis' ``DataObject``, which cannot be built by hand: hence the calls'
+    ``type: ignore[arg-type]``.)"""
 
     def __init__(self, *values: Any) -> None:
         self.values = list(values)
