@@ -420,21 +420,6 @@ CLIENT_WRITER_BLOCK_BYTES_MAX: Final = 512 * KIB
 #: aims for is what arrives in min(half a round trip, this).
 CLIENT_WRITER_BATCH_WINDOW_SECONDS_MAX: Final = 0.020
 
-#: The per-event loop's accumulator (``write_event`` on a writer with a random id): events wait on
-#: the caller's side, serialized and checked, until this many bytes (charged as in a block: framed
-#: bytes and the routing key's characters) -- or the loop thread is free, ``flush()``, or a batch call
-#: -- hand them to the batch path together.  256 KiB is ~2,000 events of 100 B: enough that routing
-#: and framing run as C loops over the batch, small enough that the loop thread drains it in well
-#: under a millisecond.  It is
-#: capped at a quarter of the writer's budget (``writer_unacked_bytes_max``), so a drained batch is one
-#: slice; accumulated bytes count against the budget, which still bounds the writer's memory.
-CLIENT_WRITER_ACCUMULATED_BYTES_MAX: Final = 256 * KIB
-
-#: An accumulator drained with fewer events than this adds them one by one (the per-event step): the
-#: columnar batch machinery costs tens of microseconds per call, more than a few single events; a
-#: lone writer sending one event at a time keeps its latency.
-CLIENT_WRITER_ACCUMULATED_BATCH_EVENTS_MIN: Final = 32
-
 #: Distinct routing keys whose hash a writer remembers (hashing a key costs more than the rest of
 #: routing).  The memo empties when full.
 CLIENT_ROUTING_KEY_CACHE_SIZE_MAX: Final = 65_536

@@ -4,10 +4,8 @@ Theory of operation.  A ``Client`` starts one event-loop thread and builds an ``
 every blocking method hands a coroutine to that loop and waits for its result, so both flavours share
 one implementation.  A hand-off costs tens of microseconds, far too much per event, so the two hot
 paths avoid it: ``EventStreamWriter.write_event`` runs the writer's per-event path on the caller's
-thread (serialize, check, append to the writer's accumulator; a full accumulator is routed and framed
-into blocks on the caller's thread, a lone event by the loop as soon as it is free; a closed block
-goes to the loop through a FIFO), and crosses to the loop only to wait when too much is
-unacknowledged;
+thread (serialize, route, frame into the open block under the writer's lock; a closed block goes to
+the loop through a FIFO), and crosses to the loop only to wait when too much is unacknowledged;
 ``SegmentReader`` fetches events in batches and hands them out one by one from a local queue.
 
 Every wait is bounded by the core's own timeouts (request, acknowledgement and reconnect limits), so a
@@ -163,23 +161,15 @@ class EventStreamWriter(Generic[T]):
     def __init__(self, core: AsyncEventStreamWriter[T], runner: _LoopThread) -> None:
         self._core = core
         self._add = core._add
-        self._accumulate = core._accumulate
         self._shared = core._shared
         self._runner = runner
 
     def write_event(self, event: T, *, routing_key: str | None = None, sequence: None = None) -> None:
-        """Buffer ``event``; returns at once unless too much is unacknowledged (then waits).  Raises
-        what ``AsyncEventStreamWriter.write_event`` raises.  A ``sequence`` needs a stable writer id
-        (``InvalidSequenceError`` here)."""
+        """Buffer ``event``; returns at once unless too much is unacknowledged (then waits).  A
+        ``sequence`` needs a stable writer id (``InvalidSequenceError`` here)."""
         if sequence is not None:
             raise _no_sequences()
-        if self._accumulate(event, routing_key) & OVER_BUDGET:
-            self._runner.run(self._shared.wait_for_capacity())
-
-    def _write_accumulated(self) -> None:
-        """Drain the writer's accumulator on this thread (what ``write_event`` left there goes before
-        what comes next), waiting for capacity if that is over the budget."""
-        if self._core._accumulated and self._core._drain_accumulated() & OVER_BUDGET:
+        if self._add(event, routing_key, None) & OVER_BUDGET:
             self._runner.run(self._shared.wait_for_capacity())
 
     def write_events(self, events: Sequence[T], *, routing_keys: Sequence[str | None] | None = None) -> None:
@@ -189,7 +179,6 @@ class EventStreamWriter(Generic[T]):
         before any of the batch is written (see ``AsyncEventStreamWriter.write_events``)."""
         core = self._core
         payloads, keys = core._prepare_batch(events, routing_keys)
-        self._write_accumulated()
         columns = bytes_batch(payloads, keys)
         if columns is not None:  # framed in columns (_framing)
             self._write_column_batch(columns)
@@ -205,7 +194,6 @@ class EventStreamWriter(Generic[T]):
         core = self._core
         columns = _columns(core, values, routing_keys)
         if isinstance(columns, ColumnBatch):  # framed in columns (_framing)
-            self._write_accumulated()
             self._write_column_batch(columns)
             return
         payloads, keys = columns
@@ -221,7 +209,6 @@ class EventStreamWriter(Generic[T]):
     def write_event_future(self, event: T, *, routing_key: str | None = None) -> concurrent.futures.Future[None]:
         """``write_event``, and a future that completes when the event is durable (shared by the events of
         one block, as in ``AsyncEventStreamWriter.write_event_future``)."""
-        self._write_accumulated()
         tracking = Tracking(concurrent.futures.Future)
         if self._add(event, routing_key, tracking) & OVER_BUDGET:
             self._runner.run(self._shared.wait_for_capacity())

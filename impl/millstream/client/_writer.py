@@ -15,19 +15,8 @@ synchronous machine, ``_segment_writer_state.SegmentWriterState`` (the client's 
 ``SegmentWriter`` is that machine plus its adapter: the lock, the hand-off between the caller's
 thread and the event loop, the append session, futures and timers.
 
-The per-event loop.  ``write_event`` does not route or frame: it serializes the event, makes the
-checks that may refuse it (a key that is not a ``str``, an event over the limit, the writer's error, a
-closed writer) and appends it to the writer's *accumulator* -- a few C calls.  The accumulated events
-go to the batch path below together (routing, framing, places in the sequence: C loops over the
-batch): when they reach ``limits.CLIENT_WRITER_ACCUMULATED_BYTES_MAX`` or would take the writer over
-its budget (the caller then waits for capacity, as before), as soon as the loop thread is free (the
-first event of an empty accumulator posts a drain there: a lone event leaves at once), and before
-anything that must see them (``flush``, a batch call, ``write_event_future``, ``in_doubt_events``).
-Drains are serialized and each takes all, so order per key holds (``_accumulate``).
-
-Per event the per-event step (``_add``: ``write_event_future``, transactions, a drain of a few
-events) does a few plain operations under one lock (serialize, route, frame, count); everything
-else -- closing a block, sending it, acknowledgements, reconnecting -- happens per block.
+Per event the writer does a few plain operations under one lock (serialize, route, frame, count);
+everything else -- closing a block, sending it, acknowledgements, reconnecting -- happens per block.
 That lock (``WriterShared.lock``) is what lets the blocking flavour run the per-event path on the
 caller's thread while the event loop thread sends blocks and reads acknowledgements: a block closed on
 the caller's thread goes into a FIFO outbox that the loop drains, so blocks always enter the wire in
@@ -129,7 +118,6 @@ from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._routing import Router, StreamRouter
 from millstream.client._segment_writer_state import (
     ARM_BATCH_TIMER,
-    HEADER_LENGTH,
     OVER_BUDGET,
     REROUTE,
     SHIPPED,
@@ -190,9 +178,6 @@ def _router_not_ready(routing_key: str | None) -> str:
 #: What ``write_events`` takes for events of a bytes writer, and for keys (checked per batch, in C).
 _BYTES_TYPE: Final = frozenset({bytes})
 _KEY_TYPES: Final = frozenset({str, type(None)})
-
-#: The largest event ``write_event`` takes, framed (its payload and its header).
-_FRAMED_EVENT_BYTES_MAX: Final = limits.EVENT_LENGTH_BYTES_MAX + HEADER_LENGTH
 
 #: The memo lookup of a router that has none: always a miss.
 _NO_MEMO: Final[dict[str, str]] = {}
@@ -768,12 +753,6 @@ def _picker(indexes: list[int]) -> Callable[[Sequence[T]], Sequence[T]]:
     return operator.itemgetter(*indexes)
 
 
-def _accumulated_charge(events: list[tuple[bytes, str | None]]) -> int:
-    """What accumulated ``(payload, routing key)`` events charge: as in a block, each its framed
-    bytes and its key's characters."""
-    return sum(len(payload) + HEADER_LENGTH + (0 if key is None else len(key)) for payload, key in events)
-
-
 def _carry_out_on_loop(work: list[tuple[SegmentWriter, int, int]]) -> None:
     """(Loop thread.)  A batch's answers (``AsyncEventStreamWriter._carry_out_batch``): arm each new
     open block's batch timer and send each writer's closed blocks."""
@@ -856,17 +835,6 @@ class AsyncEventStreamWriter(Generic[T]):
         self._rng = rng
         self._writers: dict[str, SegmentWriter] = {}
         self._shipped = 0  # blocks shipped since the last yield to the loop
-        #: The per-event loop's accumulator (``_accumulate``): ``(payload, routing key)`` of events
-        #: serialized and checked but not yet given their places in the writer's sequence, in the order
-        #: written; the bytes they charge (payload + header each) against ``_accumulated_bytes_max``;
-        #: the lock that guards both (held for an append); and the lock that serializes drains -- a
-        #: drain gives what it took its places in the sequence, so two must not interleave.
-        self._accumulated: list[tuple[bytes, str | None]] = []
-        self._accumulated_bytes = 0
-        self._accumulated_bytes_max = max(min(limits.CLIENT_WRITER_ACCUMULATED_BYTES_MAX,
-                                              config.writer_unacked_bytes_max // 4), 1)
-        self._accumulator_lock = threading.Lock()
-        self._drain_lock = threading.Lock()
         self._closed = False
         #: Sealed segments whose events this writer handed over to successors (evidence for tests).
         self.hand_overs = 0
@@ -886,39 +854,25 @@ class AsyncEventStreamWriter(Generic[T]):
         return self._serializer
 
     def segment_writers(self) -> dict[str, SegmentWriter]:
-        """The segment writers made so far, by segment (for the stream layer and tests), once the
-        accumulated events are theirs."""
-        self._try_drain()
+        """The segment writers made so far, by segment (for the stream layer and tests)."""
         return dict(self._writers)
 
     def unacknowledged_events(self, segment: str) -> list[bytes]:
-        """The serialized events written to ``segment`` and not acknowledged, in order (events still
-        accumulated, after a failure, are in ``in_doubt_events``)."""
-        self._try_drain()
+        """The serialized events written to ``segment`` and not acknowledged, in order."""
         writer = self._writers.get(segment)
         return [] if writer is None else writer.unacknowledged_events()
 
     def in_doubt_events(self) -> tuple[InDoubtEvent, ...]:
         """Every event written and not acknowledged, over all segments, in the order written (by
         ``InDoubtEvent.sequence``): what is in doubt if the writer fails now -- and, once it failed,
-        what it failed with (a ``ReconnectBudgetExceededError`` carries the same set as ``in_doubt``).
-        Events still in the accumulator (a drain refused: the writer failed) are among them, after the
-        rest, with the segment their key routes to now."""
-        with self._drain_lock:
-            events = [event for writer in self._writers.values() for event in writer.in_doubt_events()]
-            events += self._accumulated_in_doubt()
+        what it failed with (a ``ReconnectBudgetExceededError`` carries the same set as ``in_doubt``)."""
+        events = [event for writer in self._writers.values() for event in writer.in_doubt_events()]
         return tuple(sorted(events, key=lambda event: event.sequence))
 
     @property
     def events_written(self) -> int:
-        """How many events were written through this writer (the last one's ``sequence``; accumulated
-        events count)."""
-        return self._shared.sequence + len(self._accumulated)
-
-    def _try_drain(self) -> None:
-        """Drain the accumulator if the writer takes events (else they stay, in doubt)."""
-        if self._accumulated:
-            self._drain_quietly()
+        """How many events were written through this writer (the last one's ``sequence``)."""
+        return self._shared.sequence
 
     def _give_up(self, make_error: Callable[[tuple[InDoubtEvent, ...]], BaseException]) -> BaseException:
         """(Loop thread.)  A segment writer gave up reconnecting: the writer as a whole fails.  Every
@@ -964,18 +918,13 @@ class AsyncEventStreamWriter(Generic[T]):
     # --- The per-event path, shared with the blocking flavour -------------------------------------
 
     def _add(self, event: T, routing_key: str | None, tracking: Tracking | None) -> int:
-        """Buffer one event (any thread), once ``ready()`` has returned: straight into its segment
-        writer's open block, past the accumulator (``write_event_future``, transactions)."""
+        """Buffer one event (any thread), once ``ready()`` has returned."""
         if self._identity and type(event) is bytes:
             payload: bytes = event  # type: ignore[assignment]  # (checked: no cast() call per event)
         else:
             payload = self._serialize(event)
             if type(payload) is not bytes:
                 raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        return self._add_payload(payload, routing_key, tracking)
-
-    def _add_payload(self, payload: bytes, routing_key: str | None, tracking: Tracking | None) -> int:
-        """``_add`` for an event serialized already."""
         single = self._single
         if single is not None and (routing_key is None or type(routing_key) is str):
             segment = single
@@ -1016,142 +965,6 @@ class AsyncEventStreamWriter(Generic[T]):
                 return flags
         raise InternalError(f"an event was routed {limits.CLIENT_WRITER_REROUTES_MAX} times to segments whose keys "
                             "had moved on")
-
-    # --- The per-event loop's accumulator, shared with the blocking flavour ---------------------------
-    #
-    # ``write_event`` only checks an event and appends it here (a few C calls); the batch path
-    # (``_add_columns`` / ``_add_batch``: routing, framing, places in the sequence, blocks) takes the
-    # accumulated events together -- when they reach ``_accumulated_bytes_max``, when the loop thread
-    # is free (the first event of an empty accumulator posts a drain to the loop), and before anything
-    # that must see them (``flush``, a batch call, ``write_event_future``, ``in_doubt_events``...).
-    # As Kafka's producer accumulates records per partition.  Every check ``write_event`` made before
-    # is still made at ``write_event`` (the serializer, a key that is not a ``str``, an event over the
-    # limit, the writer's error, a closed writer), so what it raised it still raises, and an event it
-    # accepted is one the batch path accepts.  Per key (and per thread) the order holds: an accumulator
-    # is a FIFO and drains are serialized (``_drain_lock``), each taking all of it.
-
-    def _accumulate(self, event: T, routing_key: str | None) -> int:
-        """(Any thread, once ``ready()`` has returned.)  The per-event step of ``write_event``: check
-        ``event`` and append it to the accumulator -- drained here if that fills it.  Returns
-        ``OVER_BUDGET`` (the caller waits for capacity), ``SHIPPED`` (a drain went out: an async caller
-        yields once) or 0.  Raises ``InvalidArgumentError`` (the serializer refused the event, the key is
-        not a ``str``), ``PayloadTooLargeError``, the writer's error or ``ObjectClosedError``: nothing
-        is added then."""
-        if self._identity and type(event) is bytes:
-            payload: bytes = event  # type: ignore[assignment]  # (checked: no cast() call per event)
-        else:
-            payload = self._serialize(event)
-            if type(payload) is not bytes:
-                raise InvalidArgumentError(f"{self._serializer!r} returned {type(payload).__name__}, not bytes")
-        size = len(payload) + HEADER_LENGTH
-        if (size > _FRAMED_EVENT_BYTES_MAX or self._shared.error is not None or self._closed
-                or (routing_key is not None and type(routing_key) is not str)):
-            raise self._refusal(size - HEADER_LENGTH, routing_key)
-        if routing_key is not None:  # kept until acknowledged (to re-route it): charged, as in blocks
-            size += len(routing_key)
-        lock = self._accumulator_lock
-        lock.acquire()
-        self._accumulated.append((payload, routing_key))
-        before = self._accumulated_bytes
-        total = self._accumulated_bytes = before + size
-        lock.release()
-        shared = self._shared
-        # Accumulated bytes count against the budget too: the event that would take the writer over
-        # it drains the accumulator, and the caller waits for capacity, as when it was added alone.
-        if total >= self._accumulated_bytes_max or total + shared.unacked_bytes > shared.unacked_bytes_max:
-            return self._drain_accumulated() | SHIPPED
-        if not before:  # the first event of an empty accumulator: drain it when the loop is free
-            self._schedule_drain()
-        return 0
-
-    def _refusal(self, length: int, routing_key: object) -> BaseException:
-        """Why ``_accumulate`` refuses an event of ``length`` bytes with ``routing_key`` (its rare case,
-        out of its way): the error the per-event step raised for it."""
-        if length > limits.EVENT_LENGTH_BYTES_MAX:
-            return PayloadTooLargeError(f"an event of {length} bytes exceeds the limit of "
-                                        f"{limits.EVENT_LENGTH_BYTES_MAX} bytes")
-        error = self._shared.error
-        if error is not None:
-            return error.with_traceback(None)
-        if self._closed:
-            return ObjectClosedError("the writer is closed")
-        return _bad_key(routing_key)
-
-    def _schedule_drain(self) -> None:
-        """Drain the accumulator on the loop thread, as soon as it is free (once per accumulation: the
-        first event of an empty accumulator calls this)."""
-        shared = self._shared
-        if threading.get_ident() == shared.loop_thread:
-            shared.loop.call_soon(self._drain_quietly)
-        else:
-            shared.post(self._drain_quietly)
-
-    def _drain_quietly(self) -> None:
-        """(Any thread.)  The scheduled drain (and the one before a look at the segment writers).  It
-        does not wait for capacity (the caller's next ``write_event`` does: ``_accumulate``); a refusal
-        -- the writer's error, or it is closed -- leaves the events accumulated, in doubt, and reaches
-        the caller on its next call."""
-        try:
-            self._drain_accumulated()
-        except MillstreamError as error:
-            _log.debug("the writer's accumulated events stay where they are: %s", error)
-
-    def _drain_accumulated(self) -> int:
-        """(Any thread.)  Hand every accumulated event to the batch path, in order, and give them their
-        places in the writer's sequence.  Returns ``OVER_BUDGET`` or 0.  Raises the writer's error or
-        ``ObjectClosedError`` -- and then the events that were not added stay accumulated, first in
-        line, in doubt (``in_doubt_events``).  A thread that finds another draining waits for it (a
-        drain never waits for anything), so what it wrote before is added when this returns."""
-        drain_lock = self._drain_lock
-        drain_lock.acquire()
-        try:
-            lock = self._accumulator_lock
-            with lock:
-                taken = self._accumulated
-                if not taken:
-                    return 0
-                self._accumulated = []
-                self._accumulated_bytes = 0
-            added = 0
-            try:
-                if len(taken) < limits.CLIENT_WRITER_ACCUMULATED_BATCH_EVENTS_MIN:
-                    flags = 0
-                    for payload, routing_key in taken:
-                        flags |= self._add_payload(payload, routing_key, None)
-                        added += 1
-                    return flags & OVER_BUDGET
-                payloads = list(map(operator.itemgetter(0), taken))
-                keys = list(map(operator.itemgetter(1), taken))
-                started: list[int] = []
-                try:
-                    columns = bytes_batch(payloads, keys)
-                    if columns is not None:  # framed in columns (_framing)
-                        return self._add_columns(columns, started=started)
-                    return self._add_batch(payloads, keys, started=started)
-                finally:
-                    added = len(taken) if started else 0
-            except BaseException:
-                if added < len(taken):
-                    left = taken[added:]
-                    with lock:
-                        self._accumulated[:0] = left
-                        self._accumulated_bytes += _accumulated_charge(left)
-                raise
-        finally:
-            drain_lock.release()
-
-    def _accumulated_in_doubt(self) -> list[InDoubtEvent]:
-        """(Drain lock held.)  The accumulated events as in-doubt events: not sent, so not stored --
-        in doubt as the open block's are -- at the places in the sequence a drain would give them, and
-        with the segment their key is routed to now."""
-        with self._accumulator_lock:
-            accumulated = list(self._accumulated)
-        base = self._shared.sequence
-        events = []
-        for index, (payload, key) in enumerate(accumulated, start=1):
-            segment = "" if self._router is None else self._lookup(key) or self._segment_for(key)
-            events.append(InDoubtEvent(base + index, segment, key, payload))
-        return events
 
     # --- The batch path, shared with the blocking flavour ----------------------------------------------
 
@@ -1220,14 +1033,12 @@ class AsyncEventStreamWriter(Generic[T]):
             start = end
         return slices
 
-    def _add_batch(self, payloads: list[bytes], keys: list[str | None], routed: int = 0,
-                   started: list[int] | None = None) -> int:
+    def _add_batch(self, payloads: list[bytes], keys: list[str | None], routed: int = 0) -> int:
         """Buffer a prepared slice of a batch (any thread), once ``ready()`` has returned: route every
         event, group them into one run per segment (in order), and hand each run to its segment
         writer's machine (``SegmentWriterState.write_events``) in one step under the writer's lock.
         Returns ``OVER_BUDGET`` (the caller waits for capacity) or 0; raises the writer's error or
-        ``ObjectClosedError`` before any of the slice is added.  ``started`` gets the slice's first
-        place in the sequence once the slice is added (what the accumulator's drain asks)."""
+        ``ObjectClosedError`` before any of the slice is added."""
         single = self._single
         count = len(payloads)
         if single is not None:
@@ -1255,7 +1066,7 @@ class AsyncEventStreamWriter(Generic[T]):
                 if opened.segment != segment:  # the view changed meanwhile: route this slice again
                     if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
                         raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
-                    return self._add_batch(payloads, keys, routed + 1, started)
+                    return self._add_batch(payloads, keys, routed + 1)
         shared = self._shared
         answers: list[tuple[SegmentWriter, int, int]] = []
         rerouted: list[int] = []
@@ -1267,8 +1078,6 @@ class AsyncEventStreamWriter(Generic[T]):
                 raise ObjectClosedError("the writer is closed")
             base = shared.sequence + 1
             shared.sequence += len(payloads)
-            if started is not None:  # (the accumulator's drain: the slice is the writer's now)
-                started.append(base)
             for segment, indexes in runs.items():
                 writer = writers.get(segment)
                 if writer is None or writer.retired:
@@ -1296,13 +1105,13 @@ class AsyncEventStreamWriter(Generic[T]):
         """``_batch_slices`` for a columnar batch: at most half the writer's budget each."""
         return slice_bounds(batch, max(self._shared.unacked_bytes_max // 2, 1))
 
-    def _add_columns(self, batch: ColumnBatch, routed: int = 0, started: list[int] | None = None) -> int:
+    def _add_columns(self, batch: ColumnBatch, routed: int = 0) -> int:
         """``_add_batch`` for a columnar batch (any thread, once ``ready()`` has returned): route each
         distinct key once (the router's memo first: a scale empties it, so keys follow the new view),
         frame each segment's events in columns (``_framing.frame_runs``) and hand each segment's run
         to its machine (``SegmentWriterState.write_framed``) in one step under the writer's lock.
         Returns ``OVER_BUDGET`` or 0; raises the writer's error or ``ObjectClosedError`` before any of
-        the slice is added (``started``: as ``_add_batch``'s)."""
+        the slice is added."""
         routes = self._key_routes
         if routes is None or routes.generation != self._view_generation:
             routes = self._key_routes = KeyRoutes(self._view_generation)
@@ -1315,7 +1124,7 @@ class AsyncEventStreamWriter(Generic[T]):
                 if opened.segment != segment:  # the view changed meanwhile: route this slice again
                     if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
                         raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
-                    return self._add_columns(batch, routed + 1, started)
+                    return self._add_columns(batch, routed + 1)
         shared = self._shared
         count = len(batch)
         answers: list[tuple[SegmentWriter, int, int]] = []
@@ -1328,8 +1137,6 @@ class AsyncEventStreamWriter(Generic[T]):
                 raise ObjectClosedError("the writer is closed")
             base = shared.sequence + 1
             shared.sequence += count
-            if started is not None:
-                started.append(base)
             for run in runs:
                 writer = writers.get(run.segment)
                 if writer is None or writer.retired:
@@ -1500,12 +1307,12 @@ class AsyncEventStreamWriter(Generic[T]):
             raise _no_sequences()
         if self._router is None:  # a stream writer's first event
             await self.ready()
-        flags = self._accumulate(event, routing_key)
+        flags = self._add(event, routing_key, None)
         if flags:
             if flags & OVER_BUDGET:
                 await self._shared.wait_for_capacity()
             else:
-                await asyncio.sleep(0)  # a batch went out: let the loop read acknowledgements
+                await self._after_shipping()
 
     async def write_events(self, events: Sequence[T], *, routing_keys: Sequence[str | None] | None = None) -> None:
         """Write a batch: ``write_event`` for each of ``events``, in order, with ``routing_keys[i]`` as
@@ -1522,7 +1329,6 @@ class AsyncEventStreamWriter(Generic[T]):
         if self._router is None:
             await self.ready()
         payloads, keys = self._prepare_batch(events, routing_keys)
-        await self._write_accumulated()
         columns = bytes_batch(payloads, keys)
         if columns is not None:  # framed in columns (_framing)
             await self._write_column_batch(columns)
@@ -1551,7 +1357,6 @@ class AsyncEventStreamWriter(Generic[T]):
             await self.ready()
         columns = _columns(self, values, routing_keys)
         if isinstance(columns, ColumnBatch):
-            await self._write_accumulated()
             await self._write_column_batch(columns)
             return
         payloads, keys = columns
@@ -1571,7 +1376,6 @@ class AsyncEventStreamWriter(Generic[T]):
         together), so a future costs a little per block, not per event; do not cancel it."""
         if self._router is None:
             await self.ready()
-        await self._write_accumulated()
         tracking = Tracking(self._shared.loop.create_future)
         flags = self._add(event, routing_key, tracking)
         if flags & OVER_BUDGET:
@@ -1579,12 +1383,6 @@ class AsyncEventStreamWriter(Generic[T]):
         elif flags:
             await self._after_shipping()
         return tracking.future  # type: ignore[return-value]
-
-    async def _write_accumulated(self) -> None:
-        """Drain the accumulator (what ``write_event`` left there goes before what comes next), waiting
-        for capacity if that is over the budget."""
-        if self._accumulated and self._drain_accumulated() & OVER_BUDGET:
-            await self._shared.wait_for_capacity()
 
     async def _after_shipping(self) -> None:
         """A block went out: let the loop read acknowledgements -- once per round over the segments (an
@@ -1597,7 +1395,6 @@ class AsyncEventStreamWriter(Generic[T]):
     async def flush(self) -> None:
         """Wait until every event written so far is durable -- events that moved from a sealed segment
         to its successors included.  Raises the writer's error, if any."""
-        self._drain_accumulated()  # (over the budget or not: flush waits for all of it anyway)
         for _ in range(limits.CLIENT_WRITER_FLUSH_ROUNDS_MAX):
             writers = list(self._writers.values())
             results = await asyncio.gather(*(writer.flush() for writer in writers), return_exceptions=True)
@@ -1644,9 +1441,6 @@ class AsyncEventStreamWriter(Generic[T]):
     def check_invariants(self) -> None:
         """Every segment writer's invariants; the budget counts exactly what they hold; a stream
         writer's view covers [0, 1) and has a writer only for segments it routes to."""
-        with self._accumulator_lock:
-            accumulated = _accumulated_charge(self._accumulated)
-            assert accumulated == self._accumulated_bytes, (accumulated, self._accumulated_bytes)
         total = 0
         for writer in self._writers.values():
             writer.check_invariants()
