@@ -376,17 +376,7 @@ class SegmentWriterState:
             if full:
                 self.close_block()
                 opened = closed = True
-        shared = self._shared
-        shared.unacked_bytes += added
-        if self._open_count and self._open_charge >= self._close_at:
-            self.close_block()
-            closed = True
-        flags = SHIPPED if closed else 0
-        if self._open_count and opened:
-            flags |= ARM_BATCH_TIMER
-        if shared.unacked_bytes > shared.unacked_bytes_max:
-            flags |= OVER_BUDGET
-        return flags
+        return self._end_run(added, opened=opened, closed=closed)
 
     def write_framed(self, data: bytes, framed_ends: Sequence[int], charge_ends: Sequence[int],
                      routing_keys: Sequence[str | None], sequences: Sequence[int]) -> int:
@@ -426,7 +416,15 @@ class SegmentWriterState:
                 self.close_block()
                 open_charge = 0
                 opened = closed = True
-        shared.unacked_bytes += int(charge_ends[count])
+        return self._end_run(int(charge_ends[count]), opened=opened, closed=closed)
+
+    def _end_run(self, added: int, *, opened: bool, closed: bool) -> int:
+        """The end of ``write_events`` / ``write_framed``: charge the run's ``added`` bytes, close the
+        open block if that leaves it due, and answer the run's flags -- ``SHIPPED`` if a block closed
+        (``closed``: one did within the run), ``ARM_BATCH_TIMER`` if the run left an open block it
+        began (``opened``), ``OVER_BUDGET``."""
+        shared = self._shared
+        shared.unacked_bytes += added
         if self._open_count and self._open_charge >= self._close_at:
             self.close_block()
             closed = True

@@ -97,7 +97,7 @@ import itertools
 import logging
 import operator
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar, cast
 from uuid import UUID
 
@@ -1059,25 +1059,15 @@ class AsyncEventStreamWriter(Generic[T]):
             by_segment = cast(list[str], segments).__getitem__  # (every None was routed above)
             runs = {segment: list(indexes) for segment, indexes in itertools.groupby(
                 sorted(range(count), key=by_segment), key=by_segment)}
+        if not self._open_runs(runs, routed):  # the view changed meanwhile: route this slice again
+            return self._add_batch(payloads, keys, routed + 1)
         writers = self._writers
-        for segment in runs:
-            if segment not in writers:
-                opened = self._open_segment(segment, None)
-                if opened.segment != segment:  # the view changed meanwhile: route this slice again
-                    if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
-                        raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
-                    return self._add_batch(payloads, keys, routed + 1)
-        shared = self._shared
         answers: list[tuple[SegmentWriter, int, int]] = []
         rerouted: list[int] = []
         lock = self._lock
         lock.acquire()
         try:
-            shared.raise_error()
-            if self._closed:
-                raise ObjectClosedError("the writer is closed")
-            base = shared.sequence + 1
-            shared.sequence += len(payloads)
+            base = self._take_places_locked(count)
             for segment, indexes in runs.items():
                 writer = writers.get(segment)
                 if writer is None or writer.retired:
@@ -1116,27 +1106,15 @@ class AsyncEventStreamWriter(Generic[T]):
         if routes is None or routes.generation != self._view_generation:
             routes = self._key_routes = KeyRoutes(self._view_generation)
         runs = frame_runs(batch, routes.route(batch.keys, self._route_key))
+        if not self._open_runs([run.segment for run in runs], routed):  # the view changed: route it again
+            return self._add_columns(batch, routed + 1)
         writers = self._writers
-        for run in runs:
-            segment = run.segment
-            if segment not in writers:
-                opened = self._open_segment(segment, None)
-                if opened.segment != segment:  # the view changed meanwhile: route this slice again
-                    if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
-                        raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
-                    return self._add_columns(batch, routed + 1)
-        shared = self._shared
-        count = len(batch)
         answers: list[tuple[SegmentWriter, int, int]] = []
         rerouted: list[Any] = []
         lock = self._lock
         lock.acquire()
         try:
-            shared.raise_error()
-            if self._closed:
-                raise ObjectClosedError("the writer is closed")
-            base = shared.sequence + 1
-            shared.sequence += count
+            base = self._take_places_locked(len(batch))
             for run in runs:
                 writer = writers.get(run.segment)
                 if writer is None or writer.retired:
@@ -1158,6 +1136,29 @@ class AsyncEventStreamWriter(Generic[T]):
             for payload, key in zip(batch.payloads(positions), batch.routing_keys(positions), strict=True):
                 result |= self._append_rerouted(payload, key, None) & OVER_BUDGET
         return result
+
+    def _open_runs(self, segments: Iterable[str], routed: int) -> bool:
+        """Make sure each of a batch's ``segments`` has its segment writer.  False if one turned out to
+        be routed to no more (the view changed since the batch was routed: route it again, the
+        ``routed + 1``-th time); ``InternalError`` if that happened too often."""
+        writers = self._writers
+        for segment in segments:
+            if segment not in writers and self._open_segment(segment, None).segment != segment:
+                if routed >= limits.CLIENT_WRITER_REROUTES_MAX:
+                    raise InternalError(f"a batch was routed {routed} times to segments whose keys had moved on")
+                return False
+        return True
+
+    def _take_places_locked(self, count: int) -> int:
+        """(Lock held.)  A batch of ``count`` events takes its places in the writer's sequence: the
+        first one's is returned.  Raises the writer's error or ``ObjectClosedError`` first."""
+        shared = self._shared
+        shared.raise_error()
+        if self._closed:
+            raise ObjectClosedError("the writer is closed")
+        base = shared.sequence + 1
+        shared.sequence += count
+        return base
 
     def _route_key(self, routing_key: str) -> str:
         """The segment of ``routing_key`` now (the memo first): for ``KeyRoutes``, once per new key."""
