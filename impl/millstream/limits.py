@@ -389,6 +389,11 @@ CLIENT_RECONNECT_BUDGET_SECONDS: Final = 40.0
 #: cannot fix, so a few seconds; a TLS handshake failure is never retried.
 CLIENT_INITIAL_CONNECT_BUDGET_SECONDS: Final = 5.0
 
+#: Seed URIs one client may be given (a cluster's nodes, ``AsyncClient``): a few reach any cluster --
+#: any live one leads to the controller -- and each is asked in turn when the controller moves, so a
+#: long list would only lengthen the search.
+CLIENT_SEEDS_MAX: Final = 64
+
 #: The wait before reconnect attempt n is min(initial x multiplier**(n-1), max), times a jitter factor
 #: in [0.5, 1) drawn from the client's seeded RNG, so many clients cut off together do not come back
 #: in lock step.
