@@ -22,7 +22,7 @@ from millstream.server import ServerConfig
 from millstream.testing.history import EventTag, History, Outcome, TransactionOutcome, check
 from millstream.testing.zookeeper_server import ZooKeeperServer
 from millstream.values import ReaderGroupConfig, ScalingPolicy, StreamConfig, canonical_json
-from millstream.wire import ControllerReply, ControllerRequest, WrongHost
+from millstream.wire import ControllerReply, ControllerRequest, ErrorMessage, WrongHost
 from tests.server.raw import RawClient
 
 from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
@@ -87,6 +87,12 @@ async def test_the_controller_runs_on_the_node_serving_its_metadata_container(
                 assert listed == ControllerReply(100 + request_id, canonical_json({"scopes": []}))
             else:
                 assert isinstance(listed, WrongHost) and listed.request_id == 100 + request_id
+            # A hostile body is refused with a clear error, and the connection serves on.
+            for index, body in enumerate((b"[]", b'{"scope": "x"}', b'{"token": 7}', b"{", b"x" * 70_000)):
+                refused = await raw.request(ControllerRequest(200 + index, LOCATE_CONTROLLER, body))
+                assert isinstance(refused, ErrorMessage) and refused.request_id == 200 + index, refused
+            assert await raw.request(ControllerRequest(300, LOCATE_CONTROLLER, b'{"token": ""}')) == \
+                ControllerReply(300, canonical_json({"uri": runner.uri}))
             await raw.close()
     finally:
         for node in nodes.values():

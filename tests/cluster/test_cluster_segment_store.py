@@ -127,7 +127,8 @@ async def test_a_segment_on_another_node_behaves_as_one_in_process(tmp_path: Pat
         store = ClusterSegmentStore(a.server, a, token=await a._read_peer_token(a._claims()))
         try:
             remote = await _scenario(store, remote_segment, write)
-            assert remote == local, "\n".join(f"{i}: {x!r} {y!r}" for i, (x, y) in enumerate(zip(local, remote)))
+            assert remote == local, [(index, here, there) for index, (here, there)
+                                     in enumerate(zip(local, remote, strict=True)) if here != there]
             assert "EventBoundaryError" in local and "BadOffsetError" in local and False in local
             assert store.uri_of(remote_segment) == b.uri and store.uri_of(local_segment) == a.uri
             # Raw appends (the controller's own log) are served only in process.
