@@ -513,6 +513,10 @@ CONTROLLER_COMMIT_ATTEMPTS_MAX: Final = 5
 CONTROLLER_STORE_RETRY_ATTEMPTS_MAX: Final = 12
 CONTROLLER_STORE_RETRY_DELAY_SECONDS: Final = 0.02
 CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX: Final = 5.0
+#: How long a cluster controller's store keeps trying to reach the host the map gave a segment before it
+#: reads the map again (``cluster._segment_store``): a host that died stays in the map for a ZooKeeper
+#: session timeout, and the store's own retries (above) wait that out, each with a fresh look at the map.
+CLUSTER_STORE_RECONNECT_BUDGET_SECONDS: Final = 2.0
 
 #: A request waits at most this long for another scale, seal, truncation or update of the same stream
 #: to finish (one at a time per stream) before it fails with ``RequestTimeoutError``.

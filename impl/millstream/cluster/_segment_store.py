@@ -113,8 +113,11 @@ class ClusterSegmentStore:
         self._local = LocalSegmentStore(server, clock=self._clock, retry_attempts_max=retry_attempts_max)
         self._retry_attempts_max = retry_attempts_max
         self._locator = _MapLocator(cluster_map)
-        self._pool = ConnectionPool(clock=self._clock, config=config or ClientConfig(),
-                                    rng=rng or SystemRandomSource())
+        # A short outage budget: a host that went away is looked up again in the map (``_anywhere``)
+        # instead of being retried for a client's whole budget.
+        self._pool = ConnectionPool(
+            clock=self._clock, rng=rng or SystemRandomSource(),
+            config=config or ClientConfig(reconnect_budget_seconds=limits.CLUSTER_STORE_RECONNECT_BUDGET_SECONDS))
         self._pool.reached = True  # (the hosts exist: a failed connect is a host that left, not a wrong address)
         self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token,
                                        rng=rng or SystemRandomSource())
