@@ -517,6 +517,12 @@ CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX: Final = 5.0
 #: reads the map again (``cluster._segment_store``): a host that died stays in the map for a ZooKeeper
 #: session timeout, and the store's own retries (above) wait that out, each with a fresh look at the map.
 CLUSTER_STORE_RECONNECT_BUDGET_SECONDS: Final = 2.0
+#: A cluster node whose controller fails to start (a container it must reach is still moving: the
+#: store's retries above ran out) starts it again this many times, the delay doubling from the first
+#: value up to the cap -- a few minutes in all, while the node keeps the controller's container.
+CLUSTER_CONTROLLER_START_ATTEMPTS_MAX: Final = 10
+CLUSTER_CONTROLLER_START_DELAY_SECONDS: Final = 0.5
+CLUSTER_CONTROLLER_START_DELAY_SECONDS_MAX: Final = 10.0
 
 #: A request waits at most this long for another scale, seal, truncation or update of the same stream
 #: to finish (one at a time per stream) before it fails with ``RequestTimeoutError``.

@@ -11,9 +11,14 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from millstream import limits
 from millstream.client import AsyncClient, ClientConfig
 from millstream.client._controller import LOCATE_CONTROLLER
 from millstream.cluster import ClusterNode
+from millstream.controller import Controller
+from millstream.errors import ContainerUnavailableError
 from millstream.naming import container_of, stream_segment_name
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
@@ -177,6 +182,34 @@ async def test_a_client_given_seeds_writes_and_reads_exactly_once_while_the_cont
         assert seen == sequence + len(transaction_tags) == 160
     finally:
         for node in running.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()
+
+
+@in_loop
+async def test_a_controller_that_fails_to_start_is_started_again_while_its_node_keeps_the_container(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = []
+    start = Controller.start
+
+    async def fail_first(controller: Controller) -> None:
+        if not failures:
+            failures.append(controller)
+            raise ContainerUnavailableError("a container the controller must reach is still moving (injected)")
+        await start(controller)
+    monkeypatch.setattr(Controller, "start", fail_first)
+    monkeypatch.setattr(limits, "CLUSTER_CONTROLLER_START_DELAY_SECONDS", 0.01)
+    nodes, storages = _nodes(tmp_path, zookeeper)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        runner = await _settled(nodes)
+        assert len(failures) == 1 and failures[0] is not runner.controller
+        async with AsyncClient(",".join(node.uri for node in nodes.values()), config=_client_config()) as client:
+            await client.stream_manager().create_scope("started")
+            assert await client.stream_manager().list_scopes() == ["started"]
+    finally:
+        for node in nodes.values():
             await node.stop()
         for storage in storages:
             await storage.close()

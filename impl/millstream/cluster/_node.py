@@ -67,6 +67,7 @@ from millstream.errors import (
     ContainerUnavailableError,
     CoordinationUnavailableError,
     InvalidArgumentError,
+    MillstreamError,
     ObjectClosedError,
     WrongHostError,
 )
@@ -191,7 +192,7 @@ class ClusterNode:
         for task in list(self._refreshing):
             await cancel_and_wait(task)
         if self._controller_task is not None:
-            await asyncio.shield(self._controller_task)
+            await asyncio.wait([self._controller_task])  # (its failure, if any, was logged)
         await self.server.stop()
 
     async def __aenter__(self) -> ClusterNode:
@@ -312,9 +313,26 @@ class ClusterNode:
     # --- The controller (see the module docstring) -----------------------------------------------------
 
     async def _run_controller(self, previous: asyncio.Task[None] | None) -> None:
-        """Start the controller over the whole cluster, after ``previous`` (a stop) is done."""
+        """Start the controller over the whole cluster, after ``previous`` (a stop) is done; again after
+        a failure (a container it must reach still moving), with doubling delays on the server's clock,
+        at most ``limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX`` times.  (The node leaving the container
+        cancels this.)"""
         if previous is not None:
-            await asyncio.shield(previous)
+            await asyncio.wait([previous])  # (its failure, if any, was logged)
+        delay = limits.CLUSTER_CONTROLLER_START_DELAY_SECONDS
+        for attempt in range(1, limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX + 1):
+            try:
+                await self._start_controller()
+                return
+            except MillstreamError as error:
+                if attempt == limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX:
+                    raise
+                log.warning("node %s: the controller did not start (attempt %d of %d; again in %.2f s): %s",
+                            self.host_id, attempt, limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX, delay, error)
+            await self.server.clock.sleep(delay)
+            delay = min(delay * 2, limits.CLUSTER_CONTROLLER_START_DELAY_SECONDS_MAX)
+
+    async def _start_controller(self) -> None:
         await self.refresh_addresses()
         member = self._claims()
         store = self._store = ClusterSegmentStore(self.server, self, clock=self.server.clock,
