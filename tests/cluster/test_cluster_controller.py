@@ -213,3 +213,38 @@ async def test_a_controller_that_fails_to_start_is_started_again_while_its_node_
             await node.stop()
         for storage in storages:
             await storage.close()
+
+
+@in_loop
+async def test_a_client_given_one_node_without_the_controller_finds_it_and_the_segments(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    nodes, storages = _nodes(tmp_path, zookeeper)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        runner = await _settled(nodes)
+        seed = next(node for node in nodes.values() if node is not runner)
+        async with AsyncClient(seed.uri, config=_client_config()) as client:
+            assert not client.controller().in_cluster
+            await client.stream_manager().create_scope("one")  # (answered WrongHost first, then found)
+            assert client.controller().in_cluster and str(client.controller().endpoint) == runner.uri
+            await client.stream_manager().create_stream("one/s", StreamConfig(scaling=ScalingPolicy.fixed(4)))
+            async with client.event_writer("one/s") as writer:
+                for index in range(40):
+                    await writer.write_event(b"event %d" % index, routing_key=f"k{index}")
+            # Reader groups read through the client's own segment operations: they find every node too.
+            group = await client.reader_group("one/g", config=ReaderGroupConfig(["one/s"]))
+            reader = await group.reader("r")
+            seen: set[bytes] = set()
+            for _ in range(EMPTY_READS_MAX):
+                read = await reader.read_next_event(1.0)
+                if read.event is not None:
+                    seen.add(read.event)
+                if len(seen) == 40:
+                    break
+            await group.close()
+            assert seen == {b"event %d" % index for index in range(40)}
+    finally:
+        for node in nodes.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()

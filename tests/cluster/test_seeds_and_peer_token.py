@@ -12,7 +12,6 @@ from millstream.auth import PEER_TOKEN_LENGTH_MIN, Authorizer, Permission, Segme
 from millstream.client import AsyncClient
 from millstream.client._client import parse_seeds
 from millstream.client._config import Endpoint
-from millstream.client._pool import FixedLocator
 from millstream.errors import AuthenticationError, InvalidArgumentError, ReservedSegmentError
 from millstream.naming import stream_segment_name, transaction_segment_name
 
@@ -31,12 +30,11 @@ def test_seeds_are_comma_separated_uris_in_order_without_repeats() -> None:
         parse_seeds(b"tcp://a:1")  # type: ignore[arg-type]  # (the check under test)
 
 
-def test_a_client_given_several_seeds_locates_segments_through_the_controller() -> None:
+def test_a_client_given_several_seeds_looks_for_the_controller_in_a_cluster() -> None:
     single = AsyncClient("tcp://127.0.0.1:1")
     several = AsyncClient("tcp://127.0.0.1:1,tcp://127.0.0.1:2")
     # (Nothing connects until an operation needs a server.)
-    assert isinstance(single._locator, FixedLocator)
-    assert several._locator is several._controller_locator
+    assert not single.controller().in_cluster and several.controller().in_cluster
     assert several.endpoint == single.endpoint == Endpoint("127.0.0.1", 1)
 
 

@@ -18,9 +18,9 @@ from typing import Any, TypeVar, overload
 from millstream import limits
 from millstream.client._byte_stream import AsyncByteStreamWriter, byte_stream_segment
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
-from millstream.client._controller import ControllerClient, ControllerSegmentLocator
+from millstream.client._controller import ControllerClient, ControllerSegmentLocator, SeedLocator
 from millstream.client._large_events import AsyncLargeEventWriter, LargeEventConfig
-from millstream.client._pool import ConnectionPool, FixedLocator, SegmentLocator
+from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._reader_group import AsyncReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import KeySpaceRouter, Router
@@ -78,8 +78,8 @@ class AsyncClient:
         self._stream_manager = AsyncStreamManager(self._controller)
         # Where a stream's segments are served, as the controller says (cached; shared by writers).
         self._controller_locator = ControllerSegmentLocator(self._controller)
-        # One server holds every segment; in a cluster (several seeds) the controller says which holds one.
-        self._locator = locator or (self._controller_locator if len(seeds) > 1 else FixedLocator(self._endpoint))
+        # One server holds every segment; in a cluster the controller says which holds one.
+        self._locator = locator or SeedLocator(self._endpoint, self._controller, self._controller_locator)
         self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token, rng=self._rng)
         self._writers: weakref.WeakSet[AsyncEventStreamWriter[Any]] = weakref.WeakSet()
         self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()

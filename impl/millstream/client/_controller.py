@@ -78,7 +78,7 @@ from millstream.values import (
 from millstream.wire.commands import ControllerReply, ControllerRequest
 
 __all__ = ["CONTROLLER_METHODS", "LOCATE_CONTROLLER", "ControllerClient", "ControllerSegmentLocator",
-           "ControllerUnreachableError", "parse_transaction_id"]
+           "ControllerUnreachableError", "SeedLocator", "parse_transaction_id"]
 
 T = TypeVar("T")
 
@@ -159,7 +159,14 @@ class ControllerClient:
 
     @property
     def endpoint(self) -> Endpoint:
+        """The server the controller is asked at (in a cluster: the node last found to run it)."""
         return self._endpoint
+
+    @property
+    def in_cluster(self) -> bool:
+        """Whether the controller is found through seeds: several were given, or the one given answered
+        ``WrongHost`` (a cluster node without the controller)."""
+        return self._cluster
 
     # --- The request path --------------------------------------------------------------------------
 
@@ -512,6 +519,25 @@ def _cut_of(scope: str, stream: str, cut: StreamCut) -> dict[str, int]:
     if cut.stream != f"{scope}/{stream}":
         raise InvalidStreamCutError(f"the cut is a position of {cut.stream!r}, not of {scope}/{stream!r}")
     return cut.to_wire()
+
+
+class SeedLocator:
+    """Where a client built from seeds finds segments: at its one server (``FixedLocator``) -- unless the
+    controller turned out to live in a cluster (``ControllerClient.in_cluster``): then where the
+    controller says (``ControllerSegmentLocator``)."""
+
+    def __init__(self, endpoint: Endpoint, controller: ControllerClient, located: ControllerSegmentLocator) -> None:
+        self._endpoint = endpoint
+        self._controller = controller
+        self._located = located
+
+    async def endpoint_for(self, segment: str) -> Endpoint:
+        if self._controller.in_cluster:
+            return await self._located.endpoint_for(segment)
+        return self._endpoint
+
+    def forget(self, segment: str) -> None:
+        self._located.forget(segment)
 
 
 class ControllerSegmentLocator:

@@ -29,10 +29,7 @@ class ControllerConfig:
     ``transaction_workflows=False`` runs no step of a stream transaction's workflows by itself (no
     worker, no lease expiry on ``tick``, no commit resumed on ``start``): the owner calls the steps
     (``start_commit``, ``merge_transaction_segment``, ``finish_commit``, ``finish_abort``,
-    ``expire_leases``, ``drive_transactions``) -- the stateful test against the model does.
-    ``auto_scaling=False`` never scales a stream by its measured rates (streams configured for it keep
-    their segments until scaled by hand): a cluster controller, whose store cannot drain the append
-    statistics of other nodes, runs so (``millstream.cluster._segment_store``)."""
+    ``expire_leases``, ``drive_transactions``) -- the stateful test against the model does."""
 
     tick_seconds: float = attrs.field(default=limits.CONTROLLER_TICK_SECONDS, validator=_positive)
     tail_cut_interval_seconds: float = attrs.field(default=limits.CONTROLLER_TAIL_CUT_INTERVAL_SECONDS,
@@ -47,4 +44,3 @@ class ControllerConfig:
     metadata_segment: str = METADATA_SEGMENT
     periodic: bool = True
     transaction_workflows: bool = True
-    auto_scaling: bool = True

@@ -829,10 +829,9 @@ class Controller(TransactionWorkflows):
         (every tail-cut interval) record tail cuts and apply retention, resume pending workflows."""
         self._check_open()
         now = self._time()
-        if self.config.auto_scaling:
-            self._observe_rates(now)
-            for key in list(self._rates):
-                await self._auto_scale(key, now)
+        self._observe_rates(now)
+        for key in list(self._rates):
+            await self._auto_scale(key, now)
         if self._next_tail_cut is None:
             self._next_tail_cut = now + self.config.tail_cut_interval_seconds
         elif now >= self._next_tail_cut:
