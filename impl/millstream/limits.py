@@ -523,6 +523,10 @@ CLUSTER_STORE_RECONNECT_BUDGET_SECONDS: Final = 2.0
 CLUSTER_CONTROLLER_START_ATTEMPTS_MAX: Final = 10
 CLUSTER_CONTROLLER_START_DELAY_SECONDS: Final = 0.5
 CLUSTER_CONTROLLER_START_DELAY_SECONDS_MAX: Final = 10.0
+#: A node's reply to the controller's ``drain_append_counts`` holds at most this many bytes of counts;
+#: the rest waits for the next tick.  A megabyte is some 15,000 segments' counts, far more than one
+#: node's containers take appends for in a tick, and well inside a frame.
+CLUSTER_APPEND_COUNTS_REPLY_BYTES_MAX: Final = MIB
 
 #: A request waits at most this long for another scale, seal, truncation or update of the same stream
 #: to finish (one at a time per stream) before it fails with ``RequestTimeoutError``.

@@ -13,10 +13,11 @@ from uuid import UUID
 
 import pytest
 
+from millstream.client import AsyncClient
 from millstream.cluster import ClusterNode
-from millstream.cluster._segment_store import ClusterSegmentStore
+from millstream.cluster._segment_store import DRAIN_APPEND_COUNTS, ClusterSegmentStore
 from millstream.controller import LocalSegmentStore
-from millstream.controller._segment_store import SegmentStore
+from millstream.controller._segment_store import AppendCounts, SegmentStore
 from millstream.errors import (
     BadOffsetError,
     EventBoundaryError,
@@ -30,7 +31,8 @@ from millstream.segmentstore.file_chunk_storage import FileChunkStorage
 from millstream.segmentstore.file_log import FileLog
 from millstream.server import ServerConfig
 from millstream.testing.zookeeper_server import ZooKeeperServer
-from millstream.wire import codec
+from millstream.wire import ControllerReply, ControllerRequest, codec
+from tests.server.raw import RawClient
 
 from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
 
@@ -151,3 +153,52 @@ async def test_a_segment_on_another_node_behaves_as_one_in_process(tmp_path: Pat
 
     assert {BadOffsetError.__name__, EventBoundaryError.__name__, StreamSegmentSealedError.__name__,
             StreamSegmentNotExistsError.__name__} >= {step for step in local if isinstance(step, str)}
+
+
+@in_loop
+async def test_the_append_counts_of_other_nodes_reach_the_controllers_store_for_the_peer_token_only(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    cluster = cluster_name()
+    storages = [FileChunkStorage(tmp_path / "tier2") for _ in range(2)]
+    a, b = (ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host, open_log=_file_logs(tmp_path),
+                        chunk_storage=storage, config=ServerConfig(container_count=CONTAINER_COUNT),
+                        session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0)
+            for host, storage in zip("ab", storages, strict=True))
+    try:
+        await asyncio.gather(a.start(), b.start())
+        await wait_until(lambda: len(a.serving) == len(b.serving) == 2, "two nodes serving two containers each")
+        await a.refresh_addresses()
+        there, here = _stream_in(b.serving, "there"), _stream_in(a.serving, "here")
+        for node, segment in ((b, there), (a, here)):
+            await node.server.container_for(segment).create_segment(segment)
+        # Appends through the wire are what the servers count (per block, as writers send them).
+        async with AsyncClient(b.uri) as to_b, AsyncClient(a.uri) as to_a:
+            async with to_b.event_writer([there]) as writer:
+                for index in range(10):
+                    await writer.write_event(b"event %d" % index)
+            async with to_a.event_writer([here]) as writer:
+                await writer.write_event(b"here")
+        store = ClusterSegmentStore(a.server, a, token=await a._read_peer_token(a._claims()))
+        try:
+            assert a.peer_uris() == [b.uri]
+            await store.collect_append_counts()
+            counts = store.drain_append_counts()
+            assert counts[there].events == 10 and counts[there].bytes == sum(
+                len(codec.encode_event(b"event %d" % index)) for index in range(10))
+            assert counts[here] == AppendCounts(len(codec.encode_event(b"here")), 1)
+            assert store.drain_append_counts() == {}  # (drained)
+            await store.collect_append_counts()
+            assert store.drain_append_counts() == {}  # (b's were drained too)
+        finally:
+            await store.close()
+        # Anyone else is refused, and drains nothing.
+        raw = await RawClient.connect(b.server.port)
+        for request_id, body in enumerate((b'{"token": ""}', b'{"token": "' + b"0" * 64 + b'"}', b"{}", b"[]")):
+            refused = await raw.request(ControllerRequest(request_id, DRAIN_APPEND_COUNTS, body))
+            assert not isinstance(refused, ControllerReply), refused
+        await raw.close()
+    finally:
+        await a.stop()
+        await b.stop()
+        for storage in storages:
+            await storage.close()

@@ -34,7 +34,8 @@ stops, the session is lost), the node stops serving controller requests at once,
 is detached, and stops the controller: the container's next owner starts the next one.  A controller
 cut off without noticing (a zombie) cannot change anything: its metadata log's appends are
 conditional, and the new owner's log fences the old one.  The controller serves on the node's own
-port.  The cluster controller runs with auto-scaling off (``_segment_store``'s docstring says why).
+port.  Every controller tick the node also collects the other nodes' append counts for it
+(``ClusterSegmentStore.collect_append_counts``), so auto-scaling sees the whole cluster's appends.
 
 Every node answers ``ControllerRequest``s (``ClusterControllerEndpoint``): with its controller when it
 runs one; otherwise with ``WrongHostError`` (nothing was done: a client may resend any call), and
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import secrets
@@ -59,11 +61,12 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from millstream import limits
 from millstream.auth import Authorizer
 from millstream.cluster._containers import ContainerManager
-from millstream.cluster._segment_store import ClusterSegmentStore
+from millstream.cluster._segment_store import DRAIN_APPEND_COUNTS, ClusterSegmentStore
 from millstream.cluster._zookeeper import Assignment, ClusterMember
 from millstream.controller import Controller, ControllerConfig, ControllerRpc
 from millstream.controller._rpc import METHODS
 from millstream.errors import (
+    AuthenticationError,
     ContainerUnavailableError,
     CoordinationUnavailableError,
     InvalidArgumentError,
@@ -93,6 +96,9 @@ LOCATE_CONTROLLER = "locate_controller"
 PEER_TOKEN_ZNODE = "peer-token"
 #: Random bytes in the peer token (hex: twice as many characters).
 PEER_TOKEN_BYTES = 32
+#: The bytes of one ``[name, bytes, events]`` entry of a ``DRAIN_APPEND_COUNTS`` reply beside its name:
+#: brackets, quotes, commas and two 64-bit integers in decimal.
+_COUNTS_ENTRY_BYTES_MAX = 48
 
 log = logging.getLogger("millstream.cluster")
 
@@ -149,6 +155,9 @@ class ClusterNode:
         self._controller_task: asyncio.Task[None] | None = None
         self._store: ClusterSegmentStore | None = None
         self._peer_token: str | None = None
+        #: Append counts drained from the server but not yet sent to a controller (``drain_append_counts_reply``).
+        self._undelivered_counts: dict[str, list[int]] = {}
+        self._collecting: asyncio.Task[None] | None = None
         self._refreshing: set[asyncio.Task[None]] = set()
         self.endpoint = ClusterControllerEndpoint(self, self.server.authorizer)
 
@@ -303,6 +312,52 @@ class ClusterNode:
         self._peer_token = token
         return token
 
+    def peer_uris(self) -> list[str]:
+        """The URIs of the other hosts the map names, whose addresses this node has read."""
+        member = self.member
+        owners = set() if member is None else set(member.assignment.containers.values())
+        return [self._uri_of_address(self._addresses[owner]) for owner in sorted(owners - {self.host_id})
+                if owner in self._addresses]
+
+    def drain_append_counts_reply(self, body: bytes) -> bytes:
+        """The reply to ``DRAIN_APPEND_COUNTS``: this node's append counts since the last one, at most
+        ``limits.CLUSTER_APPEND_COUNTS_REPLY_BYTES_MAX`` of them (``"more"``: the rest wait for the next
+        request).  Only for a body carrying the peer token (``AuthenticationError`` otherwise)."""
+        if len(body) > limits.CONTROLLER_REQUEST_BODY_BYTES_MAX:
+            raise InvalidArgumentError(f"{DRAIN_APPEND_COUNTS}: a body of {len(body)} bytes is too large")
+        try:
+            token = json.loads(body).get("token")
+        except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+            raise InvalidArgumentError(f"{DRAIN_APPEND_COUNTS}: the body is {{\"token\": str}}") from None
+        if self._peer_token is None or not isinstance(token, str) \
+                or not hmac.compare_digest(token.encode("utf-8", "replace"), self._peer_token.encode()):
+            raise AuthenticationError(f"{DRAIN_APPEND_COUNTS} is for the cluster's nodes (their peer token) only")
+        for name, (size, events) in self.server.statistics.drain().items():
+            counts = self._undelivered_counts.get(name)
+            if counts is not None:
+                counts[0] += size
+                counts[1] += events
+            elif len(self._undelivered_counts) < limits.STATISTICS_SEGMENTS_MAX:
+                self._undelivered_counts[name] = [size, events]
+        entries: list[list[object]] = []
+        budget = limits.CLUSTER_APPEND_COUNTS_REPLY_BYTES_MAX
+        for name in list(self._undelivered_counts):
+            budget -= len(name.encode()) + _COUNTS_ENTRY_BYTES_MAX
+            if budget < 0:
+                break
+            size, events = self._undelivered_counts.pop(name)
+            entries.append([name, size, events])
+        return canonical_json({"counts": entries, "more": bool(self._undelivered_counts)})
+
+    async def _collect_append_counts(self, store: ClusterSegmentStore) -> None:
+        """Every controller tick, bring the other nodes' append counts to the controller's store."""
+        while True:
+            await self.server.clock.sleep(self._controller_config.tick_seconds)
+            try:
+                await store.collect_append_counts()
+            except Exception:  # one failed round must not end the collection for good
+                log.exception("node %s: collecting the append counts failed", self.host_id)
+
     async def controller_uri(self) -> str:
         """Where the controller runs now: the URI of the node serving ``controller_container``."""
         return await self.segment_uri(self._controller_config.metadata_segment)
@@ -344,12 +399,18 @@ class ClusterNode:
             await store.close()
             raise
         self.controller = controller
+        if self._controller_config.periodic:
+            self._collecting = asyncio.get_running_loop().create_task(
+                self._collect_append_counts(store), name=f"millstream-append-counts-{self.host_id}")
         self.endpoint.rpc = ControllerRpc(controller, self.server.authorizer)
         log.info("node %s runs the cluster's controller", self.host_id)
 
     async def _stop_controller(self, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await cancel_and_wait(previous)
+        collecting, self._collecting = self._collecting, None
+        if collecting is not None:
+            await cancel_and_wait(collecting)
         controller, self.controller = self.controller, None
         store, self._store = self._store, None
         if controller is not None:
@@ -410,12 +471,14 @@ class ClusterControllerEndpoint:
         self.rpc: ControllerRpc | None = None
 
     def knows(self, method: str) -> bool:
-        return method == LOCATE_CONTROLLER or method in METHODS
+        return method in (LOCATE_CONTROLLER, DRAIN_APPEND_COUNTS) or method in METHODS
 
     async def handle(self, method: str, body: bytes) -> bytes:
         if method == LOCATE_CONTROLLER:
             return await self._locate(body)
         rpc = self.rpc
+        if method == DRAIN_APPEND_COUNTS:
+            return self._node.drain_append_counts_reply(body)
         if rpc is None:
             raise WrongHostError(f"the cluster's controller does not run on {self._node.host_id}: ask "
                                  f"{LOCATE_CONTROLLER} where it runs")

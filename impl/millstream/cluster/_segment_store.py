@@ -23,21 +23,26 @@ local.  ``append`` on a segment served elsewhere is an ``InternalError`` that sa
 created over the wire are marked as holding events, transaction segments included (locally they are
 not); they are never truncated, so nothing observable differs.
 
-Append statistics (auto-scaling).  Each node's server counts the appends its containers take;
-only the controller's node can be drained in process.  No request yet drains another node's counts,
-so in a cluster the controller's auto-scaler would see silence from every other node and scale its
-segments down: ``ClusterNode`` starts its controller with auto-scaling off (``ControllerConfig``),
-and ``drain_append_counts`` answers nothing here.  Manual scaling works.
+Append statistics (auto-scaling).  Each node's server counts the appends its containers take.  The
+store drains this node's counts in process and collects every other node's over the wire
+(``collect_append_counts``: a ``drain_append_counts`` request carrying the peer token, answered by
+every node's ``ClusterControllerEndpoint``); ``drain_append_counts`` hands the controller both.  The
+node calls ``collect_append_counts`` every controller tick, so a remote segment's counts reach the
+controller at most a tick late.  A node that cannot be reached gives nothing that tick: its counts
+wait on it for the next collection, or die with it (its segments' rates then dip for one sample).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from millstream import limits
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
 from millstream.client._pool import ConnectionPool
+from millstream.client._replies import expect
 from millstream.client._segments import AsyncSegments
 from millstream.clock import Clock
 from millstream.controller._segment_store import AppendCounts, LocalSegmentStore, SegmentState
@@ -48,6 +53,8 @@ from millstream.errors import (
     EventBoundaryError,
     InternalError,
     InvalidArgumentError,
+    MillstreamError,
+    ProtocolError,
     ReconnectBudgetExceededError,
     StreamSegmentExistsError,
     StreamSegmentNotExistsError,
@@ -56,11 +63,19 @@ from millstream.errors import (
 from millstream.naming import container_of
 from millstream.segmentstore import event_boundaries
 from millstream.server import SegmentStoreServer
-from millstream.values import ReadResult
+from millstream.values import ReadResult, canonical_json
+from millstream.wire.commands import ControllerReply, ControllerRequest
 
-__all__ = ["ClusterMap", "ClusterSegmentStore"]
+__all__ = ["DRAIN_APPEND_COUNTS", "ClusterMap", "ClusterSegmentStore"]
+
+log = logging.getLogger("millstream.cluster")
 
 _T = TypeVar("_T")
+
+#: The ``ControllerRequest`` method every node of a cluster answers, for the peer token only (body
+#: ``{"token": ...}``), with ``{"counts": [[segment, bytes, events], ...], "more": bool}``: the appends
+#: its containers took since the last such request (``ClusterControllerEndpoint``).
+DRAIN_APPEND_COUNTS: Final = "drain_append_counts"
 
 #: What makes the store ask the map again and retry: the segment is not (or no longer) where it was
 #: looked for, or its host cannot be reached.
@@ -73,6 +88,10 @@ class ClusterMap(Protocol):
     async def segment_uri(self, segment: str) -> str:
         """``tcp://host:port`` of the host the map gives ``segment``'s container; raises
         ``ContainerUnavailableError`` while it is assigned to nobody or moving."""
+        ...
+
+    def peer_uris(self) -> list[str]:
+        """``tcp://host:port`` of every other host the map names whose address is known."""
         ...
 
     def known_segment_uri(self, segment: str) -> str:
@@ -121,6 +140,9 @@ class ClusterSegmentStore:
         self._pool.reached = True  # (the hosts exist: a failed connect is a host that left, not a wrong address)
         self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token,
                                        rng=rng or SystemRandomSource())
+        self._token = token
+        #: Other nodes' counts collected since the controller last drained (bounded as a server's are).
+        self._remote_counts: dict[str, list[int]] = {}
 
     async def close(self) -> None:
         """Close the connections to other hosts."""
@@ -226,8 +248,55 @@ class ClusterSegmentStore:
         return container_of(name, self._server.config.container_count)
 
     def drain_append_counts(self) -> dict[str, AppendCounts]:
-        """Nothing: the auto-scaler is off in a cluster (see the module docstring)."""
-        return {}
+        """This node's counts since the last call, and what ``collect_append_counts`` brought from the others."""
+        counts = self._local.drain_append_counts()
+        remote, self._remote_counts = self._remote_counts, {}
+        for name, (size, events) in remote.items():
+            mine = counts.get(name)
+            counts[name] = AppendCounts(size, events) if mine is None else \
+                AppendCounts(mine.bytes + size, mine.events + events)
+        return counts
+
+    async def collect_append_counts(self) -> None:
+        """Drain every other node's append counts (``DRAIN_APPEND_COUNTS``) into the next
+        ``drain_append_counts``.  A node that fails to answer is logged and skipped."""
+        body = canonical_json({"token": self._token})
+        for uri in self._map.peer_uris():
+            try:
+                connection = await self._pool.acquire(parse_uri(uri))
+                reply = await connection.request(lambda rid: ControllerRequest(rid, DRAIN_APPEND_COUNTS, body),
+                                                 what=f"append counts of {uri}")
+                entries = _counts_of(expect(reply, ControllerReply).body, uri)
+            except MillstreamError as error:
+                log.info("the controller could not collect %s's append counts: %s", uri, error)
+                continue
+            for name, size, events in entries:
+                counts = self._remote_counts.get(name)
+                if counts is None:
+                    if len(self._remote_counts) >= limits.STATISTICS_SEGMENTS_MAX:
+                        continue
+                    self._remote_counts[name] = [size, events]
+                else:
+                    counts[0] += size
+                    counts[1] += events
+
+
+def _counts_of(body: bytes, uri: str) -> list[tuple[str, int, int]]:
+    """The ``[[segment, bytes, events], ...]`` of a ``DRAIN_APPEND_COUNTS`` reply; ``ProtocolError`` if
+    it is anything else."""
+    try:
+        entries = json.loads(body)["counts"]
+        if not isinstance(entries, list):
+            raise TypeError("counts is not a list")
+        parsed = []
+        for name, size, events in entries:
+            if not isinstance(name, str) or type(size) is not int or type(events) is not int \
+                    or size < 0 or events < 0:
+                raise TypeError(f"not [segment, bytes, events]: {name!r}, {size!r}, {events!r}")
+            parsed.append((name, size, events))
+    except (ValueError, LookupError, TypeError) as error:
+        raise ProtocolError(f"{uri} answered {DRAIN_APPEND_COUNTS} with a malformed reply: {error}") from None
+    return parsed
 
 
 async def _check_event_boundary(segments: AsyncSegments, name: str, offset: int) -> None:
