@@ -3,16 +3,18 @@ the peer token that lets a cluster's controller do in other nodes' containers wh
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from uuid import UUID
 
 import pytest
 
 from millstream import limits
 from millstream.auth import PEER_TOKEN_LENGTH_MIN, Authorizer, Permission, SegmentOperation, issue_token
-from millstream.client import AsyncClient
+from millstream.client import AsyncClient, ClientConfig
 from millstream.client._client import parse_seeds
 from millstream.client._config import Endpoint
-from millstream.errors import AuthenticationError, InvalidArgumentError, ReservedSegmentError
+from millstream.errors import AuthenticationError, ConnectFailedError, InvalidArgumentError, ReservedSegmentError
 from millstream.naming import stream_segment_name, transaction_segment_name
 
 SECRET = b"s" * 32
@@ -62,3 +64,21 @@ def test_where_the_controller_runs_is_told_to_holders_of_any_authentic_token() -
         with pytest.raises(AuthenticationError):
             authorizer.check_authentic(refused)
     Authorizer(None).check_authentic("")  # (authentication off: everyone may know)
+
+
+def test_seeds_that_are_all_wrong_fail_at_once_naming_them() -> None:
+    async def scenario() -> None:
+        config = ClientConfig(initial_connect_budget_seconds=0.05, reconnect_delay_initial_seconds=0.01,
+                              reconnect_delay_max_seconds=0.01)
+        async with AsyncClient(f"tcp://127.0.0.1:{_refused_port()},tcp://127.0.0.1:{_refused_port()}",
+                               config=config) as client:
+            with pytest.raises(ConnectFailedError, match="no seed could be reached"):
+                await client.stream_manager().list_scopes()
+    asyncio.run(scenario())
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on (bound, then closed: refused until someone takes it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

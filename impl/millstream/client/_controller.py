@@ -239,9 +239,11 @@ class ControllerClient:
 
     async def _locate(self) -> None:
         """Ask the seeds (and the last known controller node) in turn where the controller runs.
-        Raises ``ControllerUnreachableError`` if none says."""
+        Raises ``ControllerUnreachableError`` if none says -- ``ConnectFailedError`` if no server was
+        ever reached and none could be (wrong addresses, within the initial connect budget each)."""
         body = canonical_json({"token": self._token} if self._token else {})
         reasons: list[str] = []
+        never_reached = True  # (every seed failed as a wrong address does: ConnectFailedError)
         for seed in dict.fromkeys((*self._seeds, self._endpoint)):
             try:
                 connection = await self._pool.acquire(seed)
@@ -252,6 +254,7 @@ class ControllerClient:
                 self._endpoint, self._stale = seed, False
                 return
             except (ConnectionLostError, ConnectFailedError, ContainerUnavailableError, WrongHostError) as error:
+                never_reached = never_reached and isinstance(error, ConnectFailedError)
                 reasons.append(f"{seed}: {error}")
                 continue
             except ValueError as error:
@@ -265,6 +268,8 @@ class ControllerClient:
                 raise ProtocolError(f"{seed} answered {LOCATE_CONTROLLER} with a bad URI: {error}") from None
             self._stale = False
             return
+        if never_reached:  # wrong addresses: said at once, as for a single server (not retried)
+            raise ConnectFailedError("no seed could be reached: " + "; ".join(reasons))
         raise ControllerUnreachableError("no seed said where the cluster's controller runs: " + "; ".join(reasons))
 
     async def _ask(self, method: str, body: Mapping[str, Any], codec: ReplyCodec[T]) -> T:
