@@ -108,7 +108,8 @@ class ClusterNode:
     registered as ``host_id``.  ``config`` is the server's (``config.container_count`` is the
     cluster's; ``owned_containers`` is ignored: the map decides).  ``advertised_host`` is the address
     other hosts and clients reach it at (default: ``config.host``).  ``host_options`` go to every
-    ``ContainerHost``; ``server_options`` to the ``SegmentStoreServer``.
+    ``ContainerHost``; ``server_options`` to the ``SegmentStoreServer``; ``controller_config`` to the
+    controller, while this node runs it.
 
     ``await start()`` raises ``CoordinationUnavailableError`` (nothing left running) if ZooKeeper
     does not answer in ``connect_timeout_seconds``.  ``stopped`` completes when the member stops
@@ -188,6 +189,8 @@ class ClusterNode:
             self.member = member
             self.server.authorizer.trust_peer_token(await self._read_peer_token(member))
         except BaseException:
+            if self.member is not None:  # (the peer token could not be read: leave again)
+                await self.member.stop()
             await self.manager.stop()
             await self.server.stop()
             raise
