@@ -48,6 +48,7 @@ from millstream.errors import (
     ConnectFailedError,
     ConnectionLostError,
     ContainerUnavailableError,
+    ControllerUnreachableError,
     FenceValueError,
     InternalError,
     InvalidArgumentError,
@@ -78,7 +79,7 @@ from millstream.values import (
 from millstream.wire.commands import ControllerReply, ControllerRequest
 
 __all__ = ["CONTROLLER_METHODS", "LOCATE_CONTROLLER", "ControllerClient", "ControllerSegmentLocator",
-           "ControllerUnreachableError", "SeedLocator", "parse_transaction_id"]
+           "SeedLocator", "parse_transaction_id"]
 
 T = TypeVar("T")
 
@@ -102,11 +103,6 @@ CONTROLLER_METHODS: Final[dict[str, bool]] = {
 
 #: Asked of any node of a cluster: where the controller runs (``cluster._node.LOCATE_CONTROLLER``).
 LOCATE_CONTROLLER: Final = "locate_controller"
-
-
-class ControllerUnreachableError(ConnectionLostError):
-    """No seed said where a cluster's controller runs, or the node it named could not be reached:
-    nothing was sent, so the call is retried (within the reconnect budget)."""
 
 
 def parse_transaction_id(value: UUID | str) -> UUID:
