@@ -70,6 +70,7 @@ from millstream.naming import SegmentKind, reader_group_state_segment_name, segm
 __all__ = [
     "CLIENT_OPERATIONS",
     "SECRET_LENGTH_MIN_BYTES",
+    "PEER_TOKEN_LENGTH_MIN",
     "TOKEN_LENGTH_BYTES_MAX",
     "Authorizer",
     "Permission",
@@ -93,6 +94,10 @@ SECRET_LENGTH_MIN_BYTES: Final = 16
 #: A token longer than this is refused unread (a resource name is at most two 255-character names);
 #: it also keeps the work one bad request can cost the server small.
 TOKEN_LENGTH_BYTES_MAX: Final = 2048
+
+#: The shortest peer token a cluster's nodes accept (``Authorizer.trust_peer_token``): 32 hex digits
+#: are 128 random bits, beyond guessing.
+PEER_TOKEN_LENGTH_MIN: Final = 32
 
 _PREFIX: Final = "ms1."
 
@@ -306,6 +311,8 @@ class Authorizer:
     def __init__(self, secret: bytes | None, *, now: Callable[[], float] = time.time) -> None:
         self._secret = None if secret is None else _check_secret(secret)
         self._now = now
+        #: The cluster's peer token (``trust_peer_token``): None outside a cluster.
+        self._peer_token: bytes | None = None
 
     @property
     def enabled(self) -> bool:
@@ -318,11 +325,32 @@ class Authorizer:
             return
         verify(self._secret, token, resource=resource_of(segment), permission=permission, now=self._now())
 
+    def check_authentic(self, token: str) -> None:
+        """Return if ``token`` was issued with the secret and has not expired, whatever it grants
+        (always, when disabled); else raise ``AuthenticationError``.  For answers any client may have
+        but a stranger may not: where a cluster's controller runs."""
+        if self._secret is None:
+            return
+        claims = _decode(self._secret, token)
+        verify(self._secret, token, resource=claims.resource, permission=claims.permission, now=self._now())
+
+    def trust_peer_token(self, token: str) -> None:
+        """Let a request carrying ``token`` -- the secret a cluster's nodes share through ZooKeeper
+        (``cluster._node``) -- do anything a node may: its controller creates, merges and deletes the
+        segments clients may not (transaction segments, reader groups' state, ...) in other nodes'
+        containers.  At least 32 characters (``InvalidArgumentError``)."""
+        if not isinstance(token, str) or len(token) < PEER_TOKEN_LENGTH_MIN:
+            raise InvalidArgumentError(f"a peer token is a str of at least {PEER_TOKEN_LENGTH_MIN} characters")
+        self._peer_token = token.encode()
+
     def authorize(self, token: str, segment: str, operation: SegmentOperation) -> None:
         """Return if a client holding ``token`` may ``operation`` ``segment``: the segment's kind
         allows it (``check_client_operation``, whatever the token, also when disabled) and the token
-        grants the operation's permission (``check``).  Raises ``ReservedSegmentError`` /
-        ``TransientSegmentError``, then ``AuthenticationError``."""
+        grants the operation's permission (``check``) -- or the token is the cluster's peer token
+        (``trust_peer_token``).  Raises ``ReservedSegmentError`` / ``TransientSegmentError``, then
+        ``AuthenticationError``."""
+        if self._peer_token is not None and hmac.compare_digest(token.encode("utf-8", "replace"), self._peer_token):
+            return
         check_client_operation(segment, operation)
         if self._secret is not None:
             self.check(token, segment, operation.permission)

@@ -19,6 +19,7 @@ from millstream.model.errors import (
 __all__ = list(_errors.__all__)
 __all__ += [
     "CommandTooLargeError",
+    "ControllerUnreachableError",
     "FrameTooLargeError",
     "IncompatibleVersionError",
     "InvalidCommandError",
@@ -163,3 +164,13 @@ class SessionLostError(CoordinationError):
     be assigned to other hosts.  The member stops every container (it cannot know whether it still
     owns them) and completes ``ClusterMember.stopped`` with this error; it never serves again under
     that session.  Not retryable in place: a new member must join."""
+
+
+# --- The client in a cluster (``millstream.client._controller``) ---------------------------------------
+
+
+class ControllerUnreachableError(ConnectionLostError):
+    """A client of a cluster could not find its controller: no seed said where the controller runs
+    (every node asked was unreachable, or answered that it is moving), or the node named could not be
+    reached.  Nothing was sent, so ``ControllerClient`` retries it within the reconnect budget, and
+    raises ``ReconnectBudgetExceededError`` from it once that is spent."""

@@ -389,6 +389,11 @@ CLIENT_RECONNECT_BUDGET_SECONDS: Final = 40.0
 #: cannot fix, so a few seconds; a TLS handshake failure is never retried.
 CLIENT_INITIAL_CONNECT_BUDGET_SECONDS: Final = 5.0
 
+#: Seed URIs one client may be given (a cluster's nodes, ``AsyncClient``): a few reach any cluster --
+#: any live one leads to the controller -- and each is asked in turn when the controller moves, so a
+#: long list would only lengthen the search.
+CLIENT_SEEDS_MAX: Final = 64
+
 #: The wait before reconnect attempt n is min(initial x multiplier**(n-1), max), times a jitter factor
 #: in [0.5, 1) drawn from the client's seeded RNG, so many clients cut off together do not come back
 #: in lock step.
@@ -508,6 +513,20 @@ CONTROLLER_COMMIT_ATTEMPTS_MAX: Final = 5
 CONTROLLER_STORE_RETRY_ATTEMPTS_MAX: Final = 12
 CONTROLLER_STORE_RETRY_DELAY_SECONDS: Final = 0.02
 CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX: Final = 5.0
+#: How long a cluster controller's store keeps trying to reach the host the map gave a segment before it
+#: reads the map again (``cluster._segment_store``): a host that died stays in the map for a ZooKeeper
+#: session timeout, and the store's own retries (above) wait that out, each with a fresh look at the map.
+CLUSTER_STORE_RECONNECT_BUDGET_SECONDS: Final = 2.0
+#: A cluster node whose controller fails to start (a container it must reach is still moving: the
+#: store's retries above ran out) starts it again this many times, the delay doubling from the first
+#: value up to the cap -- a few minutes in all, while the node keeps the controller's container.
+CLUSTER_CONTROLLER_START_ATTEMPTS_MAX: Final = 10
+CLUSTER_CONTROLLER_START_DELAY_SECONDS: Final = 0.5
+CLUSTER_CONTROLLER_START_DELAY_SECONDS_MAX: Final = 10.0
+#: A node's reply to the controller's ``drain_append_counts`` holds at most this many bytes of counts;
+#: the rest waits for the next tick.  A megabyte is some 15,000 segments' counts, far more than one
+#: node's containers take appends for in a tick, and well inside a frame.
+CLUSTER_APPEND_COUNTS_REPLY_BYTES_MAX: Final = MIB
 
 #: A request waits at most this long for another scale, seal, truncation or update of the same stream
 #: to finish (one at a time per stream) before it fails with ``RequestTimeoutError``.

@@ -45,7 +45,8 @@ def _connection_options(command: F) -> F:
     command = click.option(
         "--uri", envvar="MILLSTREAM_URI", default=file_default("uri", _DEFAULT_URI), show_default=_DEFAULT_URI,
         show_envvar=True,
-        help="The server: tcp://HOST:PORT or tls://HOST:PORT, as `millstream standalone` prints it.")(command)
+        help="The server: tcp://HOST:PORT or tls://HOST:PORT, as `millstream standalone` prints it; for a "
+             "cluster, some of its nodes' URIs separated by commas.")(command)
     return command
 
 

@@ -15,11 +15,12 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+from millstream import limits
 from millstream.client._byte_stream import AsyncByteStreamWriter, byte_stream_segment
 from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
-from millstream.client._controller import ControllerClient, ControllerSegmentLocator
+from millstream.client._controller import ControllerClient, ControllerSegmentLocator, SeedLocator
 from millstream.client._large_events import AsyncLargeEventWriter, LargeEventConfig
-from millstream.client._pool import ConnectionPool, FixedLocator, SegmentLocator
+from millstream.client._pool import ConnectionPool, SegmentLocator
 from millstream.client._reader_group import AsyncReaderGroup
 from millstream.client._readers import AsyncByteStreamReader, AsyncSegmentReader
 from millstream.client._routing import KeySpaceRouter, Router
@@ -39,7 +40,7 @@ from millstream.clock import Clock, SystemClock
 from millstream.errors import InvalidArgumentError, ObjectClosedError, TransientSegmentError
 from millstream.naming import is_hidden_segment
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "parse_seeds"]
 
 T = TypeVar("T")
 
@@ -48,14 +49,18 @@ class AsyncClient:
     """A connection to a millstream server for asyncio programs.
 
     ``async with AsyncClient("tcp://127.0.0.1:9090") as client:`` -- ``uri`` is ``tcp://HOST:PORT`` or
-    ``tls://HOST:PORT``; ``token`` is passed with every request (empty: none); ``ssl_context`` makes the
-    connection TLS (the default context verifies the server if the URI says ``tls://``).  ``config``,
-    ``clock`` and ``rng`` are for tests (see ``ClientConfig``); ``locator`` is for the stream layer."""
+    ``tls://HOST:PORT``, or for a cluster several nodes' URIs separated by commas (seeds:
+    ``"tcp://10.0.0.1:9090,tcp://10.0.0.2:9090"``; any of them leads to the controller, and segments
+    are found where the controller says); ``token`` is passed with every request (empty: none);
+    ``ssl_context`` makes the connection TLS (the default context verifies the server if the URI says
+    ``tls://``).  ``config``, ``clock`` and ``rng`` are for tests (see ``ClientConfig``); ``locator`` is
+    for the stream layer."""
 
     def __init__(self, uri: str, *, token: str = "", ssl_context: _ssl.SSLContext | None = None,
                  config: ClientConfig | None = None, clock: Clock | None = None, rng: RandomSource | None = None,
                  locator: SegmentLocator | None = None) -> None:
-        self._endpoint = parse_uri(uri)
+        seeds = parse_seeds(uri)
+        self._endpoint = seeds[0]
         if not isinstance(token, str):
             raise InvalidArgumentError(f"token is a str (empty for none), not {type(token).__name__}")
         if ssl_context is not None and not isinstance(ssl_context, _ssl.SSLContext):
@@ -67,13 +72,15 @@ class AsyncClient:
         self._clock = clock or SystemClock()
         self._rng = rng or SystemRandomSource()
         self._pool = ConnectionPool(clock=self._clock, config=self._config, rng=self._rng, ssl_context=ssl_context)
-        self._locator = locator or FixedLocator(self._endpoint)
-        self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token, rng=self._rng)
-        # The controller shares the segment store's connection (the server it is pointed at hosts both).
-        self._controller = ControllerClient(pool=self._pool, endpoint=self._endpoint, token=token)
+        # The controller shares the segment store's connection (the server it is pointed at hosts both;
+        # in a cluster, the node the seeds say runs it).
+        self._controller = ControllerClient(pool=self._pool, endpoint=self._endpoint, token=token, seeds=seeds)
         self._stream_manager = AsyncStreamManager(self._controller)
         # Where a stream's segments are served, as the controller says (cached; shared by writers).
         self._controller_locator = ControllerSegmentLocator(self._controller)
+        # One server holds every segment; in a cluster the controller says which holds one.
+        self._locator = locator or SeedLocator(self._endpoint, self._controller, self._controller_locator)
+        self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token, rng=self._rng)
         self._writers: weakref.WeakSet[AsyncEventStreamWriter[Any]] = weakref.WeakSet()
         self._readers: weakref.WeakSet[AsyncSegmentReader[Any] | AsyncByteStreamReader] = weakref.WeakSet()
         self._reader_groups: weakref.WeakSet[AsyncReaderGroup] = weakref.WeakSet()
@@ -366,6 +373,21 @@ class AsyncClient:
 
     def __repr__(self) -> str:
         return f"AsyncClient({str(self._endpoint)!r})"
+
+
+def parse_seeds(uri: str) -> tuple[Endpoint, ...]:
+    """``"tcp://HOST:PORT"`` or several such URIs separated by commas (a cluster's seeds) -> their
+    endpoints, in order, without repeats.  Raises ``InvalidArgumentError`` for a bad URI, an empty
+    list or more than ``limits.CLIENT_SEEDS_MAX`` seeds."""
+    if not isinstance(uri, str):
+        raise InvalidArgumentError(f"a server URI is a string like tcp://127.0.0.1:9090, not {type(uri).__name__}")
+    parts = [part.strip() for part in uri.split(",")]
+    if len(parts) > limits.CLIENT_SEEDS_MAX:
+        raise InvalidArgumentError(f"at most {limits.CLIENT_SEEDS_MAX} seed URIs, not {len(parts)}")
+    seeds = tuple(dict.fromkeys(parse_uri(part) for part in parts))
+    if len({seed.tls for seed in seeds}) > 1:
+        raise InvalidArgumentError(f"the seeds {uri!r} mix tcp:// and tls://: a cluster's nodes use one or the other")
+    return seeds
 
 
 def _router_of(target: Sequence[str] | Router) -> Router:

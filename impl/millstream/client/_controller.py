@@ -17,6 +17,15 @@ configuration updates, ``create_transaction``, ``commit_transaction``) retry onl
 sent, their outcome is unknown, and ``ConnectionLostError`` says so (``Transaction.commit`` resolves
 it by asking for the transaction's status).
 
+In a cluster (issue 23) the controller runs on one node and moves with its metadata container; the
+client is given *seeds*, any of the cluster's nodes.  Every node answers ``locate_controller`` with
+the controller node's URI, and a node without the controller answers every controller method with
+``WrongHostError`` (nothing was done).  So a client given several seeds -- or one whose single server
+answered ``WrongHost`` -- first asks the seeds in turn where the controller runs, and asks again
+after a ``WrongHost`` reply or when the controller's node cannot be reached; any call may then be
+sent again, since none was.  A call that was sent and lost its connection keeps the rule above
+(resent only if harmless).  The asking is bounded by the same per-outage reconnect budget.
+
 ``ControllerSegmentLocator`` is the ``SegmentLocator`` the stream layer uses: it asks the controller
 where a segment is served (``get_segment_uri``), remembers the answer, and forgets it after a
 ``WrongHost`` reply or a lost connection (the host died, or the segment's container moved).
@@ -36,12 +45,18 @@ from millstream.client._config import Endpoint, parse_uri
 from millstream.client._pool import ConnectionPool
 from millstream.client._replies import expect
 from millstream.errors import (
+    ConnectFailedError,
+    ConnectionLostError,
+    ContainerUnavailableError,
+    ControllerUnreachableError,
     FenceValueError,
     InternalError,
     InvalidArgumentError,
     InvalidStreamCutError,
     LeaseTooLargeError,
+    OperationUnsupportedError,
     ProtocolError,
+    WrongHostError,
 )
 from millstream.naming import validate_scope_or_stream_name
 from millstream.values import (
@@ -63,7 +78,8 @@ from millstream.values import (
 )
 from millstream.wire.commands import ControllerReply, ControllerRequest
 
-__all__ = ["CONTROLLER_METHODS", "ControllerClient", "ControllerSegmentLocator", "parse_transaction_id"]
+__all__ = ["CONTROLLER_METHODS", "LOCATE_CONTROLLER", "ControllerClient", "ControllerSegmentLocator",
+           "SeedLocator", "parse_transaction_id"]
 
 T = TypeVar("T")
 
@@ -83,6 +99,10 @@ CONTROLLER_METHODS: Final[dict[str, bool]] = {
     "abort_transaction": True, "get_transaction": True, "list_transactions": True,
     "commit_transactions": True, "get_fence": True,
 }
+
+
+#: Asked of any node of a cluster: where the controller runs (``cluster._node.LOCATE_CONTROLLER``).
+LOCATE_CONTROLLER: Final = "locate_controller"
 
 
 def parse_transaction_id(value: UUID | str) -> UUID:
@@ -122,14 +142,27 @@ class ControllerClient:
     """The controller's methods over the client's connections (asyncio).  Made by
     ``AsyncClient.controller()``; ``endpoint`` is the server hosting the controller."""
 
-    def __init__(self, *, pool: ConnectionPool, endpoint: Endpoint, token: str = "") -> None:
+    def __init__(self, *, pool: ConnectionPool, endpoint: Endpoint, token: str = "",
+                 seeds: tuple[Endpoint, ...] = ()) -> None:
         self._pool = pool
         self._endpoint = endpoint
         self._token = token
+        #: The cluster's nodes to ask where the controller runs (see the module docstring).
+        self._seeds = seeds or (endpoint,)
+        #: Whether the controller is found through the seeds (a cluster), and must be looked for now.
+        self._cluster = len(self._seeds) > 1
+        self._stale = self._cluster
 
     @property
     def endpoint(self) -> Endpoint:
+        """The server the controller is asked at (in a cluster: the node last found to run it)."""
         return self._endpoint
+
+    @property
+    def in_cluster(self) -> bool:
+        """Whether the controller is found through seeds: several were given, or the one given answered
+        ``WrongHost`` (a cluster node without the controller)."""
+        return self._cluster
 
     # --- The request path --------------------------------------------------------------------------
 
@@ -160,9 +193,80 @@ class ControllerClient:
                 raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
             return decoded
 
-        if not harmless:
-            return await once()
-        return await self._pool.retrying(once, what=f"controller {method} at {self._endpoint}")
+        if not self._cluster:
+            try:
+                if not harmless:
+                    return await once()
+                return await self._pool.retrying(once, what=f"controller {method} at {self._endpoint}")
+            except WrongHostError:  # a cluster node without the controller: nothing was done
+                self._cluster = self._stale = True
+        return await self._call_in_cluster(method, payload, harmless)
+
+    async def _call_in_cluster(self, method: str, payload: bytes, harmless: bool) -> dict[str, Any]:
+        """``call`` on a cluster: find the controller through the seeds, and again after it moved."""
+        async def once() -> dict[str, Any]:
+            if self._stale:
+                await self._locate()
+            try:
+                connection = await self._pool.acquire(self._endpoint)
+            except ConnectionLostError as error:
+                self._stale = True
+                raise ControllerUnreachableError(f"the controller's node {self._endpoint} is unreachable: {error}") \
+                    from error
+            try:
+                reply = await connection.request(lambda rid: ControllerRequest(rid, method, payload),
+                                                 what=f"controller {method}")
+                raw = expect(reply, ControllerReply).body
+            except (WrongHostError, ConnectionLostError):
+                self._stale = True  # (the controller moved, or its node died: ask the seeds next time)
+                raise
+            try:
+                decoded = json.loads(raw)
+            except ValueError as error:
+                raise ProtocolError(f"the controller answered {method} with malformed JSON: {error}") from None
+            if not isinstance(decoded, dict):
+                raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
+            return decoded
+
+        retry_on: tuple[type[Exception], ...] = (WrongHostError, ControllerUnreachableError)
+        if harmless:
+            retry_on += (ConnectionLostError,)
+        return await self._pool.retrying(once, retry_on=retry_on, what=f"controller {method} in the cluster")
+
+    async def _locate(self) -> None:
+        """Ask the seeds (and the last known controller node) in turn where the controller runs.
+        Raises ``ControllerUnreachableError`` if none says -- ``ConnectFailedError`` if no server was
+        ever reached and none could be (wrong addresses, within the initial connect budget each)."""
+        body = canonical_json({"token": self._token} if self._token else {})
+        reasons: list[str] = []
+        never_reached = True  # (every seed failed as a wrong address does: ConnectFailedError)
+        for seed in dict.fromkeys((*self._seeds, self._endpoint)):
+            try:
+                connection = await self._pool.acquire(seed)
+                reply = await connection.request(lambda rid: ControllerRequest(rid, LOCATE_CONTROLLER, body),
+                                                 what=f"where the controller runs, asked of {seed}")
+                answer = json.loads(expect(reply, ControllerReply).body)
+            except OperationUnsupportedError:  # not a cluster node: a single server, its own controller
+                self._endpoint, self._stale = seed, False
+                return
+            except (ConnectionLostError, ConnectFailedError, ContainerUnavailableError, WrongHostError) as error:
+                never_reached = never_reached and isinstance(error, ConnectFailedError)
+                reasons.append(f"{seed}: {error}")
+                continue
+            except ValueError as error:
+                raise ProtocolError(f"{seed} answered {LOCATE_CONTROLLER} with malformed JSON: {error}") from None
+            uri = answer.get("uri") if isinstance(answer, dict) else None
+            if not isinstance(uri, str):
+                raise ProtocolError(f"{seed} answered {LOCATE_CONTROLLER} with {answer!r}, not {{\"uri\": str}}")
+            try:
+                self._endpoint = parse_uri(uri)
+            except InvalidArgumentError as error:
+                raise ProtocolError(f"{seed} answered {LOCATE_CONTROLLER} with a bad URI: {error}") from None
+            self._stale = False
+            return
+        if never_reached:  # wrong addresses: said at once, as for a single server (not retried)
+            raise ConnectFailedError("no seed could be reached: " + "; ".join(reasons))
+        raise ControllerUnreachableError("no seed said where the cluster's controller runs: " + "; ".join(reasons))
 
     async def _ask(self, method: str, body: Mapping[str, Any], codec: ReplyCodec[T]) -> T:
         """Call ``method`` and decode its reply with ``codec`` -- the one the server encoded it with
@@ -416,6 +520,25 @@ def _cut_of(scope: str, stream: str, cut: StreamCut) -> dict[str, int]:
     if cut.stream != f"{scope}/{stream}":
         raise InvalidStreamCutError(f"the cut is a position of {cut.stream!r}, not of {scope}/{stream!r}")
     return cut.to_wire()
+
+
+class SeedLocator:
+    """Where a client built from seeds finds segments: at its one server (``FixedLocator``) -- unless the
+    controller turned out to live in a cluster (``ControllerClient.in_cluster``): then where the
+    controller says (``ControllerSegmentLocator``)."""
+
+    def __init__(self, endpoint: Endpoint, controller: ControllerClient, located: ControllerSegmentLocator) -> None:
+        self._endpoint = endpoint
+        self._controller = controller
+        self._located = located
+
+    async def endpoint_for(self, segment: str) -> Endpoint:
+        if self._controller.in_cluster:
+            return await self._located.endpoint_for(segment)
+        return self._endpoint
+
+    def forget(self, segment: str) -> None:
+        self._located.forget(segment)
 
 
 class ControllerSegmentLocator:

@@ -1,0 +1,250 @@
+"""The controller on cluster nodes, and clients that need only seeds (issue 23).
+
+Three nodes in one process on real ZooKeeper, FileLogs and one Tier-2 directory shared by all (the
+shared-disk case).  The controller runs on the node serving its metadata container and moves with it;
+a client given the nodes' URIs as seeds finds it, writes with an idempotent writer and a transaction,
+reads with a reader group, and follows the controller and the containers when their nodes stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from millstream import limits
+from millstream.client import AsyncClient, ClientConfig
+from millstream.client._controller import LOCATE_CONTROLLER
+from millstream.cluster import ClusterNode
+from millstream.controller import Controller
+from millstream.errors import ContainerUnavailableError
+from millstream.naming import container_of, stream_segment_name
+from millstream.segmentstore.durable_data_log import DurableDataLog
+from millstream.segmentstore.file_chunk_storage import FileChunkStorage
+from millstream.segmentstore.file_log import FileLog
+from millstream.server import ServerConfig
+from millstream.testing.history import EventTag, History, Outcome, TransactionOutcome, check
+from millstream.testing.zookeeper_server import ZooKeeperServer
+from millstream.values import ReaderGroupConfig, ScalingPolicy, StreamConfig, canonical_json
+from millstream.wire import ControllerReply, ControllerRequest, ErrorMessage, WrongHost
+from tests.server.raw import RawClient
+
+from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
+
+CONTAINER_COUNT = 4
+HOSTS = ("a", "b", "c")
+#: Reads that return nothing before the test gives up (each waits up to a second for an event).
+EMPTY_READS_MAX = 120
+
+
+def _file_logs(root: Path) -> Callable[[int], DurableDataLog]:
+    def open_log(container_id: int) -> DurableDataLog:
+        return FileLog(root / "tier1" / f"container-{container_id}")
+    return open_log
+
+
+def _nodes(tmp_path: Path, zookeeper: ZooKeeperServer) -> tuple[dict[str, ClusterNode], list[FileChunkStorage]]:
+    cluster = cluster_name()
+    storages = [FileChunkStorage(tmp_path / "tier2") for _ in HOSTS]
+    nodes = {host: ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host,
+                               open_log=_file_logs(tmp_path), chunk_storage=storage,
+                               config=ServerConfig(container_count=CONTAINER_COUNT),
+                               session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0,
+                               host_options={"restart_delay_seconds": 0.01})
+             for host, storage in zip(HOSTS, storages, strict=True)}
+    return nodes, storages
+
+
+def _controller_nodes(nodes: dict[str, ClusterNode]) -> list[ClusterNode]:
+    return [node for node in nodes.values() if node.controller is not None]
+
+
+async def _settled(nodes: dict[str, ClusterNode]) -> ClusterNode:
+    """Wait until the running nodes serve every container once and exactly one runs the controller."""
+    await wait_until(lambda: sorted(c for node in nodes.values() for c in node.serving) == list(range(CONTAINER_COUNT))
+                     and len(_controller_nodes(nodes)) == 1
+                     and all(n.controller_container in n.serving for n in _controller_nodes(nodes)),
+                     "every container served once, one controller on the node serving its metadata container")
+    return _controller_nodes(nodes)[0]
+
+
+def _client_config() -> ClientConfig:
+    # Generous budgets: an outage here lasts a ZooKeeper session timeout and a container's recovery.
+    return ClientConfig(connect_timeout_seconds=5.0, request_timeout_seconds=10.0, reconnect_budget_seconds=60.0,
+                        reconnect_delay_max_seconds=0.2)
+
+
+@in_loop
+async def test_the_controller_runs_on_the_node_serving_its_metadata_container(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    nodes, storages = _nodes(tmp_path, zookeeper)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        runner = await _settled(nodes)
+        # Every node says where it runs; the others refuse controller methods as WrongHost.
+        for request_id, node in enumerate(nodes.values()):
+            raw = await RawClient.connect(node.server.port)
+            reply = await raw.request(ControllerRequest(request_id, LOCATE_CONTROLLER, b"{}"))
+            assert reply == ControllerReply(request_id, canonical_json({"uri": runner.uri}))
+            listed = await raw.request(ControllerRequest(100 + request_id, "list_scopes", b"{}"))
+            if node is runner:
+                assert listed == ControllerReply(100 + request_id, canonical_json({"scopes": []}))
+            else:
+                assert isinstance(listed, WrongHost) and listed.request_id == 100 + request_id
+            # A hostile body is refused with a clear error, and the connection serves on.
+            for index, body in enumerate((b"[]", b'{"scope": "x"}', b'{"token": 7}', b"{", b"x" * 70_000)):
+                refused = await raw.request(ControllerRequest(200 + index, LOCATE_CONTROLLER, body))
+                assert isinstance(refused, ErrorMessage) and refused.request_id == 200 + index, refused
+            assert await raw.request(ControllerRequest(300, LOCATE_CONTROLLER, b'{"token": ""}')) == \
+                ControllerReply(300, canonical_json({"uri": runner.uri}))
+            await raw.close()
+    finally:
+        for node in nodes.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()
+
+
+@in_loop
+async def test_a_client_given_seeds_writes_and_reads_exactly_once_while_the_controller_and_containers_move(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    nodes, storages = _nodes(tmp_path, zookeeper)
+    history = History()
+    running = dict(nodes)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        await _settled(running)
+        seeds = ",".join(node.uri for node in nodes.values())
+        async with AsyncClient(seeds, config=_client_config()) as client:
+            await client.stream_manager().create_scope("shop")
+            await client.stream_manager().create_stream("shop/orders", StreamConfig(scaling=ScalingPolicy.fixed(4)))
+            segments = [stream_segment_name("shop", "orders", index) for index in range(4)]
+            writer = client.event_writer("shop/orders")
+            transactions = client.transactional_writer("shop/orders")
+            sequence = 0
+
+            async def write_round(count: int) -> None:
+                nonlocal sequence
+                tags = []
+                for _ in range(count):
+                    sequence += 1
+                    tag = EventTag("w", sequence)
+                    key = f"k{sequence % 8}"
+                    history.write_invoked(tag, key=key)
+                    await writer.write_event(tag.payload(key=key), routing_key=key)
+                    tags.append(tag)
+                await writer.flush()
+                history.writes_completed(tags, Outcome.ACKED)
+
+            await write_round(50)
+            # Stop the controller's node: the controller and the containers it served move.
+            first = _controller_nodes(running)[0]
+            await running.pop(first.host_id).stop()
+            second = await _settled(running)
+            assert second is not first
+            await write_round(50)
+            transaction = await transactions.begin()
+            transaction_tags = []
+            for index in range(10):
+                tag = EventTag("t", index + 1)
+                history.write_invoked(tag, key="tk", transaction="t1")
+                await transaction.write_event(tag.payload(key="tk"), routing_key="tk")
+                transaction_tags.append(tag)
+            await transaction.commit()
+            history.writes_completed(transaction_tags, Outcome.ACKED)
+            history.transaction_completed("t1", TransactionOutcome.COMMITTED)
+            # Stop a node serving a container that holds one of the stream's segments (and the controller,
+            # if that is where it runs now).
+            in_use = {container_of(name, CONTAINER_COUNT) for name in segments}
+            victim = next(node for node in running.values() if node.serving & in_use)
+            await running.pop(victim.host_id).stop()
+            await _settled(running)
+            await write_round(50)
+            await writer.close()
+            await transactions.close()
+            # Read everything back with a reader group, through the same seeds.
+            group = await client.reader_group("shop/all", config=ReaderGroupConfig(["shop/orders"]))
+            reader = await group.reader("r1")
+            seen = 0
+            empty = 0
+            while seen < sequence + len(transaction_tags) and empty < EMPTY_READS_MAX:
+                read = await reader.read_next_event(1.0)
+                if read.event is None:
+                    empty += 1
+                    continue
+                history.read("group", read.event)
+                seen += 1
+            history.pass_complete("group")
+            await group.close()
+        report = check(history)
+        assert report.ok, report.summary()
+        assert seen == sequence + len(transaction_tags) == 160
+    finally:
+        for node in running.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()
+
+
+@in_loop
+async def test_a_controller_that_fails_to_start_is_started_again_while_its_node_keeps_the_container(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = []
+    start = Controller.start
+
+    async def fail_first(controller: Controller) -> None:
+        if not failures:
+            failures.append(controller)
+            raise ContainerUnavailableError("a container the controller must reach is still moving (injected)")
+        await start(controller)
+    monkeypatch.setattr(Controller, "start", fail_first)
+    monkeypatch.setattr(limits, "CLUSTER_CONTROLLER_START_DELAY_SECONDS", 0.01)
+    nodes, storages = _nodes(tmp_path, zookeeper)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        runner = await _settled(nodes)
+        assert len(failures) == 1 and failures[0] is not runner.controller
+        async with AsyncClient(",".join(node.uri for node in nodes.values()), config=_client_config()) as client:
+            await client.stream_manager().create_scope("started")
+            assert await client.stream_manager().list_scopes() == ["started"]
+    finally:
+        for node in nodes.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()
+
+
+@in_loop
+async def test_a_client_given_one_node_without_the_controller_finds_it_and_the_segments(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    nodes, storages = _nodes(tmp_path, zookeeper)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        runner = await _settled(nodes)
+        seed = next(node for node in nodes.values() if node is not runner)
+        async with AsyncClient(seed.uri, config=_client_config()) as client:
+            assert not client.controller().in_cluster
+            await client.stream_manager().create_scope("one")  # (answered WrongHost first, then found)
+            assert client.controller().in_cluster and str(client.controller().endpoint) == runner.uri
+            await client.stream_manager().create_stream("one/s", StreamConfig(scaling=ScalingPolicy.fixed(4)))
+            async with client.event_writer("one/s") as writer:
+                for index in range(40):
+                    await writer.write_event(b"event %d" % index, routing_key=f"k{index}")
+            # Reader groups read through the client's own segment operations: they find every node too.
+            group = await client.reader_group("one/g", config=ReaderGroupConfig(["one/s"]))
+            reader = await group.reader("r")
+            seen: set[bytes] = set()
+            for _ in range(EMPTY_READS_MAX):
+                read = await reader.read_next_event(1.0)
+                if read.event is not None:
+                    seen.add(read.event)
+                if len(seen) == 40:
+                    break
+            await group.close()
+            assert seen == {b"event %d" % index for index in range(40)}
+    finally:
+        for node in nodes.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()
