@@ -40,4 +40,5 @@ __all__ = ["HARNESS_SUITE_NAMES", "SUITE_NAMES"]
 HARNESS_SUITE_NAMES: Final = ("quick", "peers")
 
 #: Every suite ``python -m bench --suite`` accepts.
-SUITE_NAMES: Final = ("write-path", "tiering", "transactions", "large-events", "streams", *HARNESS_SUITE_NAMES)
+SUITE_NAMES: Final = ("write-path", "tiering", "transactions", "large-events", "streams", "cluster",
+                      *HARNESS_SUITE_NAMES)

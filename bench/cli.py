@@ -118,6 +118,11 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     segments), tail-read latency with 16 readers in a group, and a stream auto-scaling under 10 KB events
     (--scaling-seconds; the plot goes beside --markdown).
 
+    The cluster suite runs `millstream cluster up --nodes 3` (ZooKeeper, three JetStream servers,
+    replicas 3) and writes 100-byte events into it beside JetStream R3 (asynchronous publishes, at most
+    1,000 in flight) and a `millstream standalone` node, taking turns, --repeat windows each; it needs
+    the `cluster` extra, ZooKeeper and nats-server.  With --markdown it replaces (or adds) its section.
+
     The large-events suite writes one large event (--event-mib, 1 GiB by default) and the same bytes as
     classic 8 MiB events against a `millstream standalone` node in another process, reads both back,
     and measures each client's peak RSS above its baseline from outside its process; with --markdown it
@@ -165,6 +170,9 @@ def bench(suite: str, workload_files: tuple[Path, ...], system_names: tuple[str,
     if suite == "large-events":
         _bench_large_events(event_mib, repeat, output_dir, data_dir, markdown_path, quiet_idle_percent_min,
                             quiet_timeout_seconds, progress)
+        return
+    if suite == "cluster":
+        _bench_cluster(repeat, data_dir, markdown_path)
         return
     if suite == "tiering":
         _bench_tiering(duration_seconds, warmup_seconds, repeat, output_dir, data_dir, quiet_idle_percent_min,
@@ -217,6 +225,21 @@ def _show_section(section: str, markdown_path: Path | None, replace_section: Cal
         markdown_path.write_text(replace_section(existing, section), encoding="utf-8")
         click.echo(f"report: {markdown_path}", err=True)
     click.echo(section)
+
+
+def _bench_cluster(repeat: int, data_dir: Path | None, markdown_path: Path | None) -> None:
+    """The cluster suite (three nodes with replicas 3 beside JetStream R3 and standalone); with
+    ``--markdown``, its section of that file is replaced (or added)."""
+    import datetime
+
+    from bench.cluster import SUITE_EVENTS, render_cluster_markdown, replace_section, run_cluster
+
+    data_root = _data_root(data_dir)
+    with tempfile.TemporaryDirectory(prefix="millstream-bench-cluster-", dir=data_root) as directory:
+        report = run_cluster(SUITE_EVENTS, repeat, Path(directory))
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    _show_section(render_cluster_markdown(report, command=_command_line(), date=date), markdown_path,
+                  replace_section)
 
 
 def _bench_tiering(duration_seconds: float, warmup_seconds: float, repeat: int, output_dir: Path,
@@ -321,9 +344,9 @@ def _keep_suite_sections(markdown: str, existing: str) -> str:
     """The peers harness's ``markdown`` with the sections the other suites (transactions, large events,
     streams) own in the ``existing`` file put back as they were: the harness rewrites the file, they
     are not its to drop."""
-    from bench import _suite, large_events, streams, transactions
+    from bench import _suite, cluster, large_events, streams, transactions
 
-    for suite_module in (transactions, large_events, streams):
+    for suite_module in (transactions, large_events, streams, cluster):
         kept = suite_module.section_of(existing)
         markdown = markdown if kept is None else suite_module.replace_section(markdown, kept)
     # `millstream pipeline bench` owns a section too (its markers: bench.pipeline, which needs
