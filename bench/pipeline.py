@@ -29,9 +29,10 @@ the same machine at the same moment:
   ``commitOffsets``) say where it goes.
 
 **start-up**: the pipeline runs first, right after the SparkSession is built, so its first
-micro-batch is a cold start's, as after a restart (no Python worker running, nothing imported):
-the session's build time (its JVM), the time from ``start()`` to the first progress report, and that
-batch's parts say where a start goes.
+micro-batch is a cold start's, as after a restart (no Python worker running, nothing imported),
+started as ``millstream pipeline run`` starts it (``prewarm``: the executors' Python workers start
+while the driver plans the first batch): the session's build time (its JVM), the time from
+``start()`` to the first progress report, and that batch's parts say where a start goes.
 
 Rates are rows per second of batch time (``triggerExecution`` summed over the batches with rows,
 the first batch of each query left out: it pays for worker start-up and JIT, 4-13 s here); the
@@ -76,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from millstream.clock import SystemClock
-from millstream.spark.pipeline import PipelineConfig, build_session, start_query
+from millstream.spark.pipeline import PipelineConfig, build_session, prewarm, start_query
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -605,6 +606,7 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     say(f"reference pipeline: its first micro-batch (start-up), then {seconds:.0f} s at "
         f"{PIPELINE_EVENTS_PER_SECOND:,} events/s")
     meter = CpuMeter()
+    prewarm(spark)  # as `millstream pipeline run` does
     query = start_query(spark, config)
     began = clock.monotonic()
     try:
