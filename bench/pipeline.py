@@ -29,9 +29,10 @@ the same machine at the same moment:
   ``commitOffsets``) say where it goes.
 
 **start-up**: the pipeline runs first, right after the SparkSession is built, so its first
-micro-batch is a cold start's, as after a restart (no Python worker running, nothing imported):
-the session's build time (its JVM), the time from ``start()`` to the first progress report, and that
-batch's parts say where a start goes.
+micro-batch is a cold start's, as after a restart (no Python worker running, nothing imported),
+started as ``millstream pipeline run`` starts it (``prewarm``: the executors' Python workers start
+while the driver plans the first batch): the session's build time (its JVM), the time from
+``start()`` to the first progress report, and that batch's parts say where a start goes.
 
 Rates are rows per second of batch time (``triggerExecution`` summed over the batches with rows,
 the first batch of each query left out: it pays for worker start-up and JIT, 4-13 s here); the
@@ -61,6 +62,7 @@ says which was which.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -75,7 +77,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from millstream.clock import SystemClock
-from millstream.spark.pipeline import PipelineConfig, build_session, start_query
+from millstream.spark.pipeline import PipelineConfig, build_session, prewarm, start_query
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -178,6 +180,9 @@ class BenchReport:
     sink_costs: dict[str, dict[str, float]] = attrs.field(factory=dict)
     #: What ``pipeline_batches`` measured (the ceiling measures a trivial Python sink there).
     pipeline_name: str = "millstream -> reference pipeline -> millstream"
+    #: The data source's own steps during the reference pipeline's measured batches, by step
+    #: (``millstream.spark._timeline.summarize``): which Python process spent what inside a batch.
+    pipeline_timeline: dict[str, dict[str, Any]] = attrs.field(factory=dict)
 
     def latency_summary(self, baseline: bool = False) -> dict[str, float]:
         source = self.baseline_batches if baseline else self.pipeline_batches
@@ -257,9 +262,25 @@ class BenchReport:
                       "|---|" + "---:|" * len(BATCH_PARTS)]
             lines += ["| " + name + " | " + " | ".join(f"{row[f'{part}_median']:.0f}" for part in BATCH_PARTS) + " |"
                       for name, row, _ in rows]
+        lines += self._timeline_lines()
         lines += self._startup_lines()
         lines += self._sink_cost_lines()
         return "\n".join(lines)
+
+    def _timeline_lines(self) -> list[str]:
+        if not self.pipeline_timeline:
+            return []
+        lines = ["", "Inside the reference pipeline's measured batches, the data source's own steps "
+                 "(`MILLSTREAM_SPARK_TIMELINE`, `spark_pipeline/_timeline.py`): how often each ran, its "
+                 "duration, and how many Python processes ran it (how many of them Spark started for it). A "
+                 "sink task's `sink.write` lasts from the task handing it its first rows to its last, so it "
+                 "includes Spark's own work upstream:", "",
+                 "| step | runs | rows | median ms | max ms | processes | started |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {step} | {entry['count']} | {entry.get('rows', '')} | {entry['median_ms']:.1f} | "
+                  f"{entry['max_ms']:.1f} | {entry['processes']} | {entry['processes_started']} |"
+                  for step, entry in self.pipeline_timeline.items()]
+        return lines
 
     def _sink_cost_lines(self) -> list[str]:
         if not self.sink_costs:
@@ -309,7 +330,8 @@ class BenchReport:
                 "baseline_latency": self.latency_summary(baseline=True),
                 "pipeline_cpu_percent": {"ours": self.pipeline_cpu_percent[0],
                                          "others": self.pipeline_cpu_percent[1]},
-                "startup": dict(self.startup), "sink_costs": dict(self.sink_costs)}
+                "startup": dict(self.startup), "sink_costs": dict(self.sink_costs),
+                "pipeline_timeline": dict(self.pipeline_timeline)}
 
 
 def _short(name: str) -> str:
@@ -584,6 +606,7 @@ def _pipeline_latency(spark: SparkSession, uri: str, workdir: Path, seconds: flo
     say(f"reference pipeline: its first micro-batch (start-up), then {seconds:.0f} s at "
         f"{PIPELINE_EVENTS_PER_SECOND:,} events/s")
     meter = CpuMeter()
+    prewarm(spark)  # as `millstream pipeline run` does
     query = start_query(spark, config)
     began = clock.monotonic()
     try:
@@ -875,13 +898,35 @@ def run_ceiling(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def pipeline_timeline(path: Path, batches: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``_timeline.summarize`` of the steps recorded in ``path`` that started within the measured
+    batches (the first left out, as in the latency figures): from the second batch's start to the
+    last one's end, by the batches' progress timestamps and durations."""
+    from millstream.spark._timeline import summarize
+
+    timed = [b for b in batches[1:] if b.get("timestamp") and b.get("trigger_ms") is not None]
+    if not timed or not path.exists():
+        return {}
+    begin = datetime.datetime.fromisoformat(str(timed[0]["timestamp"])).timestamp()
+    last = datetime.datetime.fromisoformat(str(timed[-1]["timestamp"])).timestamp()
+    end = last + float(timed[-1]["trigger_ms"]) / 1000
+    with path.open(encoding="utf-8") as file:
+        records = [json.loads(line) for line in file if line.strip()]
+    return summarize(record for record in records if begin <= float(record["start"]) <= end)
+
+
 def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
     import pyspark
 
     import millstream
+    from millstream.spark._timeline import ENVIRONMENT_VARIABLE
 
     workdir = config.data_dir or Path(tempfile.mkdtemp(prefix="millstream-spark-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    timeline = workdir / "timeline.jsonl"
+    # Set before the session starts: Spark's JVM, and the Python workers it starts, inherit it.
+    previous_timeline = os.environ.get(ENVIRONMENT_VARIABLE)
+    os.environ[ENVIRONMENT_VARIABLE] = str(timeline)
     try:
         with millstream.standalone(workdir / "store") as node:
             say("the sink's own cost per micro-batch, without Spark")
@@ -904,8 +949,12 @@ def run_bench(config: BenchConfig, say: Callable[[str], None]) -> BenchReport:
                            pipeline_cpu_percent=pipeline_cpu, spark_version=pyspark.__version__,
                            baseline_batches=tuple(baseline), baseline_cpu_percent=baseline_cpu,
                            startup={"session_seconds": session_seconds, "first_batch_seconds": first_batch},
-                           sink_costs=sink_costs)
+                           sink_costs=sink_costs, pipeline_timeline=pipeline_timeline(timeline, batches))
     finally:
+        if previous_timeline is None:
+            os.environ.pop(ENVIRONMENT_VARIABLE, None)
+        else:
+            os.environ[ENVIRONMENT_VARIABLE] = previous_timeline
         if config.data_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 

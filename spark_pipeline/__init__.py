@@ -25,7 +25,8 @@ goes to the ``deadLetterStream`` (``_dead_letters``).  The sink writes each task
 store transaction and commits a batch's transactions in one fenced step keyed by (query id, batch
 id), so a batch Spark re-runs after a crash is written once, in append, update and complete output
 modes.  Options: ``_options``; the source: ``_reader`` and ``_planning``; the sink: ``_writer``;
-one client per Python process: ``_store``.  Spark's Python workers must import millstream: install it
+one client per Python process: ``_store``; where a micro-batch's time goes, step by step and
+process by process (opt-in): ``_timeline``.  Spark's Python workers must import millstream: install it
 in the interpreter ``PYSPARK_PYTHON`` names.
 """
 
@@ -54,6 +55,7 @@ from millstream.spark._options import (
 )
 from millstream.spark._reader import MillstreamBatchReader, MillstreamStreamReader, SegmentRangePartition
 from millstream.spark._store import check_reachable_once
+from millstream.spark._timeline import span as timeline_span
 from millstream.spark._writer import (
     MillstreamBatchArrowWriter,
     MillstreamBatchWriter,
@@ -121,14 +123,15 @@ class MillstreamDataSource(DataSource):
         """The streaming sink.  ``overwrite`` is Spark asking to truncate the output before each batch
         -- complete output mode -- which a stream cannot: as Spark's Kafka sink does, every batch's
         whole result table is appended (see ``_writer``)."""
-        options = parse_sink_options(self.options)
-        if options.fence is not None:
-            raise OptionError("fenceKey", "applies to df.write: a streaming query fences its batches by its query "
-                                          "id and batch id itself")
-        check_reachable_once(options.store.controller)
-        if options.writer == "rows":
-            return MillstreamStreamWriter(options, schema)
-        return MillstreamStreamArrowWriter(options, schema)
+        with timeline_span("sink.writer"):
+            options = parse_sink_options(self.options)
+            if options.fence is not None:
+                raise OptionError("fenceKey", "applies to df.write: a streaming query fences its batches by its "
+                                              "query id and batch id itself")
+            check_reachable_once(options.store.controller)
+            if options.writer == "rows":
+                return MillstreamStreamWriter(options, schema)
+            return MillstreamStreamArrowWriter(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> MillstreamBatchWriter:
         if overwrite:

@@ -52,6 +52,7 @@ from millstream.spark._options import CutOption, SourceOptions
 from millstream.spark._planning import Budget, SegmentRange, plan_end, ranges_between, views_of
 from millstream.spark._segment_io import measure, read_blocks
 from millstream.spark._store import StoreSession
+from millstream.spark._timeline import span as timeline_span
 
 __all__ = ["MillstreamBatchReader", "MillstreamStreamReader", "SegmentRangePartition"]
 
@@ -91,16 +92,18 @@ def _read_partition(session: StoreSession, decoder: EventDecoder, partition: Inp
                                 lease_seconds=limits.SPARK_SINK_TRANSACTION_LEASE_SECONDS)
     finished = False
     try:
-        for block in read_blocks(session.client, span):
-            for piece in block.split(limits.SPARK_ARROW_BATCH_ROWS_MAX, limits.SPARK_ARROW_BATCH_BYTES_MAX):
-                batch = decoder.decode_block(span.stream, span.segment_id, piece, letters)
-                if dead is not None and letters:
-                    dead.add(letters)
-                    letters.clear()
-                if batch.num_rows:
-                    yield batch
-        if dead is not None:
-            dead.commit()
+        with timeline_span("source.read", segment=span.segment_id, rows=0) as step:
+            for block in read_blocks(session.client, span):
+                for piece in block.split(limits.SPARK_ARROW_BATCH_ROWS_MAX, limits.SPARK_ARROW_BATCH_BYTES_MAX):
+                    batch = decoder.decode_block(span.stream, span.segment_id, piece, letters)
+                    if dead is not None and letters:
+                        dead.add(letters)
+                        letters.clear()
+                    if batch.num_rows:
+                        step["rows"] += batch.num_rows
+                        yield batch
+            if dead is not None:
+                dead.commit()
         finished = True
     finally:
         if dead is not None and not finished:
@@ -208,8 +211,9 @@ class MillstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next batch after ``start`` within ``limit`` (``start`` itself: no new data)."""
-        begin = self._cut(start, "the start offset")
-        return offset_of(self.plan(begin, self._budget(limit)))
+        with timeline_span("source.latest_offset"):
+            begin = self._cut(start, "the start offset")
+            return offset_of(self.plan(begin, self._budget(limit)))
 
     def plan(self, begin: StreamCut, budget: Budget) -> StreamCut:
         """``latestOffset`` on cuts."""
@@ -239,9 +243,13 @@ class MillstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One partition per segment range between the two cuts (a pure function of them)."""
-        begin = self._cut(start, "the batch's start offset")
-        finish = self._cut(end, "the batch's end offset")
-        return [SegmentRangePartition(r) for r in ranges_between(self._stream, self._session.between(begin, finish))]
+        with timeline_span("source.partitions") as step:
+            begin = self._cut(start, "the batch's start offset")
+            finish = self._cut(end, "the batch's end offset")
+            partitions = [SegmentRangePartition(r)
+                          for r in ranges_between(self._stream, self._session.between(begin, finish))]
+            step["partitions"] = len(partitions)
+            return partitions
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark committed every batch up to ``end``: publish it as the reader group's subscriber cut."""
@@ -249,8 +257,9 @@ class MillstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return
         cut = self._cut(end, "the committed offset")
         try:
-            self._register_group()
-            self._session.publish(*self._options.reader_group, cut)
+            with timeline_span("source.commit"):
+                self._register_group()
+                self._session.publish(*self._options.reader_group, cut)
         except RetryableError:
             # The store is unreachable for now: the next batch's commit publishes a later cut, and
             # until then retention only keeps more than it must.

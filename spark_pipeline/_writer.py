@@ -89,6 +89,7 @@ from millstream.spark._errors import FenceAheadError, OptionError, SchemaMismatc
 from millstream.spark._options import SinkOptions
 from millstream.spark._segment_io import TransactionAppender, frame_events, route
 from millstream.spark._store import StoreSession
+from millstream.spark._timeline import span as timeline_span
 
 __all__ = [
     "MillstreamBatchArrowWriter",
@@ -302,6 +303,12 @@ class _SinkProtocol:
 
     def write_events(self, events: Iterable[Events], task: TaskIdentity) -> MillstreamCommitMessage:
         """Write ``events`` into one new store transaction (none if there are none) and report it."""
+        with timeline_span("sink.write", batch_id=task.batch_id, partition=task.partition_id) as step:
+            message = self._write_events(events, task)
+            step["rows"] = message.events
+            return message
+
+    def _write_events(self, events: Iterable[Events], task: TaskIdentity) -> MillstreamCommitMessage:
         session = StoreSession(self._options.store)
         txn = None
         writer = None
@@ -314,7 +321,8 @@ class _SinkProtocol:
                 if txn is None:
                     writer = session.client.transactional_writer(
                         self._options.store.stream, lease_seconds=self._options.transaction_lease_seconds)
-                    txn = writer.begin()
+                    with timeline_span("sink.begin", batch_id=task.batch_id, partition=task.partition_id):
+                        txn = writer.begin()
                     router = StreamRouter(txn.info.transaction_segments)
                     appender = TransactionAppender(session.client)
                 assert appender is not None
@@ -322,7 +330,8 @@ class _SinkProtocol:
                     appender.append(segment, frame_events(part))
                 count += len(payloads)
             if appender is not None:
-                appender.close()  # flushes: every event is durable in the transaction
+                with timeline_span("sink.flush", batch_id=task.batch_id, partition=task.partition_id):
+                    appender.close()  # flushes: every event is durable in the transaction
                 appender = None
         except BaseException:
             if appender is not None:
@@ -361,6 +370,11 @@ class _SinkProtocol:
                fence: tuple[str, int] | None) -> None:
         """The driver's commit: every task's transaction in one atomic multi-commit, fenced by
         ``fence`` (None: not fenced -- a batch job without ``fenceKey``)."""
+        with timeline_span("sink.commit", batch_id=batch_id):
+            self._commit(messages, batch_id, fence=fence)
+
+    def _commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int, *,
+                fence: tuple[str, int] | None) -> None:
         listed = self._listed(messages, batch_id, tolerate_missing=False)
         txns = [m.txn_id for m in listed if m.txn_id is not None]
         if not txns:
@@ -372,7 +386,8 @@ class _SinkProtocol:
         stream = self._options.store.stream
         session = StoreSession(self._options.store)
         try:
-            result = session.client.commit_transactions(stream, txns, fence=fence)
+            with timeline_span("sink.multi_commit", batch_id=batch_id, transactions=len(txns)):
+                result = session.client.commit_transactions(stream, txns, fence=fence)
             if result.outcome is CommitOutcome.ALREADY_COMMITTED:
                 assert fence is not None and result.recorded is not None
                 if result.recorded > fence[1]:
@@ -380,7 +395,9 @@ class _SinkProtocol:
                 _log.info("batch %s (fence %s) was committed to %s before (a replay): its %s new transactions were "
                           "aborted", batch_id, fence[0], stream, len(txns))
                 return
-            if not self._wait_merged(session, txns):
+            with timeline_span("sink.merge_wait", batch_id=batch_id, transactions=len(txns)):
+                merged = self._wait_merged(session, txns)
+            if not merged:
                 _log.warning("transactions %s of %s are committed but not merged yet after %s s", txns, stream,
                              limits.TRANSACTION_COMPLETION_WAIT_SECONDS)
         finally:

@@ -119,3 +119,39 @@ def test_the_ceilings_trivial_source_yields_its_rows_in_record_batches_and_its_s
     assert rows == 3 * 24, "two partitions of 12 rows a micro-batch"
     writer = source.streamWriter(None, False)
     assert writer.write(iter(list(reader.read(reader.partitions({"batch": 0}, {"batch": 1})[0])))) is not None
+
+
+def test_the_pipelines_timeline_counts_only_the_steps_of_its_measured_batches(tmp_path: Path) -> None:
+    import json
+
+    from bench.pipeline import pipeline_timeline
+
+    # Batch 0 (left out) starts at 1_000 s, batch 1 at 1_030 s and lasts 500 ms, batch 2 at 1_031 s, 400 ms.
+    batches = ({"timestamp": "1970-01-01T00:16:40.000Z", "trigger_ms": 30_000},
+               {"timestamp": "1970-01-01T00:17:10.000Z", "trigger_ms": 500},
+               {"timestamp": "1970-01-01T00:17:11.000Z", "trigger_ms": 400})
+
+    def step(name: str, start: float, duration_ms: float, pid: int, **fields: Any) -> str:
+        return json.dumps({"step": name, "start": start, "duration_ms": duration_ms, "pid": pid,
+                           "process_age_seconds": 600.0, **fields})
+
+    path = tmp_path / "timeline.jsonl"
+    path.write_text("\n".join([
+        step("source.read", 1_005.0, 9_000.0, 11, rows=10_000),    # the first batch's: left out
+        step("source.latest_offset", 1_030.0, 20.0, 10),
+        step("source.read", 1_030.1, 40.0, 11, rows=3_000),
+        step("source.read", 1_030.1, 60.0, 12, rows=2_000),
+        step("source.latest_offset", 1_031.0, 30.0, 10),
+        step("sink.commit", 1_031.3, 25.0, 13),
+        step("source.read", 1_040.0, 50.0, 11, rows=7_000),       # after the last measured batch
+    ]) + "\n")
+    summary = pipeline_timeline(path, batches)
+    assert summary["source.read"] == {"count": 2, "median_ms": 50.0, "max_ms": 60.0, "processes": 2,
+                                      "processes_started": 0, "rows": 5_000}
+    assert summary["source.latest_offset"]["count"] == 2
+    assert summary["sink.commit"]["median_ms"] == 25.0
+    report = BenchReport(throughput=(), pipeline_batches=batches, pipeline_cpu_percent=(0.0, 0.0),
+                         spark_version="4.x", pipeline_timeline=summary)
+    assert "| source.read | 2 | 5000 | 50.0 | 60.0 | 2 | 0 |" in report.markdown()
+    assert report.to_json()["pipeline_timeline"] == summary
+    assert pipeline_timeline(tmp_path / "absent.jsonl", batches) == {}
