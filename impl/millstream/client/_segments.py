@@ -308,6 +308,23 @@ class AsyncSegments:
             raise ProtocolError(f"asked to read {segment!r} at {offset}, the server answered from {reply.offset}")
         return ReadResult(reply.offset, reply.data, reply.at_tail, reply.end_of_segment)
 
+    async def read_following_moves(self, segment: str, offset: int, *, length: int | None = None,
+                                   wait_seconds: float = 0.0) -> ReadResult:
+        """``read``, retried while the segment's container moves or recovers: after ``WrongHostError``
+        or ``ContainerUnavailableError`` (a cluster node stopping it, or a new owner still recovering
+        it) the client asks again where the segment lives and reads there, with the reconnect backoff,
+        within one reconnect budget (``ReconnectBudgetExceededError`` after it, from the last error).
+        Readers use it: a reader group must follow containers that move.  Raises what ``read`` raises
+        otherwise."""
+        async def once() -> ReadResult:
+            try:
+                return await self.read(segment, offset, length=length, wait_seconds=wait_seconds)
+            except ContainerUnavailableError:
+                self._locator.forget(segment)  # (WrongHostError: ``read`` forgot it already)
+                raise
+        return await self._pool.retrying(once, retry_on=(WrongHostError, ContainerUnavailableError),
+                                         what=f"read {segment!r} at {offset}")
+
     async def event_boundaries(self, segment: str, start_offset: int, end_offset: int) -> tuple[int, ...]:
         """Offsets in ``[start_offset, end_offset]`` of ``segment`` (a segment of events: a stream's, or
         one an event writer writes) where the server knows an event begins or the segment ends,
