@@ -5,6 +5,8 @@ recovering it) within the reconnect budget, instead of raising into the applicat
 
 from __future__ import annotations
 
+import random
+
 import attrs
 import pytest
 
@@ -58,4 +60,39 @@ def test_a_plain_read_still_raises_the_typed_error_at_once() -> None:
             await c.segments().create("s")
             with pytest.raises(ContainerUnavailableError):
                 await c.segments().read("s", 0)
+    run(scenario)
+
+
+def test_a_state_synchronizer_waits_out_its_container_moving() -> None:
+    """A reader group's state segment on a container that moves: its reads, its set-up for conditional
+    appends and a conditional append are answered WrongHost or ContainerUnavailable (unknown outcome:
+    the synchronizer reads on and finds its record absent), and the update still lands, once."""
+    from millstream.client._state_synchronizer import NewState, StateSynchronizer
+    from millstream.wire.commands import ConditionalAppend, SetupAppend
+    from tests.readers.test_synchronizer import ListCodec
+
+    unavailable = ErrorMessage(0, "g", error_code_of(ContainerUnavailableError()), "container 0 stopped")
+    script: dict[type[Command], list[Command]] = {
+        ReadSegment: [unavailable, WrongHost(0, "g", "")],
+        SetupAppend: [WrongHost(0, "g", "")],
+        ConditionalAppend: [unavailable],
+    }
+
+    def answer(command: Command) -> Command | None:
+        replies = script.get(type(command))
+        if replies:
+            return attrs.evolve(replies.pop(0), request_id=command.request_id)
+        return None
+
+    async def scenario() -> None:
+        async with FakeServer() as server, client(server.uri) as c:
+            await c.segments().create("g")
+            server.faults.error_reply = answer
+            synchronizer: StateSynchronizer[tuple[int, ...], int] = StateSynchronizer(
+                c.segments(), "g", ListCodec(), rng=random.Random(1))
+            assert await synchronizer.update(lambda state: NewState(()) if state is None else None)
+            assert await synchronizer.update(lambda state: [7])
+            assert all(not replies for replies in script.values()), script
+            await synchronizer.fetch_updates()
+            assert synchronizer.state == (7,)
     run(scenario)
