@@ -27,6 +27,9 @@ writers flush and stop, the reader group reads to the end, a second reader group
 from the start, and the history checker must find nothing lost, duplicated or reordered among the
 acknowledged events (nor phantom, resurrected, gaps or partial transactions) in both passes.
 
+``MILLSTREAM_CLUSTER_KILLS`` and ``MILLSTREAM_CLUSTER_SERVICE_FAULT_EVERY`` override the counts (to try
+the nightly path briefly).
+
 The recovery times are printed as min / median / max with ZooKeeper's session timeout beside them;
 nothing here asserts on a duration (a loaded machine only makes the figures larger).  Every wait is
 bounded; everything started is stopped (or SIGKILLed) by its PID on the way out.
@@ -195,6 +198,7 @@ class Statistics:
     transactions_committed: int = 0
     #: The error each transaction of unknown outcome met.
     transactions_unknown: list[str] = attrs.field(factory=list)
+    transaction_errors: list[str] = attrs.field(factory=list)
     #: Seconds from a kill until each container the killed node served answered at its new owner.
     recovery_seconds: list[float] = attrs.field(factory=list)
 
@@ -208,7 +212,8 @@ class Statistics:
                 f"{self.transactions_committed} transactions committed, {len(self.transactions_unknown)} of unknown "
                 f"outcome {sorted(set(self.transactions_unknown))}; {self.writers_replaced} writers replaced after "
                 f"giving up; {elapsed:.0f} s"
-                f"\n  both reader-group passes (live, then final from the start): {report.summary()}")
+                f"\n  both reader-group passes (live, then final from the start): {report.summary()}"
+                + "".join(f"\n  transaction of unknown outcome: {line[:300]}" for line in self.transaction_errors[:5]))
 
 
 class Campaign:
@@ -393,6 +398,7 @@ class Campaign:
                 except MillstreamError as error:
                     self.history.transaction_completed(name, TransactionOutcome.UNKNOWN)
                     self.statistics.transactions_unknown.append(type(error).__name__)
+                    self.statistics.transaction_errors.append(f"{name}: {error!r}")
                 else:
                     assert status in (TransactionStatus.COMMITTING, TransactionStatus.COMMITTED), status
                     self.history.transaction_completed(name, TransactionOutcome.COMMITTED)
