@@ -787,7 +787,7 @@ class AsyncEventStreamReader(Generic[T]):
             length = min(length, fetcher.end_offset - fetcher.fetch_offset)
         wait = self._config.tail_wait_seconds if fetcher.at_tail else 0.0
         fetcher.task = asyncio.get_running_loop().create_task(
-            self._segments.read(fetcher.name, fetcher.fetch_offset, length=length, wait_seconds=wait),
+            self._segments.read_following_moves(fetcher.name, fetcher.fetch_offset, length=length, wait_seconds=wait),
             name=f"millstream-reader-fetch-{fetcher.name}")
 
     async def _wait(self, state: ReaderGroupState, remaining: float) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, TypeVar
 from uuid import UUID
 
@@ -72,6 +72,7 @@ from millstream.wire.commands import (
 __all__ = ["AsyncSegments", "SegmentProperties", "validate_segment_name"]
 
 _Reply = TypeVar("_Reply", bound=Command)
+_T = TypeVar("_T")
 
 _WAIT_MS_MAX: Final = int(limits.TAIL_READ_WAIT_SECONDS_MAX * 1000)
 
@@ -308,6 +309,34 @@ class AsyncSegments:
             raise ProtocolError(f"asked to read {segment!r} at {offset}, the server answered from {reply.offset}")
         return ReadResult(reply.offset, reply.data, reply.at_tail, reply.end_of_segment)
 
+    async def read_following_moves(self, segment: str, offset: int, *, length: int | None = None,
+                                   wait_seconds: float = 0.0) -> ReadResult:
+        """``read``, retried while the segment's container moves or recovers: after ``WrongHostError``
+        or ``ContainerUnavailableError`` (a cluster node stopping it, or a new owner still recovering
+        it) the client asks again where the segment lives and reads there, with the reconnect backoff,
+        within one reconnect budget (``ReconnectBudgetExceededError`` after it, from the last error).
+        Readers use it: a reader group must follow containers that move.  Raises what ``read`` raises
+        otherwise."""
+        return await self.following_moves(
+            segment, lambda: self.read(segment, offset, length=length, wait_seconds=wait_seconds),
+            what=f"read {segment!r} at {offset}")
+
+    async def following_moves(self, segment: str, attempt: Callable[[], Awaitable[_T]], *, what: str,
+                              retry_on: tuple[type[Exception], ...] = (WrongHostError, ContainerUnavailableError),
+                              ) -> _T:
+        """Await ``attempt()`` (an operation on ``segment``), again after a failure in ``retry_on``
+        (``WrongHostError`` or ``ContainerUnavailableError`` by default: its container moved or is
+        recovering; retry only what is safe to repeat), asking each time anew where the segment lives,
+        with the reconnect backoff, within one reconnect budget (``ReconnectBudgetExceededError`` after
+        it, from the last error)."""
+        async def once() -> _T:
+            try:
+                return await attempt()
+            except (WrongHostError, ContainerUnavailableError):
+                self._locator.forget(segment)
+                raise
+        return await self._pool.retrying(once, retry_on=retry_on, what=what)
+
     async def event_boundaries(self, segment: str, start_offset: int, end_offset: int) -> tuple[int, ...]:
         """Offsets in ``[start_offset, end_offset]`` of ``segment`` (a segment of events: a stream's, or
         one an event writer writes) where the server knows an event begins or the segment ends,
@@ -343,7 +372,8 @@ class AsyncSegments:
         """Append ``events`` (each framed as an event) if and only if the segment is exactly
         ``expected_offset`` bytes long; return its new length.  Raises ``BadOffsetError`` if its length
         differs (nothing appended), ``StreamSegmentSealedError``, ``StreamSegmentNotExistsError``,
-        ``ConnectionLostError`` if the outcome is unknown."""
+        ``ConnectionLostError`` or ``ContainerUnavailableError`` if the outcome is unknown, ``WrongHostError``
+        if its container moved (nothing appended; the next call asks where it lives now)."""
         validate_segment_name(segment)
         _offset(expected_offset, "expected_offset")
         if isinstance(events, (bytes, bytearray, memoryview)) or not events:
@@ -358,18 +388,24 @@ class AsyncSegments:
             session = self._conditional[segment] = _ConditionalSession(random_uuid(self._rng))
         async with session.lock:
             connection = await self._connection(segment)
-            if session.connection is not connection or not connection.is_open:
+            try:
+                if session.connection is not connection or not connection.is_open:
+                    session.connection = None
+                    setup = await connection.request(
+                        lambda rid: SetupAppend(rid, session.writer_id, segment, self._token),
+                        what=f"set up conditional appends to {segment!r}")
+                    stored = expect(setup, AppendSetup).last_event_number
+                    if stored != NULL_ATTRIBUTE_VALUE:
+                        session.event_number = max(session.event_number, stored)
+                    session.connection = connection
+                session.event_number += 1
+                number = session.event_number
+                reply = await connection.request(
+                    lambda rid: ConditionalAppend(session.writer_id, number, expected_offset, data, rid),
+                    what=f"conditional append to {segment!r}")
+                return expect(reply, DataAppended).current_segment_write_offset
+            except (WrongHostError, ContainerUnavailableError):
+                # Its container moved (or is recovering): ask again where it lives, set up again there.
+                self._locator.forget(segment)
                 session.connection = None
-                setup = await connection.request(
-                    lambda rid: SetupAppend(rid, session.writer_id, segment, self._token),
-                    what=f"set up conditional appends to {segment!r}")
-                stored = expect(setup, AppendSetup).last_event_number
-                if stored != NULL_ATTRIBUTE_VALUE:
-                    session.event_number = max(session.event_number, stored)
-                session.connection = connection
-            session.event_number += 1
-            number = session.event_number
-            reply = await connection.request(
-                lambda rid: ConditionalAppend(session.writer_id, number, expected_offset, data, rid),
-                what=f"conditional append to {segment!r}")
-            return expect(reply, DataAppended).current_segment_write_offset
+                raise

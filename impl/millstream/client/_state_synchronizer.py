@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import struct
 from collections.abc import Callable, Sequence
@@ -46,10 +47,12 @@ from millstream.client._streams import canonical_json
 from millstream.errors import (
     BadOffsetError,
     ConnectionLostError,
+    ContainerUnavailableError,
     DataCorruptionError,
     InvalidArgumentError,
     RetryableError,
     StreamSegmentTruncatedError,
+    WrongHostError,
 )
 
 __all__ = ["NewState", "StateSynchronizer", "SynchronizerCodec"]
@@ -140,7 +143,7 @@ class StateSynchronizer(Generic[S, U]):
         for _ in range(limits.READER_GROUP_STATE_UPDATE_ATTEMPTS_MAX):  # truncations met while reading
             try:
                 while True:
-                    result = await self._segments.read(self.segment, fetch)
+                    result = await self._segments.read_following_moves(self.segment, fetch)
                     pending += result.data
                     fetch += len(result.data)
                     self._apply_records(pending, ids)
@@ -151,7 +154,9 @@ class StateSynchronizer(Generic[S, U]):
                         return ids
             except StreamSegmentTruncatedError:
                 # Compacted past us: start again from the segment's start, a full state.
-                start = (await self._segments.info(self.segment)).start_offset
+                start = (await self._segments.following_moves(
+                    self.segment, lambda: self._segments.info(self.segment), what=f"info of {self.segment!r}",
+                )).start_offset
                 self._state = None
                 self._offset = fetch = start
                 pending = bytearray()
@@ -202,8 +207,8 @@ class StateSynchronizer(Generic[S, U]):
         apply what arrived; return whether the state changed."""
         offset = self._offset
         try:
-            result = await self._segments.read(self.segment, offset, length=limits.READER_TAIL_READ_LENGTH_BYTES,
-                                               wait_seconds=wait_seconds)
+            result = await self._segments.read_following_moves(
+                self.segment, offset, length=limits.READER_TAIL_READ_LENGTH_BYTES, wait_seconds=wait_seconds)
         except StreamSegmentTruncatedError:
             return await self.fetch_updates()  # compacted past us meanwhile
         if not result.data:
@@ -241,13 +246,18 @@ class StateSynchronizer(Generic[S, U]):
                     record = {"id": record_id, "updates": [self._codec.encode_update(u) for u in planned]}
                 payload = canonical_json(record)
                 try:
-                    length = await self._segments.conditional_append(self.segment, [payload],
-                                                                     expected_offset=self._offset)
+                    # Its container moving (WrongHost: nothing appended) is waited out; a container that
+                    # stopped under the append (ContainerUnavailable) leaves the outcome unknown, as a
+                    # lost connection does.
+                    length = await self._segments.following_moves(
+                        self.segment, functools.partial(self._segments.conditional_append, self.segment,
+                                                        [payload], expected_offset=self._offset),
+                        what=f"update {self.segment!r}", retry_on=(WrongHostError,))
                 except BadOffsetError:
                     self.conflicts += 1
                     await self._fetch_locked()
                     continue
-                except ConnectionLostError:
+                except (ConnectionLostError, ContainerUnavailableError):
                     # Unknown outcome: read on; our record's id tells whether it landed.
                     if record_id in await self._fetch_locked():
                         return True
@@ -272,13 +282,13 @@ class StateSynchronizer(Generic[S, U]):
         start = self._offset
         try:
             self._offset = await self._segments.conditional_append(self.segment, [payload], expected_offset=start)
-        except (BadOffsetError, ConnectionLostError):
+        except (BadOffsetError, ConnectionLostError, ContainerUnavailableError, WrongHostError):
             return  # another writer went first (or the outcome is unknown): the next update tries again
         self._bytes_since_state = 0
         self.compactions += 1
         # Someone may have truncated further already (refused), or the outcome may be unknown: either
         # way the next compaction truncates again.
-        with contextlib.suppress(BadOffsetError, ConnectionLostError):
+        with contextlib.suppress(BadOffsetError, ConnectionLostError, ContainerUnavailableError, WrongHostError):
             await self._segments.truncate(self.segment, start)
 
     def __repr__(self) -> str:

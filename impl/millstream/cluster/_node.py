@@ -485,7 +485,16 @@ class ClusterControllerEndpoint:
         if rpc is None:
             raise WrongHostError(f"the cluster's controller does not run on {self._node.host_id}: ask "
                                  f"{LOCATE_CONTROLLER} where it runs")
-        return await rpc.handle(method, body)
+        try:
+            return await rpc.handle(method, body)
+        except ObjectClosedError as error:
+            if self.rpc is rpc:
+                raise
+            # The controller left this node under the request (its container moved; its store was closed):
+            # a retryable error whose outcome is unknown, not the caller's "closed" object.
+            raise ContainerUnavailableError(
+                f"the cluster's controller left {self._node.host_id} during {method}, which may or may not have "
+                f"taken effect: {error}") from error
 
     async def _locate(self, body: bytes) -> bytes:
         if len(body) > limits.CONTROLLER_REQUEST_BODY_BYTES_MAX:
