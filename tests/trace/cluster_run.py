@@ -84,6 +84,8 @@ SETTINGS = StorageSettings(flush_bytes_min=NEVER, flush_bytes_max=NEVER, flush_a
                            unflushed_bytes_max=NEVER)
 #: Event-loop turns given to background work after each step (all in memory: it settles in a few).
 SETTLE_TURNS = 60
+#: A generous bound on a manager acting on what it was told (all in memory: it takes a few loop turns).
+SETTLE_SECONDS_MAX = 30.0
 
 
 class SimulatedClaims:
@@ -258,22 +260,29 @@ class ClusterRun:
         for _ in range(SETTLE_TURNS):
             await asyncio.sleep(0)
         for manager in self.managers.values():
-            if manager is not None:
-                await manager.settled()
+            if manager is not None:  # (bounded: a manager that never settles fails the run, not hangs it)
+                await asyncio.wait_for(manager.settled(), SETTLE_SECONDS_MAX)
+        current = self.current()
+        if not self.created and current is not None:  # (the first owner creates the segment)
+            await self.container(current).create_segment(SEGMENT)
+            self.created = True
 
-    async def assign(self, host: str) -> None:
+    async def assign(self, host: str, *, deliver: bool = True) -> None:
+        """The assigner writes a map giving the container to ``host``; unless ``deliver`` is False
+        (slow fencing: the new owner has not read it yet, so the old owner, a zombie, goes on
+        writing), the live hosts read it at once."""
         self.assigned = host
         self.map_version += 1
         self.emit("Assign", h=host)
+        if deliver:
+            await self.deliver()
+
+    async def deliver(self) -> None:
+        """The live hosts read the newest map (and act on it)."""
         for other, manager in self.managers.items():
             if manager is not None and self.status[other] == "live":
                 manager.apply(self.assignment())
         await self.settle()
-        if self.created:
-            return
-        if self.current() == host:
-            await self.container(host).create_segment(SEGMENT)
-            self.created = True
 
     async def append(self, host: str) -> None:
         container = self.container(host)
@@ -313,6 +322,41 @@ class ClusterRun:
         await manager.stop()
         self.epochs.pop(host, None)
 
+    async def truncate(self, host: str) -> None:
+        writer = self.container(host).storage_writer
+        assert writer is not None
+        await writer._truncate_log_if_possible()
+
+    async def expire(self, host: str) -> None:
+        self.status[host] = "expired"
+        self.emit("SessionExpires", h=host)
+
+    async def reconnect(self, host: str) -> None:
+        manager = self.managers[host]
+        assert manager is not None
+        manager.session_lost(MillstreamError("the session expired"))
+        await self.settle()
+        self.status[host] = "live"
+        self.emit("Reconnect", h=host)
+        await self.observe()  # (what the old manager does once told: it must serve nothing)
+        await self.retire(host)
+        await self.boot(host)
+
+    async def crash(self, host: str) -> None:
+        manager = self.managers[host]
+        assert manager is not None
+        for container_host in manager.hosts.values():
+            if container_host.status[0] == "running":
+                container_host.container.kill()  # (the process dies: nothing more is written)
+        self.status[host] = "down"
+        self.emit("Crash", h=host)
+        await self.retire(host)
+
+    async def restart(self, host: str) -> None:
+        self.status[host] = "live"
+        self.emit("Restart", h=host)
+        await self.boot(host)
+
     async def step(self) -> None:
         live = [host for host in HOSTS if self.status[host] == "live"]
         serving = self.serving() if self.created else []
@@ -336,42 +380,7 @@ class ClusterRun:
             else:
                 choices.append((3, "restart", host))
         _, action, host = self.rng.choices(choices, weights=[weight for weight, _, _ in choices])[0]
-        if action == "assign":
-            await self.assign(host)
-        elif action == "append":
-            await self.append(host)
-        elif action == "flush":
-            await self.flush(host)
-        elif action == "truncate":
-            writer = self.container(host).storage_writer
-            assert writer is not None
-            await writer._truncate_log_if_possible()
-        elif action == "expire":
-            self.status[host] = "expired"
-            self.emit("SessionExpires", h=host)
-        elif action == "reconnect":
-            manager = self.managers[host]
-            assert manager is not None
-            manager.session_lost(MillstreamError("the session expired"))
-            await self.settle()
-            self.status[host] = "live"
-            self.emit("Reconnect", h=host)
-            await self.observe()  # (what the old manager does once told: it must serve nothing)
-            await self.retire(host)
-            await self.boot(host)
-        elif action == "crash":
-            manager = self.managers[host]
-            assert manager is not None
-            for container_host in manager.hosts.values():
-                if container_host.status[0] == "running":
-                    container_host.container.kill()  # (the process dies: nothing more is written)
-            self.status[host] = "down"
-            self.emit("Crash", h=host)
-            await self.retire(host)
-        else:
-            self.status[host] = "live"
-            self.emit("Restart", h=host)
-            await self.boot(host)
+        await getattr(self, action)(host)
         await self.settle()
         await self.observe()
 
@@ -386,7 +395,8 @@ class ClusterRun:
             storage = self.container(current).get_info(SEGMENT).storage_length // UNIT_BYTES
         self.emit("Observe", serving=set(serving), reads=reads, current=current or "none", storage=storage)
 
-    async def run(self) -> None:
+    def hook(self) -> mock._patch[Any]:
+        """The run's hook (see ``container_built``): the hosts build their containers through it."""
         recorder = self
 
         class Recorded(SegmentContainer):
@@ -399,23 +409,28 @@ class ClusterRun:
                 await super().start()
                 recorder.started(self, self._recorded_log)
 
-        # The run's hook (see ``container_built``): the hosts build their containers through it.
-        with mock.patch.object(host_module, "SegmentContainer", Recorded):
-            await self._run()
+        return mock.patch.object(host_module, "SegmentContainer", Recorded)
 
-    async def _run(self) -> None:
-        try:
-            for host in HOSTS:
-                await self.boot(host)
-            for _ in range(self.steps):
-                await self.step()
-                if self.cut is not None:
-                    del self.trace[self.cut_at:]
-                    break
-        finally:
-            for manager in [*self.managers.values(), *self.retired]:
-                if manager is not None:
-                    await manager.stop()
+    async def boot_all(self) -> None:
+        for host in HOSTS:
+            await self.boot(host)
+
+    async def stop_all(self) -> None:
+        for manager in [*self.managers.values(), *self.retired]:
+            if manager is not None:
+                await manager.stop()
+
+    async def run(self) -> None:
+        with self.hook():
+            try:
+                await self.boot_all()
+                for _ in range(self.steps):
+                    await self.step()
+                    if self.cut is not None:
+                        del self.trace[self.cut_at:]
+                        break
+            finally:
+                await self.stop_all()
 
 
 def record_runs(seeds: range, steps: int) -> list[ClusterRun]:
