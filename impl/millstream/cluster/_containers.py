@@ -34,6 +34,16 @@ version it claimed under, written conditionally):
   ``ContainerHost`` restarting a failed container), so it is started again under the current map,
   fencing that one -- at most ``CLUSTER_CONTAINER_RECLAIMS_MAX`` times per map generation.
 
+The fenced idle owner.  Fencing stops an old owner only at its next Tier-1 write, so an owner with
+nothing to write would go on answering reads.  What it returns is bounded (a container reads only
+what its log committed, so everything it returns is in the committed log a new owner recovers from:
+stale, never lost -- the spec's ``ReadersSeeOnlyDurable``), but a client could read a stale tail
+indefinitely.  So the host withdraws a container as soon as it learns it may have lost it, without
+waiting for a write to fail: ``claim_changed`` (the member's watch on the container's claim znode)
+reporting another owner's claim, or ``session_lost``.  Withdrawing is synchronous: ``container()``
+raises ``WrongHostError`` and ``on_leaving`` is told before the call returns; the task then stops the
+container's host.
+
 Otherwise a container that stops on its own (its host gave up: fenced, corrupt, or restarts
 exhausted) is not started again under the same map generation: the newer owner that fenced it is
 serving, and starting it again would fence that owner in turn.  A newer map that still gives it to this host starts it
@@ -117,6 +127,8 @@ class ContainerManager:
         self._lost = False
         #: container -> the map version under which it stopped on its own or failed to start.
         self._given_up: dict[int, int] = {}
+        #: Withdrawn from serving (``claim_changed``, ``session_lost``), for the task to stop.
+        self._withdrawn: dict[int, ContainerHost] = {}
         self.hosts: dict[int, ContainerHost] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -140,9 +152,38 @@ class ContainerManager:
         self._poke()
 
     def session_lost(self, error: BaseException) -> None:
-        """The session is gone: stop every container and never start one again."""
+        """The session is gone: stop serving every container at once (see the docstring), stop them,
+        and never start one again."""
         self._lost = True
+        for container_id in sorted(self.hosts):
+            self._withdraw(container_id)
         self._poke()
+
+    def claim_changed(self, container_id: int, holder: tuple[str, int] | None) -> None:
+        """Container ``container_id``'s claim now names ``holder`` (host id, map version; None if the
+        claim is gone or unreadable).  If the container serves here and another host has claimed it
+        under this host's map version or a newer one, that host is opening its log (fencing this one)
+        or has: stop serving it at once (see the docstring), and do not start it again under this map."""
+        claimed = self._claimed.get(container_id)
+        if claimed is None:
+            return
+        if holder is not None and (holder[0] == self.host_id or holder[1] < claimed):
+            return  # (its own claim, or a change older than it seen late: claims only move to newer maps)
+        log.warning("host %s: container %d is claimed by %s now; it stops serving it", self.host_id, container_id,
+                    holder)
+        self._withdraw(container_id)
+        self._given_up[container_id] = self._assignment.version
+        self._poke()
+
+    def _withdraw(self, container_id: int) -> None:
+        """Stop serving ``container_id`` now (requests get ``WrongHostError``); the task stops it."""
+        host = self.hosts.pop(container_id, None)
+        self._claimed.pop(container_id, None)
+        if host is None:
+            return
+        self._withdrawn[container_id] = host
+        if self._on_leaving is not None:
+            self._on_leaving(container_id)
 
     def _poke(self) -> None:
         self._idle.clear()
@@ -162,6 +203,7 @@ class ContainerManager:
             await cancel_and_wait(self._task)
         for container_id in sorted(self.hosts):
             await self._stop_container(container_id)
+        await self._stop_withdrawn()
 
     async def __aenter__(self) -> ContainerManager:
         await self.start()
@@ -208,6 +250,7 @@ class ContainerManager:
         return self._assignment.containers_of(self.host_id)
 
     async def _reconcile(self) -> None:
+        await self._stop_withdrawn()
         # Containers that stopped on their own since: forget them, and do not restart them under
         # this map generation (see the docstring).
         for container_id, host in list(self.hosts.items()):
@@ -314,6 +357,11 @@ class ContainerManager:
         host.stopped.add_done_callback(lambda _: self._poke())
         log.info("host %s serves container %d (map version %d)", self.host_id, container_id, version)
 
+    async def _stop_withdrawn(self) -> None:
+        while self._withdrawn:
+            container_id = min(self._withdrawn)
+            await self._stop_host(container_id, self._withdrawn.pop(container_id))
+
     async def _stop_container(self, container_id: int) -> None:
         host = self.hosts.pop(container_id, None)
         self._claimed.pop(container_id, None)
@@ -321,6 +369,9 @@ class ContainerManager:
             return
         if self._on_leaving is not None:
             self._on_leaving(container_id)
+        await self._stop_host(container_id, host)
+
+    async def _stop_host(self, container_id: int, host: ContainerHost) -> None:
         try:
             await host.stop()
         except Exception as error:  # it is stopping for good either way; say so and carry on with the rest

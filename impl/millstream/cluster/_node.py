@@ -182,6 +182,7 @@ class ClusterNode:
                 self._zookeeper, cluster=self._cluster, host_id=self.host_id, address=self.address,
                 container_count=self.config.container_count, on_assignment=self._on_assignment,
                 on_suspended=self.manager.suspend, on_session_lost=self.manager.session_lost,
+                on_claim=self.manager.claim_changed,
                 session_timeout_seconds=self._session_timeout_seconds,
                 connect_timeout_seconds=self._connect_timeout_seconds)
             self._joining = member

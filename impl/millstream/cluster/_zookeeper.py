@@ -45,6 +45,12 @@ newest).  The task, on the loop:
   membership or the map changed, and writes it conditionally; a refused write is not retried blindly:
   the data watch brings the newer map and the task recomputes from it.
 
+Claim watches.  Once this member has claimed a container it watches the claim znode (one data watch
+per container, set at the first claim and kept: at most ``container_count``); each change is recorded
+under the lock like the map's and handed, on the loop, to ``on_claim(container_id, (host, version) |
+None)``.  The host's ``ContainerManager`` stops serving a container whose claim names another owner at
+once -- an owner fenced while idle would otherwise answer reads until its next Tier-1 write fails.
+
 Session loss.  On SUSPENDED (the connection dropped; the session may live on) the member stops
 taking new work: the leader writes nothing and ``on_suspended(True)`` tells the manager to start no
 container; running ones keep serving.  On CONNECTED again the session survived: back to normal.  On
@@ -63,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -319,7 +326,8 @@ class ClusterMember:
 
     The callbacks run on the event loop, never block, and must not raise: ``on_assignment`` gets each
     new map, ``on_suspended`` whether the connection is suspended, ``on_session_lost`` the error once
-    the session is gone (stop every container)."""
+    the session is gone (stop every container), ``on_claim`` each change of a claim this member made
+    (see "Claim watches" in the module docstring)."""
 
     def __init__(
         self,
@@ -332,6 +340,7 @@ class ClusterMember:
         on_assignment: Callable[[Assignment], None] | None = None,
         on_suspended: Callable[[bool], None] | None = None,
         on_session_lost: Callable[[BaseException], None] | None = None,
+        on_claim: Callable[[int, tuple[str, int] | None], None] | None = None,
         session_timeout_seconds: float = limits.ZOOKEEPER_SESSION_TIMEOUT_SECONDS,
         connect_timeout_seconds: float = limits.ZOOKEEPER_CONNECT_TIMEOUT_SECONDS,
         request_timeout_seconds: float = limits.ZOOKEEPER_REQUEST_TIMEOUT_SECONDS,
@@ -357,6 +366,7 @@ class ClusterMember:
         self._on_assignment = on_assignment
         self._on_suspended = on_suspended
         self._on_session_lost = on_session_lost
+        self._on_claim = on_claim
         self._session_timeout_seconds = session_timeout_seconds
         self._connect_timeout_seconds = connect_timeout_seconds
         self._request_timeout_seconds = request_timeout_seconds
@@ -376,6 +386,9 @@ class ClusterMember:
         # Counts the suspensions, so a timer started by one does not expire a later one early.
         self._suspensions = 0
         self._seen_leader = False
+        # container -> its claim as last seen by its watch (None: gone or unreadable), not yet handed on.
+        self._seen_claims: dict[int, tuple[str, int] | None] = {}
+        self._watched_claims: set[int] = set()  # (touched on the claiming threads: under ``_lock`` too)
         self._wake_scheduled = False
         self._wake = asyncio.Event()
         self._resign = threading.Event()
@@ -482,11 +495,22 @@ class ClusterMember:
         """Claim ``container_id`` for ``host_id`` under map ``map_version`` (``write_claim``)."""
         client = self.client
         try:
-            return await asyncio.to_thread(write_claim, client, self.paths, container_id, host_id, map_version,
-                                           timeout_seconds=self._request_timeout_seconds)
+            claimed = await asyncio.to_thread(write_claim, client, self.paths, container_id, host_id, map_version,
+                                              timeout_seconds=self._request_timeout_seconds)
+            if claimed and self._on_claim is not None:
+                await asyncio.to_thread(self._watch_claim, client, container_id)
+            return claimed
         except (KazooException, KazooTimeoutError) as error:
             raise CoordinationUnavailableError(f"ZooKeeper did not take container {container_id}'s claim: "
                                                f"{error!r}") from error
+
+    def _watch_claim(self, client: KazooClient, container_id: int) -> None:
+        """On a thread: watch ``container_id``'s claim znode from now on (once per container)."""
+        with self._lock:
+            if container_id in self._watched_claims:
+                return
+            self._watched_claims.add(container_id)
+        client.DataWatch(self.paths.container(container_id), functools.partial(self._on_claim_data, container_id))
 
     async def container_claim(self, container_id: int) -> tuple[str, int] | None:
         """The recorded claim of ``container_id`` (``read_claim``)."""
@@ -545,6 +569,17 @@ class ClusterMember:
             self._seen_map = (b"", NO_VERSION) if data is None or stat is None else (data, stat.version)
             self._wake_loop()
 
+    def _on_claim_data(self, container_id: int, data: bytes | None, stat: Any) -> None:
+        claim: tuple[str, int] | None = None
+        if data is not None:
+            try:
+                claim = decode_claim(data)
+            except DataCorruptionError as error:
+                log.error("host %s: %s", self.host_id, error)
+        with self._lock:
+            self._seen_claims[container_id] = claim
+            self._wake_loop()
+
     def _contend(self) -> None:
         """The election thread: contend, and while elected wait until told to resign."""
         election = self._election
@@ -577,9 +612,13 @@ class ClusterMember:
             with self._lock:
                 hosts, seen_map, state, leader, lost = (self._seen_hosts, self._seen_map, self._seen_state,
                                                         self._seen_leader, self._seen_lost)
+                claims, self._seen_claims = self._seen_claims, {}
             if lost:
                 self._lose(SessionLostError(f"host {self.host_id}: ZooKeeper expired the session"))
                 return
+            if self._on_claim is not None:
+                for container_id, claim in sorted(claims.items()):
+                    self._on_claim(container_id, claim)
             self._set_suspended(state == KazooState.SUSPENDED)
             if hosts is not None:
                 self.hosts = hosts
