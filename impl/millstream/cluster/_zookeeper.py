@@ -25,6 +25,11 @@ Znode layout (one cluster: ``/millstream/<cluster>``)::
                                              the recorded map version is not newer than its own
                                              (``claim_container``).
 
+    /millstream/<cluster>/peer-token         PERSISTENT, data: 32 random bytes in hex, created by the
+                                             first node (create-if-absent) and read by every node: a
+                                             node's requests to another carry it, and only they may
+                                             touch reserved segments (``ClusterNode``, ``_node.py``).
+
 Ownership of a container's data is decided by its Tier-1 log, whose ``initialize()`` fences every
 older owner (the ``DurableDataLog`` contract): the map says who *should* serve; the log decides who
 *can* write.  The claims tie the two: a host acting on an older map never opens a log a newer map's
