@@ -474,16 +474,41 @@ def write_report(commands: Sequence[str]) -> str:
 
 
 def forget(packages: Sequence[str]) -> None:
-    """Delete the sessions of ``packages`` (and the list of commands run), so that the next ``run``
-    samples the current sources afresh rather than resuming mutants of an older version."""
+    """Delete the sessions of ``packages`` (and the commands run that touched them: every one without
+    ``--package``, and those naming one of them), so that the next ``run`` samples the current sources
+    afresh rather than resuming mutants of an older version; other packages' sessions and commands stay."""
     for package in packages:
         shutil.rmtree(SESSIONS / package, ignore_errors=True)
-    (SESSIONS / "commands.txt").unlink(missing_ok=True)
+    history = SESSIONS / "commands.txt"
+    if history.exists():
+        def touched(command: str) -> bool:
+            words = shlex.split(command)
+            named = {words[i + 1] for i, word in enumerate(words[:-1]) if word == "--package"}
+            return not named or bool(named & set(packages))
+
+        kept = [line for line in history.read_text("utf-8").splitlines() if line and not touched(line)]
+        history.write_text("".join(line + "\n" for line in kept), "utf-8")
+
+
+def sample_sizes(packages: Sequence[str], mutants_per_module: int, mutants_per_package: int | None) -> dict[str, int]:
+    """Each target module's sample size: ``mutants_per_module``, or ``mutants_per_package`` shared out
+    among the package's modules (the first ones take the remainder)."""
+    sizes = {}
+    for package in packages:
+        modules = [t.module for t in SCOPE if t.package == package]
+        for index, module in enumerate(modules):
+            if mutants_per_package is None:
+                sizes[module] = mutants_per_module
+            else:
+                share, remainder = divmod(mutants_per_package, len(modules))
+                sizes[module] = share + (index < remainder)
+    return sizes
 
 
 def run(packages: Sequence[str], budget_seconds: float, per_mutant_seconds: float, mutants_per_module: int,
-        seed: int) -> bool:
+        seed: int, mutants_per_package: int | None = None) -> bool:
     """Every target of ``packages`` in turn, within the budget; True if every sampled mutant ran."""
+    sizes = sample_sizes(packages, mutants_per_module, mutants_per_package)
     deadline = time.monotonic() + budget_seconds
     complete = True
     if "model" in packages:
@@ -503,7 +528,7 @@ def run(packages: Sequence[str], budget_seconds: float, per_mutant_seconds: floa
         config = session.with_suffix(".toml")
         config.write_text(_config(target, per_mutant_seconds), "utf-8")
         if not session.exists():
-            _initialise(target, config, session, mutants_per_module, seed)
+            _initialise(target, config, session, sizes[target.module], seed)
         print(f"{target.module}: mutating ({remaining:.0f} s of budget left)", file=sys.stderr)
         if not _execute(target, config, session, remaining):
             complete = False
@@ -523,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             help="one mutant's test run at most (default 180); a timeout counts as detected")
     run_parser.add_argument("--mutants-per-module", type=int, default=40,
                             help="the seeded sample of each module's mutants (default 40)")
+    run_parser.add_argument("--mutants-per-package", type=int,
+                            help="instead: this many per package, shared out among its modules")
     run_parser.add_argument("--seed", type=int, default=24)
     run_parser.add_argument("--fresh", action="store_true",
                             help="forget the packages' earlier sessions first (else a run resumes them)")
@@ -536,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with history.open("a", encoding="utf-8") as file:
             file.write("python -m proofs.mutation " + " ".join(sys.argv[1:] if argv is None else argv) + "\n")
         run(arguments.package or PACKAGES, arguments.budget_seconds, arguments.per_mutant_seconds,
-            arguments.mutants_per_module, arguments.seed)
+            arguments.mutants_per_module, arguments.seed, arguments.mutants_per_package)
     commands = history.read_text("utf-8").splitlines() if history.exists() else []
     print(write_report(commands))
     return 0

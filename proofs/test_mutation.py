@@ -110,10 +110,13 @@ def test_fresh_forgets_only_the_named_packages(tmp_path: Path, monkeypatch: pyte
     for package in ("model", "spark"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "x.sqlite").write_text("")
-    (tmp_path / "commands.txt").write_text("python -m proofs.mutation run\n")
+    (tmp_path / "commands.txt").write_text("python -m proofs.mutation run\n"
+                                           "python -m proofs.mutation run --package model --seed 3\n"
+                                           "python -m proofs.mutation run --package spark --seed 3\n")
     mutation.forget(["model"])
     assert not (tmp_path / "model").exists() and (tmp_path / "spark" / "x.sqlite").exists()
-    assert not (tmp_path / "commands.txt").exists()
+    # The commands that sampled the forgotten package go; the other package's stay, for its report.
+    assert (tmp_path / "commands.txt").read_text() == "python -m proofs.mutation run --package spark --seed 3\n"
 
 
 def test_sites_are_named_by_the_line_text_and_the_occurrence_on_lines_of_that_text() -> None:
@@ -151,3 +154,13 @@ def test_every_disposition_names_a_mutant_of_the_current_sources() -> None:
     dispositions = load_dispositions()
     assert {site.module for site in dispositions} <= modules
     assert stale(dispositions, modules) == []
+
+
+def test_a_package_sample_is_shared_out_among_its_modules() -> None:
+    from proofs.mutation import sample_sizes
+
+    sizes = sample_sizes(["segmentstore", "server"], 40, 20)
+    segmentstore = [t.module for t in SCOPE if t.package == "segmentstore"]
+    assert len(segmentstore) == 3 and [sizes[m] for m in segmentstore] == [7, 7, 6]
+    assert sizes["impl/millstream/server/_appends.py"] == 20
+    assert set(sample_sizes(["model"], 23, None).values()) == {23}
