@@ -354,8 +354,10 @@ def session_path(target: Target) -> Path:
 
 def _config(target: Target, per_mutant_seconds: float) -> str:
     tests = " ".join(shlex.quote(t) for t in target.tests)
-    # The default test profile, also under ``tox -e nightly`` (its deep profile would take hours a mutant).
-    command = f"env -u MILLSTREAM_PROFILE {shlex.quote(sys.executable)} -m pytest -x -q -p no:cacheprovider {tests}"
+    # The default test profile, also under ``tox -e nightly`` (its deep profile would take hours a mutant);
+    # MILLSTREAM_MUTATION=1 runs the cached agreement (``proofs/test_model_agreement_cached.py``).
+    command = (f"env -u MILLSTREAM_PROFILE MILLSTREAM_MUTATION=1 {shlex.quote(sys.executable)} -m pytest -x -q"
+               f" -p no:cacheprovider {tests}")
     return (f'[cosmic-ray]\nmodule-path = "{target.module}"\ntimeout = {per_mutant_seconds}\n'
             f'excluded-modules = []\ntest-command = "{command}"\n\n'
             '[cosmic-ray.distributor]\nname = "local"\n')
