@@ -21,7 +21,18 @@ site: a comparison's boundary or negation (``<`` for ``<=``, ``==`` for ``!=``, 
 by one, a loop that runs zero times, ``break``/``continue``.  Operators whose mutants say little
 (removing a decorator, inserting variables, swapping exception types) and the ~120 exotic operator
 swaps (``+`` for ``<<``) are left out.  Each module's mutants are then sampled -- ``--mutants-per-module``,
-seeded, so a rerun samples the same ones -- because even one module's full set takes hours here.
+or ``--mutants-per-package`` shared out among a package's modules; seeded, so a rerun samples the same
+ones -- because even one module's full set takes hours here.
+
+**The model's selections include the agreement.**  Most of the model's surviving mutants once weakened
+an action's enabling condition, which only the model-vs-TLC state-graph agreement sees -- minutes per
+mutant in ``proofs/test_spec_model_agreement.py``.  The spec is never mutated, so TLC's graph of each
+model module's smallest CI configurations is computed once and cached (``proofs/agreement_cache.py``,
+built before the first mutant), and each mutant's tests explore only the model and compare
+(``proofs/test_model_agreement_cached.py``, run where the test command sets ``MILLSTREAM_MUTATION=1``).
+What it cannot see: guards the agreement's ``successors`` apply themselves before calling the action
+(the sink's and the cluster's), and behaviour outside the small configurations; direct guard tests in
+``tests/model`` cover those.
 
 **Bounds.**  Each mutant's tests run under ``--per-mutant-seconds`` (a timeout counts as detected, and
 is reported apart).  The whole run stops at ``--budget-seconds``: the tool's process group is killed,
