@@ -132,7 +132,7 @@ SCOPE: tuple[Target, ...] = (
            ("tests/unit/test_recovery_corruption.py", "tests/unit/test_durable_log_executor.py")),
     Target("server", "impl/millstream/server/_appends.py",
            ("tests/server/test_appends.py", "tests/server/test_bad_input.py", "tests/server/test_writer_session.py",
-            "tests/server/test_scan_events_path.py")),
+            "tests/server/test_scan_events_path.py", "tests/unit/test_scan_events_survivors.py")),
     Target("client", "impl/millstream/client/_segment_writer_state.py",
            (_STATEFUL + "test_segment_writer_state_vs_model.py",)),
     Target("controller", "impl/millstream/controller/_transactions.py",
