@@ -134,7 +134,7 @@ SCOPE: tuple[Target, ...] = (
            ("tests/server/test_appends.py", "tests/server/test_bad_input.py", "tests/server/test_writer_session.py",
             "tests/server/test_scan_events_path.py", "tests/unit/test_scan_events_survivors.py")),
     Target("client", "impl/millstream/client/_segment_writer_state.py",
-           (_STATEFUL + "test_segment_writer_state_vs_model.py",)),
+           (_STATEFUL + "test_segment_writer_state_vs_model.py", "tests/unit/test_segment_writer_refusals.py")),
     Target("controller", "impl/millstream/controller/_transactions.py",
            ("tests/transactions/test_decisions.py", "tests/transactions/test_service.py",
             _STATEFUL + "test_transactions_vs_model.py")),
