@@ -226,3 +226,26 @@ def test_readers_see_only_durable_catches_a_served_unit_that_differs_from_the_lo
     me = state.own["h1"][C]
     _broken(attrs.evolve(state, own=state.own.set("h1", state.own["h1"].set(C, attrs.evolve(me, units=(2, 1))))),
             "ReadersSeeOnlyDurable")
+
+
+def test_an_append_is_acknowledged_only_once_its_own_record_is_committed() -> None:
+    """With one append committed and acknowledged, a second one in flight is not acknowledged before a
+    quorum holds its record.  Kills ``r.kind == "append" and r.id == unit`` -> ``or`` in
+    ``acknowledge``'s guard (the first append's committed record acknowledged the second)."""
+    state = cluster.client_append(_appended(_serving()), "h1", C)
+    with pytest.raises(NotEnabled):
+        cluster.acknowledge(state, "h1", C)
+    state = cluster.acknowledge(cluster.quorum_commit(state, C), "h1", C)
+    assert state.history[C] == (1, 2)
+
+
+def test_a_chunk_write_needs_acknowledged_units_not_yet_written() -> None:
+    """A serving host with nothing acknowledged beyond Tier 2, or whose acknowledged units are all
+    written, has no chunk write.  Kills ``me.serving and ... < me.acked`` -> ``or`` in ``write_chunk``'s
+    guard (an empty chunk write)."""
+    state = _serving()
+    with pytest.raises(NotEnabled):
+        cluster.write_chunk(state, "h1", C)
+    state = cluster.write_chunk(_appended(state), "h1", C)
+    with pytest.raises(NotEnabled):
+        cluster.write_chunk(state, "h1", C)

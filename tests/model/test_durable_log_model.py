@@ -50,3 +50,54 @@ def test_log_replays_cleanly_fails_on_a_log_that_does_not_replay() -> None:
     moved = attrs.evolve(entry, operation=attrs.evolve(entry.operation, offset=5))
     with pytest.raises(InternalError, match="LogReplaysCleanly"):
         attrs.evolve(state, log=((moved,),)).check_invariants()
+
+
+def test_acked_appends_readable_excuses_the_appends_of_a_merged_source() -> None:
+    """An acknowledged append to ``a``, then ``a`` sealed and merged into ``b``: ``a``'s bytes are
+    ``b``'s now, so ``a``'s own metadata no longer has to hold them -- a state without it keeps
+    ``AckedAppendsReadable``.  Kills ``op.request.kind is OperationKind.MERGE`` -> ``is not`` in the
+    excuse (the merge excused nothing, and the merged source's append was checked where it no longer is)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a", "b"))
+    for request in (Request(OperationKind.APPEND, "a", data=b"x"), Request(OperationKind.SEAL, "a"),
+                    Request(OperationKind.MERGE, "b", source="a")):
+        state = dl.process(dl.submit(state, request))
+    state = dl.complete(dl.persist(dl.seal_frame(state)), 1)
+    assert [result.kind for result in state.results] == [dl.ResultKind.ACKED] * 3
+    state = dl.crash(state)
+    state.check_invariants()
+    attrs.evolve(state, metadata=state.metadata.without("a")).check_invariants()
+
+
+def test_process_needs_a_running_container_and_an_operation_queued() -> None:
+    """``Process`` is not enabled on a stopped container (its queue is recovery's to drop) nor with
+    nothing queued.  Kills ``status is RUNNING and bool(queue)`` -> ``or`` in ``process``' guard (a
+    crashed container processed its queue)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a",))
+    with pytest.raises(dl.NotEnabled):
+        dl.process(state)
+    queued = dl.submit(state, Request(OperationKind.APPEND, "a", data=b"x"))
+    with pytest.raises(dl.NotEnabled):
+        dl.process(dl.crash(queued))
+    assert dl.process(queued).queue == ()
+
+
+def test_an_acknowledged_empty_append_has_nothing_to_be_readable() -> None:
+    """An empty append is acknowledged and leaves no bytes: ``AckedAppendsReadable`` skips it.  Kills
+    ``kind is not APPEND or not request.data`` -> ``and`` (the empty append was looked for in the
+    segment, where it left nothing)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a",))
+    for data in (b"x", b"", b"y"):
+        state = dl.process(dl.submit(state, Request(OperationKind.APPEND, "a", data=data)))
+    state = dl.complete(dl.persist(dl.seal_frame(state)), 1)
+    assert [result.kind for result in state.results] == [dl.ResultKind.ACKED] * 3
+    state.check_invariants()
+
+
+def test_type_ok_fails_on_a_commit_point_beyond_the_log() -> None:
+    """``TypeOK`` bounds ``committed`` by the log's length even while the open frame has room.  Kills
+    ``0 <= committed <= Len(log) and has_room(...)`` -> ``or`` (a frame that had room hid the bad
+    commit point)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a",))
+    state.check_invariants()
+    with pytest.raises(InternalError, match="TypeOK"):
+        attrs.evolve(state, committed=len(state.log) + 1).check_invariants()

@@ -193,3 +193,17 @@ def test_the_first_batch_and_rows_across_three_partitions() -> None:
     assert eos.plan_batch(started, 1).offsets == (1,)
     planned = eos.plan_batch(started, 3)
     assert [planned.rows(1, partition) for partition in (1, 2, 3)] == [(1,), (2,), (3,)]
+
+
+def test_the_driver_commits_only_when_running_and_every_task_is_done() -> None:
+    """``CommitBatch`` needs the driver running and every task done.  Kills ``... and all(...)`` ->
+    ``... or all(...)`` in ``commit_batch``'s guard (a batch was committed with a task still writing)."""
+    state = eos.plan_batch(_started(), 2)
+    begun = eos.task_begin(state, 1)
+    for not_ready in (state, begun, eos.task_write(begun, 1)):
+        with pytest.raises(NotEnabled):
+            eos.commit_batch(not_ready)
+    done = _run_batch(state)
+    assert eos.commit_batch(done).driver is eos.DriverPhase.COMMITTED
+    with pytest.raises(NotEnabled):
+        eos.commit_batch(eos.driver_crash(done))

@@ -132,3 +132,13 @@ def test_a_gap_names_the_events_skipped() -> None:
     state = iw.store(written({"a": 4}), "a", 1)
     with pytest.raises(NotEnabled, match=r"events 2\.\.3 were skipped\)$"):
         iw.store(state, "a", 4)
+
+
+def test_a_changed_segment_is_reported_at_its_first_difference() -> None:
+    """The refusal names the first position whose event changed, what it held and what it holds now.
+    Kills ``a != b`` -> ``a == b`` (the first equal position was named) and ``if first < known`` ->
+    ``if not first < known`` (the event held was reported as None)."""
+    state = iw.observe(written({"a": 2, "b": 1}), [Event("a", 1), Event("a", 2)])
+    with pytest.raises(NotEnabled, match=r"position 1 held Event\(writer='a', number=2\), now "
+                                         r"Event\(writer='b', number=1\) \(2 events seen before, 2 now\)"):
+        iw.observe(state, [Event("a", 1), Event("b", 1)])

@@ -212,3 +212,14 @@ def test_writers_of_different_sizes_keep_the_invariants() -> None:
     state.check_invariants()
     with pytest.raises(ValueError, match="at least one chunk"):
         le.initial_state((2, 0), 1)
+
+
+def test_type_ok_fails_on_a_connected_writer_acknowledged_beyond_what_it_sent() -> None:
+    """``TypeOK``: a writer that is up has ``acked <= sent``.  Kills ``or not me.up`` -> ``or me.up``
+    (a writer that is up was never checked)."""
+    state = _send_all(le.create_transient(le.initial_state((2,), 1), 1), 1)
+    le.check_invariants(state)
+    me = state.writer(1)
+    assert me.up and me.sent > 0
+    with pytest.raises(AssertionError, match="TypeOK"):
+        le.check_invariants(attrs.evolve(state, writers=(attrs.evolve(me, sent=0, acked=me.sent),)))

@@ -273,3 +273,48 @@ def test_a_reader_records_the_checkpoint_it_owes_not_an_earlier_one() -> None:
     assert state.checkpoints[1].cut == FrozenMap({1: 2})
     state = so.checkpoint_reader(so.surface_checkpoint(state, R2), R2)
     assert state.checkpoints[1].complete and state.checkpoints[1].cut == FrozenMap({1: 2})
+
+
+# --- Guards and clauses the seed-2611 mutation sample found unchecked ---------------------------------
+
+
+def test_an_event_key_outside_the_grid_is_not_written() -> None:
+    """``WriteEvent(w, k)`` needs ``0 <= k < grid``.  Kills ``key < state.grid`` -> ``<=`` (an event
+    for the cell beyond the grid was routed)."""
+    state = fresh(grid=2)
+    for key in (-1, 2):
+        with pytest.raises(so.NotEnabled):
+            so.write_event(state, W, key)
+    assert so.write_event(state, W, 1).written[W] == 1
+
+
+def test_a_reset_names_a_completed_checkpoint_counted_from_one() -> None:
+    """``Reset(i)`` needs ``1 <= i <= Len(checkpoints)``.  Kills ``1 <= checkpoint`` -> ``0 <=``
+    (checkpoint 0 reset the group to the last checkpoint's cut)."""
+    state = so.acquire_segment(store(fresh(), 1, times=2), R1, 1)
+    state = so.create_checkpoint(state)
+    for reader in (R1, R2):
+        state = so.checkpoint_reader(so.surface_checkpoint(state, reader), reader)
+    for checkpoint in (0, 2):
+        with pytest.raises(so.NotEnabled):
+            so.reset(state, checkpoint)
+    assert so.reset(state, 1).resets == 1
+
+
+def test_only_a_later_epochs_segment_has_predecessors() -> None:
+    """After a split of segment 1 into 2 and 3, segment 1 (epoch 1) has none and each successor has
+    segment 1.  Kills ``mine.epoch == 1`` -> ``== 0`` (segment 1 counted the newest epoch's segments as
+    its predecessors) and ``== 2``."""
+    state = split_first(fresh())
+    assert state.predecessors(1) == frozenset()
+    assert state.predecessors(2) == state.predecessors(3) == frozenset({1})
+
+
+def test_no_acknowledged_event_lost_counts_the_writers_first_event() -> None:
+    """A stored, acknowledged first event that vanished breaks ``NoAcknowledgedEventLost``.  Kills
+    ``range(1, count + 1)`` -> ``range(2, count + 1)`` in the invariant (event 1 was never checked)."""
+    state = store(fresh(), 0, times=2)
+    state.check_invariants()
+    (_first, second), *rest = state.data
+    with pytest.raises(InternalError, match="NoAcknowledgedEventLost"):
+        attrs.evolve(state, data=((second,), *rest)).check_invariants()

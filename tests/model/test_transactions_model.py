@@ -280,3 +280,12 @@ def test_invariants_fail_on_unmerged_reads_and_repeated_plain_writes() -> None:
     twice = attrs.evolve(plain, epochs=(attrs.evolve(plain.epochs[0], segments=((event, event),)),))
     with pytest.raises(AssertionError, match="CommitBetweenPlainWrites"):
         twice.check_invariants()
+
+
+def test_a_key_with_no_recorded_value_reads_zero() -> None:
+    """``recorded_value`` is 0 for a key nothing was recorded for (the spec's initial ``recorded``, and
+    what a fenced request records as the value it read).  Kills the default ``0`` -> ``-1``."""
+    state = tx.begin(_state(ONE_SEGMENT, fence_keys=("q",)), 1)
+    assert tx.recorded_value(state, "q") == tx.recorded_value(state, "unfenced") == 0
+    requested = tx.request_fenced_commit(state, tx.FencedRequest(frozenset({1}), "q", 1))
+    assert requested.inbox[-1].seen == 0

@@ -27,6 +27,7 @@ from millstream.errors import (
     StreamSegmentMergedError,
     StreamSegmentNotExistsError,
 )
+from millstream.model import container_failover as cf
 from millstream.model import durable_log as dl
 from millstream.model.segment import Request
 from millstream.model.types import NULL_ATTRIBUTE_VALUE, AttributeUpdate, AttributeUpdateType, OperationKind
@@ -36,6 +37,7 @@ from millstream.segmentstore.data_frame import ENTRY_HEADER_LENGTH, FRAME_HEADER
 from millstream.testing.clock import ManualClock
 from millstream.testing.simulated_log import SimulatedDurableDataLog, SimulatedLogStorage
 from millstream.testing.tracing import TraceRecorder
+from tests.trace import container_failover_run as failover
 
 SEGMENTS = ("a", "b", "c")
 #: Small frames, so that records span frames often.
@@ -407,3 +409,230 @@ if os.environ.get("MILLSTREAM_PROFILE") == "nightly":
     # default is 5,000); the ci profile's 200 x 50 otherwise.
     ContainerMachine.TestCase.settings = settings(max_examples=10_000, stateful_step_count=200)
 TestContainerVsModel = ContainerMachine.TestCase
+
+
+# --- Failover across the two tiers, with the Adopt rule ---------------------------------------------------
+
+
+class FailoverMachine(RuleBasedStateMachine):
+    """Owners of one container across Tier 1 and Tier 2, in lockstep with ``model/container_failover.py``.
+
+    The real ``SegmentContainer`` owners of ``tests/trace/container_failover_run.py`` (one shared fenced
+    log, one chunk storage, a manual clock, a StorageWriter that flushes only when a rule says so) are
+    driven by Hypothesis instead of a seeded random walk.  Every step the implementation reports, in the
+    spec's vocabulary, is replayed on the model -- it must be a step the model allows, with the same
+    arguments (unit ids, offsets, chunk contents, storage lengths) -- and after every rule the model's
+    invariants hold and what the implementation shows agrees with it: which owners serve, the current
+    owner's units and storage length, and the chunks (a garbage chunk the implementation deleted is one
+    the model keeps and nobody reads).  The ``adopt`` rule sets up the case the StorageWriter's
+    reconciliation exists for: an owner fenced while it flushes writes its chunk but cannot record it;
+    a later owner adopts that verified, unrecorded write (all of it, or a prefix when appends followed).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.run = failover.FailoverRun(seed=0, steps=0)
+        self.model = cf.initial_state(str(slot) for slot in failover.OWNERS)
+        self.replayed = 0
+        self.adopted = 0  # Adopt steps replayed
+        self.after_start = self.model  # the model's state after the last Start replayed
+
+    def teardown(self) -> None:
+        try:
+            for owner in self.run.owners.values():
+                if owner is not None:
+                    owner.container.kill()
+            for container in self.run.dead:
+                container.kill()
+            self.loop.run_until_complete(asyncio.sleep(0))
+        finally:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.run_until_complete(asyncio.sleep(0))
+            self.loop.close()
+
+    def act(self, step: Any) -> None:
+        """One step of the run, its background work brought to rest, observed, and replayed on the model."""
+        async def then_observe() -> None:
+            await step
+            await self.run.settle()
+            await self.run.observe()
+
+        self.loop.run_until_complete(then_observe())
+        self.replay()
+
+    def replay(self) -> None:
+        for event in self.run.trace[self.replayed:]:
+            self.replayed += 1
+            fields = event.fields
+            owner = str(fields.get("o", 0))
+            before = self.model
+            if event.action == "Start":
+                self.model = cf.start(before, owner)
+                assert fields["epoch"] == self.model.log_epoch, (fields, self.model.log_epoch)
+                self.after_start = self.model
+            elif event.action == "ClientAppend":
+                self.model = cf.client_append(before, owner)
+                me = self.model.own[owner]
+                assert (fields["id"], fields["off"]) == (self.model.history[-1], len(me.units)), fields
+            elif event.action == "WriteChunk":
+                self.model = cf.write_chunk(before, owner)
+                chunk = cf.target_chunk(before, owner)
+                written = self.model.chunks[chunk][len(before.chunks.get(chunk, ())):]
+                assert list(written) == fields["units"], (fields, written)
+            elif event.action == "CommitFlush":
+                self.model = cf.commit_flush(before, owner)
+                assert fields["storage"] == self.model.own[owner].storage, (fields, self.model.own[owner])
+            elif event.action == "Adopt":
+                count = fields["storage"] - before.own[owner].storage
+                self.model = cf.adopt(before, owner, fields["chunk"], count)
+                self.adopted += 1
+                # The longest verified prefix: adopting less would leave verified bytes to write again.
+                offered = [n for chunk, n in cf.adoptions(before, owner) if chunk == fields["chunk"]]
+                assert count == max(offered), (fields, offered)
+            elif event.action == "Checkpoint":
+                self.model = cf.checkpoint(before, owner)
+                record = self.model.log[-1]
+                assert (fields["length"], fields["storage"]) == (record.length, record.storage), (fields, record)
+            elif event.action == "Truncate":
+                self.model = cf.truncate(before, owner, len(before.log) - fields["remaining"] + 1)
+            elif event.action == "Crash":
+                self.model = cf.crash(before, owner)
+            elif event.action == "LogWriteFenced":
+                self.model = cf.log_write_fenced(before, owner)
+            elif event.action == "Observe":
+                self.observed(fields)
+            else:
+                raise AssertionError(f"unknown event {event}")
+            cf.check_invariants(self.model)
+
+    def observed(self, fields: dict[str, Any]) -> None:
+        model = self.model
+        assert {int(o) for o in model.own if model.serving(o)} == fields["serving"], (fields, model.own)
+        for chunk, units in fields["chunks"]:
+            assert model.chunks.get(chunk) == units, (chunk, units, model.chunks)
+        current = [o for o in model.own if model.current(o)]
+        assert [str(fields["o"])] == current if fields["o"] else not current, (fields, current)
+        if current:
+            me = model.own[current[0]]
+            assert (tuple(fields["units"]), fields["storage"]) == (me.units, me.storage), (fields, me)
+
+    # --- rules -------------------------------------------------------------------------------------------
+
+    def down(self) -> list[int]:
+        return [slot for slot, owner in self.run.owners.items() if owner is None]
+
+    @precondition(lambda self: self.down())
+    @rule(choice=st.integers(min_value=0))
+    def start(self, choice: int) -> None:
+        """A down slot takes the container over (fencing the owner before it)."""
+        down = self.down()
+        self._start(down[choice % len(down)])
+
+    def _start(self, slot: int) -> None:
+        started: list[bool] = []
+
+        async def start() -> None:
+            started.append(await self.run.start(slot))
+
+        self.act(start())
+        assert started == [True], "recovery refused what the tiers hold"
+
+    @precondition(lambda self: self.run.current() is not None)
+    @rule(count=st.integers(min_value=1, max_value=3))
+    def append(self, count: int) -> None:
+        for _ in range(count):
+            current = self.run.current()
+            assert current is not None
+            self.act(self.run.append(current))
+
+    @precondition(lambda self: self.run.serving())
+    @rule(choice=st.integers(min_value=0))
+    def flush(self, choice: int) -> None:
+        """A serving owner flushes: current, its chunk write then its flush record; fenced, its chunk
+        write and then the failure of its record's log write."""
+        unflushed = [slot for slot in self.run.serving() if self.run.unflushed(slot)]
+        if unflushed:
+            self.act(self.run.flush(unflushed[choice % len(unflushed)]))
+
+    @precondition(lambda self: self.run.fenced())
+    @rule(choice=st.integers(min_value=0))
+    def fenced_append(self, choice: int) -> None:
+        fenced = self.run.fenced()
+        self.act(self.run.append(fenced[choice % len(fenced)]))
+
+    @precondition(lambda self: self.run.current() is not None)
+    @rule()
+    def truncate(self) -> None:
+        owner = self.run.owners[self.run.current() or 0]
+        assert owner is not None
+        self.act(owner.writer._truncate_log_if_possible())
+
+    @precondition(lambda self: self.run.serving())
+    @rule(choice=st.integers(min_value=0))
+    def crash(self, choice: int) -> None:
+        serving = self.run.serving()
+        slot = serving[choice % len(serving)]
+        self._crash(slot)
+
+    def _crash(self, slot: int) -> None:
+        async def crash() -> None:
+            owner = self.run.owners[slot]
+            assert owner is not None
+            owner.container.kill()
+            self.run.emit("Crash", o=slot)
+            self.run.down(slot)
+
+        self.act(crash())
+
+    @precondition(lambda self: self.run.current() is not None and self.down())
+    @rule(units=st.integers(min_value=1, max_value=3), appends_since=st.integers(min_value=0, max_value=2),
+          choice=st.integers(min_value=0))
+    def adopt(self, units: int, appends_since: int, choice: int) -> None:
+        """Adopt: the current owner is fenced by a take-over while ``units`` appends wait to be flushed;
+        it flushes anyway (its chunk write lands, its flush record fails); the new owner appends
+        ``appends_since`` more and crashes; its successor adopts the older owner's write -- all of it, or
+        the verified prefix when appends followed -- recording it with a flush record, writing nothing."""
+        older = self.run.current()
+        assert older is not None
+        for _ in range(units):
+            self.act(self.run.append(older))
+        down = self.down()
+        newer = down[choice % len(down)]
+        self._start(newer)
+        for _ in range(appends_since):
+            self.act(self.run.append(newer))
+        adopted = self.adopted
+        self.act(self.run.flush(older))  # WriteChunk, then LogWriteFenced
+        assert self.run.owners[older] is None, "the fenced owner's flush record was written"
+        self._crash(newer)
+        self._start(newer)
+        # The implementation adopts exactly when the model offers an adoption.  (It may not: when the
+        # newer owner had adopted an even older write, the older owner's chunk starts before the unflushed
+        # units.)
+        offered = cf.adoptions(self.after_start, str(newer))
+        assert self.adopted == adopted + bool(offered), (offered, self.adopted, adopted)
+        if offered:
+            layout = self.model.own[str(newer)].layout
+            assert layout[-1].chunk == self.model.own[str(newer)].epoch - 2, layout  # the older owner's chunk
+
+
+TestFailoverVsModel = FailoverMachine.TestCase
+
+
+def test_the_adopt_rule_adopts_the_whole_write_or_the_prefix_appends_followed() -> None:
+    """The Adopt rule's two cases, from a fresh container: nothing appended since the fenced owner's
+    write (the whole unflushed tail is adopted) and two appends since (a verified prefix is)."""
+    for appends_since, adopted_units, whole in ((0, 2, True), (2, 2, False)):
+        machine = FailoverMachine()
+        try:
+            machine.start(choice=0)
+            machine.adopt(units=2, appends_since=appends_since, choice=0)
+            assert machine.adopted == 1 and machine.run.adoptions == [(adopted_units, whole)]
+            machine.append(count=1)
+            machine.flush(choice=0)  # the adopter's own first chunk write and flush record follow
+            current = machine.model.own[str(machine.run.current())]
+            assert current.storage == len(current.units) == adopted_units + appends_since + 1, current
+        finally:
+            machine.teardown()

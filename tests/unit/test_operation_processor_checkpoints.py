@@ -6,13 +6,15 @@ often, lost nothing, and no test noticed.)"""
 
 from __future__ import annotations
 
+from millstream.errors import BadOffsetError
 from millstream.segmentstore.durable_data_log import LogAddress
 from millstream.segmentstore.metadata import ContainerMetadata
-from millstream.segmentstore.operation_processor import OperationProcessor, WriteFrame
+from millstream.segmentstore.operation_processor import OperationProcessor, Reject, WriteFrame
 from millstream.segmentstore.operations import (
     MetadataCheckpointOperation,
     StreamSegmentAppendOperation,
     StreamSegmentMapOperation,
+    StreamSegmentTruncateOperation,
 )
 
 
@@ -63,3 +65,38 @@ def test_the_next_checkpoint_is_queued_once_the_last_one_committed() -> None:
     processor.complete(frame.frame_number, LogAddress(frame.frame_number))  # commits the checkpoint
     processor.complete(later, LogAddress(later))  # a frame after it: the next one is due
     assert _queued_checkpoints(processor) == 1
+
+
+def test_a_checkpoint_sealed_before_the_notice_of_the_frame_before_it_gets_that_frames_address() -> None:
+    """Frames 1 to 3 written, 1's notice arrives (a checkpoint is due), the checkpoint goes out in frame
+    4 before the notices of 2 and 3: its truncation address is the one frame 3's notice brings -- the
+    log may be cut before the checkpoint's frame, never after it.  Kills ``_awaiting_address[number -
+    1]`` -> ``[number + 1]`` in ``_on_frame_sealed`` (the address was awaited from frame 5, whose cut
+    would drop the checkpoint itself)."""
+    processor = _processor()
+    first, second, third = (_write_one_append(processor) for _ in range(3))
+    processor.complete(first, LogAddress(first))
+    (checkpoint,) = [op for op in processor.queue if isinstance(op, MetadataCheckpointOperation)]
+    processor.process()
+    (frame,) = [i for i in processor.seal_frame() if isinstance(i, WriteFrame)]
+    assert frame.frame_number == third + 1 and checkpoint.truncation_address is None
+    processor.complete(second, LogAddress(second))
+    assert checkpoint.truncation_address is None
+    processor.complete(third, LogAddress(third))
+    assert checkpoint.truncation_address == LogAddress(third)
+
+
+def test_a_truncation_at_the_start_offset_or_the_length_is_accepted_and_one_beyond_is_not() -> None:
+    """The truncation offset may be anything in ``[start_offset, length]``: at the current start (a
+    truncation that moves nothing, as a retried request is) and at the length are accepted.  Kills
+    ``start_offset <= offset`` -> ``<`` in the metadata transaction's check (a truncation at the start
+    was refused as a bad offset)."""
+    processor = _processor()
+    _write_one_append(processor)
+    for offset, accepted in ((0, True), (0, True), (1, True), (2, False), (0, False)):
+        truncate = StreamSegmentTruncateOperation(-1, offset)
+        truncate.segment_name = "s"
+        processor.submit(truncate)
+        outcome = processor.process()
+        rejected = [i for i in outcome if isinstance(i, Reject)]
+        assert not rejected if accepted else isinstance(rejected[0].error, BadOffsetError), (offset, outcome)
