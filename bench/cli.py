@@ -11,6 +11,7 @@ import contextlib
 import os
 import shlex
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -230,14 +231,12 @@ def _show_section(section: str, markdown_path: Path | None, replace_section: Cal
 def _bench_cluster(repeat: int, data_dir: Path | None, markdown_path: Path | None) -> None:
     """The cluster suite (three nodes with replicas 3 beside JetStream R3 and standalone); with
     ``--markdown``, its section of that file is replaced (or added)."""
-    import datetime
-
     from bench.cluster import SUITE_EVENTS, render_cluster_markdown, replace_section, run_cluster
 
     data_root = _data_root(data_dir)
     with tempfile.TemporaryDirectory(prefix="millstream-bench-cluster-", dir=data_root) as directory:
         report = run_cluster(SUITE_EVENTS, repeat, Path(directory))
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())  # (a report's date, as the other suites')
     _show_section(render_cluster_markdown(report, command=_command_line(), date=date), markdown_path,
                   replace_section)
 
