@@ -316,10 +316,11 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
 def run_cluster_node(*, zookeeper: str, cluster_name: str, host_id: str | None, tier1: str | None,
                      tier2_dir: Path | None, data_dir: Path, container_count: int, host: str, port: int,
                      advertised_host: str | None, connect_timeout_seconds: float, auth_secret: bytes | None,
-                     ssl_context: Any, quiet: bool) -> None:
+                     ssl_context: Any, quiet: bool, peer_tls_ca: Path | None = None) -> None:
     """Run one cluster node until SIGINT/SIGTERM (``millstream serve --zookeeper``).  Tier 1 is
     JetStream (``tier1``) or, without it, FileLogs under ``DATA_DIR/tier1``; Tier 2 is
-    ``FileChunkStorage`` on ``tier2_dir`` (default ``DATA_DIR/tier2``).  A wrong ZooKeeper or NATS
+    ``FileChunkStorage`` on ``tier2_dir`` (default ``DATA_DIR/tier2``).  With TLS (``ssl_context``), other
+    nodes are trusted by ``peer_tls_ca`` (default: the system's trust store).  A wrong ZooKeeper or NATS
     address fails within ``connect_timeout_seconds``, naming it (a ``click.ClickException``)."""
     import socket
 
@@ -351,6 +352,11 @@ def run_cluster_node(*, zookeeper: str, cluster_name: str, host_id: str | None, 
             return FileLog(tier1_dir / f"container-{container_id}")
         tier1_text = f"FileLogs in {tier1_dir}"
     tier2 = tier2_dir if tier2_dir is not None else data_dir / "tier2"
+    peer_context = None
+    if ssl_context is not None:
+        import ssl
+
+        peer_context = ssl.create_default_context(cafile=str(peer_tls_ca) if peer_tls_ca is not None else None)
 
     def progress(message: str) -> None:
         if not quiet:
@@ -369,7 +375,8 @@ def run_cluster_node(*, zookeeper: str, cluster_name: str, host_id: str | None, 
                                chunk_storage=storage, advertised_host=advertised_host,
                                config=ServerConfig(host=host, port=port, container_count=container_count),
                                connect_timeout_seconds=connect_timeout_seconds,
-                               server_options={"auth_secret": auth_secret, "ssl_context": ssl_context})
+                               server_options={"auth_secret": auth_secret, "ssl_context": ssl_context},
+                               peer_ssl_context=peer_context)
             await node.start()
             failure = None
             try:

@@ -260,6 +260,11 @@ def _cluster_options(command: F) -> F:
                      default=limits.ZOOKEEPER_CONNECT_TIMEOUT_SECONDS, show_default=True,
                      help="With --zookeeper: seconds to wait for ZooKeeper (and for JetStream, with --tier1) "
                           "before failing to start, naming the address."),
+        click.option("--peer-tls-ca", "peer_tls_ca", envvar="MILLSTREAM_PEER_TLS_CA", show_envvar=True,
+                     type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+                     help="With --zookeeper and --tls-cert: the authority (PEM) that signed the other nodes' "
+                          "certificates, which this node trusts when it reaches them (its controller creates and "
+                          "merges segments on every node).  [default: the system's trust store]"),
     )):
         command = decorate(command)
     return command
@@ -276,7 +281,8 @@ def _cluster_options(command: F) -> F:
 @_cluster_options
 def serve(config_path: Path | None, data_dir: Path | None, container_count: int | None, zookeeper: str | None,
           cluster_name: str, host_id: str | None, tier1: str | None, tier2_dir: Path | None,
-          advertised_host: str | None, connect_timeout_seconds: float, **options: Any) -> None:
+          advertised_host: str | None, connect_timeout_seconds: float, peer_tls_ca: Path | None,
+          **options: Any) -> None:
     """Run a millstream node as described by a TOML file, until SIGINT or SIGTERM; with
     --zookeeper, a node of a cluster.
 
@@ -325,8 +331,10 @@ def serve(config_path: Path | None, data_dir: Path | None, container_count: int 
     if zookeeper is not None:
         _serve_cluster_node(data_dir, container_count, options, zookeeper=zookeeper, cluster_name=cluster_name,
                             host_id=host_id, tier1=tier1, tier2_dir=tier2_dir, advertised_host=advertised_host,
-                            connect_timeout_seconds=connect_timeout_seconds)
+                            connect_timeout_seconds=connect_timeout_seconds, peer_tls_ca=peer_tls_ca)
         return
+    if peer_tls_ca is not None:
+        raise click.BadParameter("only a cluster node (--zookeeper) reaches other nodes", param_hint="--peer-tls-ca")
     from millstream.standalone import recorded_container_count
 
     if container_count is None:
@@ -344,6 +352,8 @@ def _serve_cluster_node(data_dir: Path, container_count: int | None, options: di
                                      "it serves no metrics yet", param_hint=flag)
     secret, ssl_context = _load_security(options["auth_secret_file"], options["tls_cert_file"],
                                          options["tls_key_file"], "--auth-secret-file/--tls-cert/--tls-key")
+    if cluster["peer_tls_ca"] is not None and ssl_context is None:
+        raise click.BadParameter("the nodes serve TLS only with --tls-cert and --tls-key", param_hint="--peer-tls-ca")
     configure_logging(options["log_level"], options["log_format"], options["quiet"])
     run_cluster_node(data_dir=data_dir, container_count=container_count or _SERVE_CONTAINER_COUNT_DEFAULT,
                      host=options["host"], port=options["port"], auth_secret=secret, ssl_context=ssl_context,

@@ -53,6 +53,7 @@ import hmac
 import json
 import logging
 import secrets
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -109,7 +110,9 @@ class ClusterNode:
     cluster's; ``owned_containers`` is ignored: the map decides).  ``advertised_host`` is the address
     other hosts and clients reach it at (default: ``config.host``).  ``host_options`` go to every
     ``ContainerHost``; ``server_options`` to the ``SegmentStoreServer``; ``controller_config`` to the
-    controller, while this node runs it.
+    controller, while this node runs it.  ``peer_ssl_context`` (a client-side ``ssl.SSLContext``) is
+    what this node's controller trusts when it reaches other nodes of a cluster that serves TLS
+    (default: the system's trust store, which a private authority's certificates do not pass).
 
     ``await start()`` raises ``CoordinationUnavailableError`` (nothing left running) if ZooKeeper
     does not answer in ``connect_timeout_seconds``.  ``stopped`` completes when the member stops
@@ -130,7 +133,11 @@ class ClusterNode:
         host_options: Mapping[str, Any] | None = None,
         server_options: Mapping[str, Any] | None = None,
         controller_config: ControllerConfig | None = None,
+        peer_ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        if peer_ssl_context is not None and not isinstance(peer_ssl_context, ssl.SSLContext):
+            raise InvalidArgumentError(f"peer_ssl_context must be an ssl.SSLContext, not "
+                                       f"{type(peer_ssl_context).__name__}")
         if advertised_host is not None and (not isinstance(advertised_host, str) or not advertised_host):
             raise InvalidArgumentError(f"advertised_host must be a non-empty string, not {advertised_host!r}")
         self.config = config if config is not None else ServerConfig()
@@ -151,6 +158,7 @@ class ClusterNode:
         #: host id -> its registered address, as last read from ZooKeeper (addresses never change).
         self._addresses: dict[str, str] = {}
         self._controller_config = controller_config or ControllerConfig()
+        self._peer_ssl_context = peer_ssl_context
         #: The controller, while this node runs it; and the task starting or stopping it.
         self.controller: Controller | None = None
         self._controller_task: asyncio.Task[None] | None = None
@@ -395,7 +403,8 @@ class ClusterNode:
         await self.refresh_addresses()
         member = self._claims()
         store = self._store = ClusterSegmentStore(self.server, self, clock=self.server.clock,
-                                                  token=await self._read_peer_token(member))
+                                                  token=await self._read_peer_token(member),
+                                                  ssl_context=self._peer_ssl_context)
         controller = Controller(store, clock=self.server.clock, config=self._controller_config)
         try:
             await controller.start()

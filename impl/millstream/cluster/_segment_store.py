@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final, Protocol, TypeVar
 
@@ -125,7 +126,8 @@ class ClusterSegmentStore:
 
     def __init__(self, server: SegmentStoreServer, cluster_map: ClusterMap, *, clock: Clock | None = None,
                  token: str = "", config: ClientConfig | None = None, rng: RandomSource | None = None,
-                 retry_attempts_max: int = limits.CONTROLLER_STORE_RETRY_ATTEMPTS_MAX) -> None:
+                 retry_attempts_max: int = limits.CONTROLLER_STORE_RETRY_ATTEMPTS_MAX,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._server = server
         self._map = cluster_map
         self._clock = clock or server.clock
@@ -136,7 +138,8 @@ class ClusterSegmentStore:
         # instead of being retried for a client's whole budget.
         self._pool = ConnectionPool(
             clock=self._clock, rng=rng or SystemRandomSource(),
-            config=config or ClientConfig(reconnect_budget_seconds=limits.CLUSTER_STORE_RECONNECT_BUDGET_SECONDS))
+            config=config or ClientConfig(reconnect_budget_seconds=limits.CLUSTER_STORE_RECONNECT_BUDGET_SECONDS),
+            ssl_context=ssl_context)  # (trusted for other nodes' ``tls://`` addresses)
         self._pool.reached = True  # (the hosts exist: a failed connect is a host that left, not a wrong address)
         self._segments = AsyncSegments(pool=self._pool, locator=self._locator, token=token,
                                        rng=rng or SystemRandomSource())
