@@ -124,7 +124,7 @@ SCOPE: tuple[Target, ...] = (
                                                          "durable_log-DurableLog_append_seal"))),
     Target("segmentstore", "impl/millstream/segmentstore/operation_processor.py",
            ("tests/unit/test_operation_processor_queue_bound.py", "tests/unit/test_container_bad_input.py",
-            _STATEFUL + "test_operation_processor_vs_model.py")),
+            "tests/unit/test_operation_processor_checkpoints.py", _STATEFUL + "test_operation_processor_vs_model.py")),
     Target("segmentstore", "impl/millstream/segmentstore/metadata_transaction.py",
            ("tests/unit/test_container_bad_input.py", "tests/unit/test_event_boundaries.py",
             _STATEFUL + "test_operation_processor_vs_model.py")),

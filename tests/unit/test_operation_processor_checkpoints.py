@@ -9,7 +9,7 @@ from __future__ import annotations
 from millstream.errors import BadOffsetError
 from millstream.segmentstore.durable_data_log import LogAddress
 from millstream.segmentstore.metadata import ContainerMetadata
-from millstream.segmentstore.operation_processor import OperationProcessor, Reject, WriteFrame
+from millstream.segmentstore.operation_processor import Acknowledge, OperationProcessor, Reject, Trace, WriteFrame
 from millstream.segmentstore.operations import (
     MetadataCheckpointOperation,
     StreamSegmentAppendOperation,
@@ -100,3 +100,26 @@ def test_a_truncation_at_the_start_offset_or_the_length_is_accepted_and_one_beyo
         outcome = processor.process()
         rejected = [i for i in outcome if isinstance(i, Reject)]
         assert not rejected if accepted else isinstance(rejected[0].error, BadOffsetError), (offset, outcome)
+
+
+def _late_notice_instructions(tracing: bool) -> list[object]:
+    """Two frames written; the second's notice commits both; what the first's (late) notice returns."""
+    processor = OperationProcessor(ContainerMetadata(0), tracing=tracing)
+    processor.recover(1, 1, 0, found_checkpoint=True)
+    create = StreamSegmentMapOperation("s")
+    create.segment_name = "s"
+    processor.submit(create)
+    processor.process()
+    first, second = _write_one_append(processor), _write_one_append(processor)
+    committed = processor.complete(second, LogAddress(second))
+    assert any(isinstance(i, Acknowledge) for i in committed)  # (both frames' operations are acknowledged)
+    return list(processor.complete(first, LogAddress(first)))
+
+
+def test_a_late_completion_notice_is_traced_only_when_tracing() -> None:
+    """A notice of a frame a later notice committed already acknowledges nothing.  With tracing it is
+    still the spec's ``Complete`` step (acking nothing), so the trace has a record per notice; without,
+    the processor emits no ``Trace`` instruction at all (``Trace`` is produced only when tracing).
+    Kills ``if self._tracing:`` -> ``if not self._tracing:`` on the late-notice branch of ``complete``."""
+    assert _late_notice_instructions(tracing=False) == []
+    assert _late_notice_instructions(tracing=True) == [Trace("Complete", {"frame": 1, "acked": []})]
