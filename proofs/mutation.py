@@ -139,7 +139,8 @@ SCOPE: tuple[Target, ...] = (
            ("tests/transactions/test_decisions.py", "tests/transactions/test_service.py",
             _STATEFUL + "test_transactions_vs_model.py")),
     Target("readers", "impl/millstream/client/_reader_group_state.py", ("tests/readers/test_state.py",
-                                                                            "tests/readers/test_state_vs_model.py")),
+                                                                            "tests/readers/test_state_vs_model.py",
+                                                                            "tests/unit/test_reader_group_state_survivors.py")),
     Target("spark", "spark_pipeline/_writer.py",
            ("tests/spark/test_sink_protocol.py", "tests/spark/test_sink_vs_model.py")),
 )
