@@ -69,7 +69,7 @@ def test_a_commit_message_is_an_immutable_hashable_value() -> None:
     on ``MillstreamCommitMessage`` (which made it mutable and unhashable)."""
     message = MillstreamCommitMessage(str(uuid.uuid4()), "q1", 0, 1, 0, 5)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        message.txn_id = None  # type: ignore[misc]
+        message.txn_id = None  # type: ignore[misc]  # (assigning to a frozen field is the check under test)
     twin = dataclasses.replace(message)
     assert twin == message and hash(twin) == hash(message) and len({message, twin}) == 1
 
