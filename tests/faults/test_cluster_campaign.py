@@ -300,11 +300,12 @@ class Campaign:
                 client.close()
         return await asyncio.to_thread(read)
 
-    async def wait_whole(self, client: AsyncClient, *, restart_exited: bool = False) -> None:
+    async def wait_whole(self, client: AsyncClient) -> None:
         """Until every node is registered, every container claimed by its map's owner, and answering.
-        ``restart_exited``: start again a node that exited meanwhile (after ZooKeeper was lost, a node
-        whose session expired stops its containers and leaves rather than risk two owners; it is
-        started again, as an operator's supervisor would)."""
+        A node that exited meanwhile because it lost its ZooKeeper session (it stops its containers and
+        leaves rather than risk two owners: after ZooKeeper itself was lost, or cut off for a session
+        timeout on a loaded machine, possibly well after ZooKeeper came back) is started again, as an
+        operator's supervisor would; a node that exited for any other reason fails the campaign."""
         deadline = time.monotonic() + SERVED_TIMEOUT_SECONDS
 
         def whole(status: dict[str, Any]) -> bool:
@@ -314,7 +315,10 @@ class Campaign:
 
         while not whole(status := await self.status()):
             for node in self.nodes:
-                if restart_exited and node.process is not None and node.process.returncode is not None:
+                if node.process is not None and node.process.returncode is not None:
+                    tail = node.log_tail()
+                    assert f"node {node.name} left the cluster" in tail and "ZooKeeper" in tail, \
+                        f"{node.name} exited by itself, not for a lost session: {tail}"
                     self.statistics.nodes_left_with_zookeeper += 1
                     await self.start_node(node)
             assert time.monotonic() < deadline, f"the cluster was not whole within {SERVED_TIMEOUT_SECONDS} s: {status}"
@@ -342,7 +346,7 @@ class Campaign:
         await self.wait_whole(client)
         await asyncio.to_thread(self.zookeeper.kill)
         await asyncio.to_thread(self.zookeeper.restart)
-        await self.wait_whole(client, restart_exited=True)
+        await self.wait_whole(client)
         self.statistics.service_faults += 1
 
     # --- the workload --------------------------------------------------------------------------------------
