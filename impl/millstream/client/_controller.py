@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 from uuid import UUID
 
@@ -79,7 +79,7 @@ from millstream.values import (
 from millstream.wire.commands import ControllerReply, ControllerRequest
 
 __all__ = ["CONTROLLER_METHODS", "LOCATE_CONTROLLER", "ControllerClient", "ControllerSegmentLocator",
-           "SeedLocator", "parse_transaction_id"]
+           "CachingSegmentLocator", "SeedLocator", "parse_transaction_id"]
 
 T = TypeVar("T")
 
@@ -541,19 +541,18 @@ class SeedLocator:
         self._located.forget(segment)
 
 
-class ControllerSegmentLocator:
-    """Where segments are served, as the controller says; answers are cached (at most
-    ``limits.CLIENT_ROUTING_KEY_CACHE_SIZE_MAX`` of them; the cache empties when full) until
-    ``forget``."""
+class CachingSegmentLocator:
+    """Where segments are served, as ``lookup(segment)`` (a URI) says; answers are cached (at most
+    ``limits.CLIENT_ROUTING_KEY_CACHE_SIZE_MAX`` of them; the cache empties when full) until ``forget``."""
 
-    def __init__(self, controller: ControllerClient) -> None:
-        self._controller = controller
+    def __init__(self, lookup: Callable[[str], Awaitable[str]]) -> None:
+        self._lookup = lookup
         self._cache: dict[str, Endpoint] = {}
 
     async def endpoint_for(self, segment: str) -> Endpoint:
         endpoint = self._cache.get(segment)
         if endpoint is None:
-            endpoint = parse_uri(await self._controller.get_segment_uri(segment))
+            endpoint = parse_uri(await self._lookup(segment))
             if len(self._cache) >= limits.CLIENT_ROUTING_KEY_CACHE_SIZE_MAX:
                 self._cache.clear()
             self._cache[segment] = endpoint
@@ -561,3 +560,10 @@ class ControllerSegmentLocator:
 
     def forget(self, segment: str) -> None:
         self._cache.pop(segment, None)
+
+
+class ControllerSegmentLocator(CachingSegmentLocator):
+    """Where segments are served, as the controller says (``get_segment_uri``), cached until ``forget``."""
+
+    def __init__(self, controller: ControllerClient) -> None:
+        super().__init__(controller.get_segment_uri)

@@ -41,7 +41,8 @@ from collections.abc import Awaitable, Callable
 from typing import Final, Protocol, TypeVar
 
 from millstream import limits
-from millstream.client._config import ClientConfig, Endpoint, RandomSource, SystemRandomSource, parse_uri
+from millstream.client._config import ClientConfig, RandomSource, SystemRandomSource, parse_uri
+from millstream.client._controller import CachingSegmentLocator
 from millstream.client._pool import ConnectionPool
 from millstream.client._replies import expect
 from millstream.client._segments import AsyncSegments
@@ -101,26 +102,6 @@ class ClusterMap(Protocol):
         ...
 
 
-class _MapLocator:
-    """``SegmentLocator`` over the cluster map, one answer cached per segment until ``forget``."""
-
-    def __init__(self, cluster_map: ClusterMap) -> None:
-        self._map = cluster_map
-        self._cache: dict[str, Endpoint] = {}
-
-    async def endpoint_for(self, segment: str) -> Endpoint:
-        endpoint = self._cache.get(segment)
-        if endpoint is None:
-            endpoint = parse_uri(await self._map.segment_uri(segment))
-            if len(self._cache) >= limits.CLIENT_ROUTING_KEY_CACHE_SIZE_MAX:
-                self._cache.clear()
-            self._cache[segment] = endpoint
-        return endpoint
-
-    def forget(self, segment: str) -> None:
-        self._cache.pop(segment, None)
-
-
 class ClusterSegmentStore:
     """``SegmentStore`` over the whole cluster, for the controller running on ``server``'s node."""
 
@@ -133,7 +114,7 @@ class ClusterSegmentStore:
         self._clock = clock or server.clock
         self._local = LocalSegmentStore(server, clock=self._clock, retry_attempts_max=retry_attempts_max)
         self._retry_attempts_max = retry_attempts_max
-        self._locator = _MapLocator(cluster_map)
+        self._locator = CachingSegmentLocator(cluster_map.segment_uri)  # (one answer per segment until forgotten)
         # A short outage budget: a host that went away is looked up again in the map (``_anywhere``)
         # instead of being retried for a client's whole budget.
         self._pool = ConnectionPool(
