@@ -8,10 +8,12 @@ machine may be arbitrarily slow."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 
 import pytest
 
+from bench import latency_loops
 from bench._system import QuietWait
 from bench.benchmarks_md import render_markdown
 from bench.drivers import all_drivers
@@ -57,3 +59,68 @@ def test_the_quick_suites_report_shows_the_latency_loops(tmp_path: Path) -> None
     assert report.latency_loops is not None and len(report.latency_loops.half_max) == 2
     markdown = render_markdown(report)
     assert "## Latency as users see it: the per-event loop at half of max, a lone writer" in markdown
+
+
+class _Clock:
+    """A clock that moves only when the loop sleeps, counting its reads."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+class _Writer:
+    """A writer whose events of one tick share one block's future, acknowledged when the loop next
+    sleeps (the clock has moved by then)."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.flushed = False
+        self._open: concurrent.futures.Future[None] | None = None
+
+    def write_event_future(self, event: bytes, *, routing_key: str | None = None) -> concurrent.futures.Future[None]:
+        self.events += 1
+        if self._open is None:
+            self._open = concurrent.futures.Future()
+        return self._open
+
+    def acknowledge(self) -> None:
+        if self._open is not None:
+            self._open.set_result(None)
+            self._open = None
+
+    def flush(self) -> None:
+        self.acknowledge()
+        self.flushed = True
+
+
+def test_the_paced_loop_keeps_its_books_per_tick_not_per_event() -> None:
+    """The pacing's own work must stay small beside ``write_event_future``'s: reading the clock (and
+    recording) for every event made the loop at "half of max" saturate the writer's process and
+    measure its own backlog (p95 of 190 ms with the offered rate never reached).  With a clock that
+    moves only between ticks, every event of a tick is stamped with when the tick's first event fell
+    due, and the clock is read per tick (and per block's acknowledgement), not per event."""
+    clock = _Clock()
+    writer = _Writer()
+    tick = latency_loops.PACING_TICK_SECONDS
+
+    def sleep(seconds: float) -> None:
+        assert seconds == tick
+        clock.now += tick
+        writer.acknowledge()  # the tick's block is acknowledged while the loop sleeps
+
+    rate = 200 / tick  # 200 events due every tick
+    latency, achieved = latency_loops.paced_loop(writer, [b"x" * 100] * 7, ["a", "b", None] * 3, rate, 20 * tick,
+                                                 clock=clock, sleep=sleep)
+    assert writer.flushed
+    assert writer.events == latency.count > 0 and achieved == pytest.approx(writer.events / (20 * tick))
+    ticks = writer.events // 200
+    assert ticks >= 19
+    assert clock.reads <= 3 * ticks + 10 < writer.events / 10  # per tick, not per event
+    # Each event is stamped with when the first event of its tick fell due (a tick before it was
+    # written), and its block was acknowledged a tick after: two ticks, every one.
+    assert latency.p50_ms == pytest.approx(2_000 * tick) and latency.max_ms == pytest.approx(2_000 * tick)

@@ -1105,7 +1105,7 @@ class AsyncEventStreamWriter(Generic[T]):
         routes = self._key_routes
         if routes is None or routes.generation != self._view_generation:
             routes = self._key_routes = KeyRoutes(self._view_generation)
-        runs = frame_runs(batch, routes.route(batch.keys, self._route_key))
+        runs = frame_runs(batch, routes.route(batch.keys, self._route_key, batch.key_list))
         if not self._open_runs([run.segment for run in runs], routed):  # the view changed: route it again
             return self._add_columns(batch, routed + 1)
         writers = self._writers
