@@ -8,7 +8,8 @@ reads with a reader group, and follows the controller and the containers when th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,40 +21,47 @@ from millstream.cluster import ClusterNode
 from millstream.controller import Controller
 from millstream.errors import ContainerUnavailableError
 from millstream.naming import container_of, stream_segment_name
-from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
 from millstream.server import ServerConfig
-from millstream.testing.history import EventTag, History, Outcome, TransactionOutcome, check
+from millstream.testing.history import History, check
 from millstream.testing.zookeeper_server import ZooKeeperServer
-from millstream.values import ReaderGroupConfig, ScalingPolicy, StreamConfig, canonical_json
+from millstream.values import (
+    ReaderGroupConfig,
+    ScalingPolicy,
+    StreamConfig,
+    canonical_json,
+)
 from millstream.wire import ControllerReply, ControllerRequest, ErrorMessage, WrongHost
 from tests.server.raw import RawClient
 
-from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
+from .workload import EMPTY_READS_MAX, RecordedWorkload
+from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, file_logs, in_loop, wait_until
 
 CONTAINER_COUNT = 4
 HOSTS = ("a", "b", "c")
-#: Reads that return nothing before the test gives up (each waits up to a second for an event).
-EMPTY_READS_MAX = 120
 
 
-def _file_logs(root: Path) -> Callable[[int], DurableDataLog]:
-    def open_log(container_id: int) -> DurableDataLog:
-        return FileLog(root / "tier1" / f"container-{container_id}")
-    return open_log
-
-
-def _nodes(tmp_path: Path, zookeeper: ZooKeeperServer) -> tuple[dict[str, ClusterNode], list[FileChunkStorage]]:
+@contextlib.asynccontextmanager
+async def _cluster(tmp_path: Path, zookeeper: ZooKeeperServer) -> AsyncIterator[dict[str, ClusterNode]]:
+    """Three nodes started on one ZooKeeper, FileLogs and one shared Tier-2 directory, by host id.  A test
+    that stops a node takes it out of the dict; the rest are stopped on the way out, whatever happens."""
     cluster = cluster_name()
     storages = [FileChunkStorage(tmp_path / "tier2") for _ in HOSTS]
     nodes = {host: ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host,
-                               open_log=_file_logs(tmp_path), chunk_storage=storage,
+                               open_log=file_logs(tmp_path), chunk_storage=storage,
                                config=ServerConfig(container_count=CONTAINER_COUNT),
                                session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0,
                                host_options={"restart_delay_seconds": 0.01})
              for host, storage in zip(HOSTS, storages, strict=True)}
-    return nodes, storages
+    running = dict(nodes)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        yield running
+    finally:
+        for node in running.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()
 
 
 def _controller_nodes(nodes: dict[str, ClusterNode]) -> list[ClusterNode]:
@@ -78,9 +86,7 @@ def _client_config() -> ClientConfig:
 @in_loop
 async def test_the_controller_runs_on_the_node_serving_its_metadata_container(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes, storages = _nodes(tmp_path, zookeeper)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as nodes:
         runner = await _settled(nodes)
         # Every node says where it runs; the others refuse controller methods as WrongHost.
         for request_id, node in enumerate(nodes.values()):
@@ -99,92 +105,43 @@ async def test_the_controller_runs_on_the_node_serving_its_metadata_container(
             assert await raw.request(ControllerRequest(300, LOCATE_CONTROLLER, b'{"token": ""}')) == \
                 ControllerReply(300, canonical_json({"uri": runner.uri}))
             await raw.close()
-    finally:
-        for node in nodes.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
 
 
 @in_loop
 async def test_a_client_given_seeds_writes_and_reads_exactly_once_while_the_controller_and_containers_move(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes, storages = _nodes(tmp_path, zookeeper)
     history = History()
-    running = dict(nodes)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as running:
         await _settled(running)
-        seeds = ",".join(node.uri for node in nodes.values())
+        seeds = ",".join(node.uri for node in running.values())
         async with AsyncClient(seeds, config=_client_config()) as client:
             await client.stream_manager().create_scope("shop")
             await client.stream_manager().create_stream("shop/orders", StreamConfig(scaling=ScalingPolicy.fixed(4)))
             segments = [stream_segment_name("shop", "orders", index) for index in range(4)]
-            writer = client.event_writer("shop/orders")
+            workload = RecordedWorkload(client, "shop/orders", history)
             transactions = client.transactional_writer("shop/orders")
-            sequence = 0
-
-            async def write_round(count: int) -> None:
-                nonlocal sequence
-                tags = []
-                for _ in range(count):
-                    sequence += 1
-                    tag = EventTag("w", sequence)
-                    key = f"k{sequence % 8}"
-                    history.write_invoked(tag, key=key)
-                    await writer.write_event(tag.payload(key=key), routing_key=key)
-                    tags.append(tag)
-                await writer.flush()
-                history.writes_completed(tags, Outcome.ACKED)
-
-            await write_round(50)
+            await workload.write_round(50)
             # Stop the controller's node: the controller and the containers it served move.
             first = _controller_nodes(running)[0]
             await running.pop(first.host_id).stop()
             second = await _settled(running)
             assert second is not first
-            await write_round(50)
-            transaction = await transactions.begin()
-            transaction_tags = []
-            for index in range(10):
-                tag = EventTag("t", index + 1)
-                history.write_invoked(tag, key="tk", transaction="t1")
-                await transaction.write_event(tag.payload(key="tk"), routing_key="tk")
-                transaction_tags.append(tag)
-            await transaction.commit()
-            history.writes_completed(transaction_tags, Outcome.ACKED)
-            history.transaction_completed("t1", TransactionOutcome.COMMITTED)
+            await workload.write_round(50)
+            await workload.commit_transaction(transactions, "t1", 10)
             # Stop a node serving a container that holds one of the stream's segments (and the controller,
             # if that is where it runs now).
             in_use = {container_of(name, CONTAINER_COUNT) for name in segments}
             victim = next(node for node in running.values() if node.serving & in_use)
             await running.pop(victim.host_id).stop()
             await _settled(running)
-            await write_round(50)
-            await writer.close()
+            await workload.write_round(50)
+            await workload.writer.close()
             await transactions.close()
             # Read everything back with a reader group, through the same seeds.
-            group = await client.reader_group("shop/all", config=ReaderGroupConfig(["shop/orders"]))
-            reader = await group.reader("r1")
-            seen = 0
-            empty = 0
-            while seen < sequence + len(transaction_tags) and empty < EMPTY_READS_MAX:
-                read = await reader.read_next_event(1.0)
-                if read.event is None:
-                    empty += 1
-                    continue
-                history.read("group", read.event)
-                seen += 1
-            history.pass_complete("group")
-            await group.close()
+            seen = await workload.read_back("shop/all")
         report = check(history)
         assert report.ok, report.summary()
-        assert seen == sequence + len(transaction_tags) == 160
-    finally:
-        for node in running.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
+        assert seen == workload.written == 160
 
 
 @in_loop
@@ -200,27 +157,18 @@ async def test_a_controller_that_fails_to_start_is_started_again_while_its_node_
         await start(controller)
     monkeypatch.setattr(Controller, "start", fail_first)
     monkeypatch.setattr(limits, "CLUSTER_CONTROLLER_START_DELAY_SECONDS", 0.01)
-    nodes, storages = _nodes(tmp_path, zookeeper)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as nodes:
         runner = await _settled(nodes)
         assert len(failures) == 1 and failures[0] is not runner.controller
         async with AsyncClient(",".join(node.uri for node in nodes.values()), config=_client_config()) as client:
             await client.stream_manager().create_scope("started")
             assert await client.stream_manager().list_scopes() == ["started"]
-    finally:
-        for node in nodes.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
 
 
 @in_loop
 async def test_a_client_given_one_node_without_the_controller_finds_it_and_the_segments(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes, storages = _nodes(tmp_path, zookeeper)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as nodes:
         runner = await _settled(nodes)
         seed = next(node for node in nodes.values() if node is not runner)
         async with AsyncClient(seed.uri, config=_client_config()) as client:
@@ -243,8 +191,3 @@ async def test_a_client_given_one_node_without_the_controller_finds_it_and_the_s
                     break
             await group.close()
             assert seen == {b"event %d" % index for index in range(40)}
-    finally:
-        for node in nodes.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
