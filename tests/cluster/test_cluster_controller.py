@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -19,7 +20,7 @@ from millstream.client import AsyncClient, ClientConfig
 from millstream.client._controller import LOCATE_CONTROLLER
 from millstream.cluster import ClusterNode
 from millstream.controller import Controller
-from millstream.errors import ContainerUnavailableError
+from millstream.errors import ContainerUnavailableError, ObjectClosedError
 from millstream.naming import container_of, stream_segment_name
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
 from millstream.server import ServerConfig
@@ -29,6 +30,8 @@ from millstream.values import (
     ReaderGroupConfig,
     ScalingPolicy,
     StreamConfig,
+    TransactionInfo,
+    TransactionStatus,
     canonical_json,
 )
 from millstream.wire import ControllerReply, ControllerRequest, ErrorMessage, WrongHost
@@ -191,3 +194,150 @@ async def test_a_client_given_one_node_without_the_controller_finds_it_and_the_s
                     break
             await group.close()
             assert seen == {b"event %d" % index for index in range(40)}
+
+
+@in_loop
+async def test_a_transaction_is_begun_committed_and_aborted_across_controller_moves(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    """The controller's node stops between a transactional writer's calls, and the client is not told:
+    ``begin`` (an unacknowledged ``create_transaction`` is safe to send again -- an orphan's lease
+    lapses), ``commit`` and ``abort`` find the new controller and succeed, rather than handing the
+    application a retryable error."""
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        async with AsyncClient(seeds, config=_client_config()) as client:
+            await client.stream_manager().create_scope("moves")
+            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+            transactions = client.transactional_writer("moves/s")
+            first = await transactions.begin()
+            await first.write_event(b"first", routing_key="k")
+            await first.flush()
+            # Stop the controller's node between two calls: the next begin meets the controller gone.
+            await running.pop(_controller_nodes(running)[0].host_id).stop()
+            second = await transactions.begin()
+            await second.write_event(b"second", routing_key="k")
+            await second.flush()
+            assert await first.commit() in (TransactionStatus.COMMITTING, TransactionStatus.COMMITTED)
+            # And again, between the commit and an abort.
+            await _settled(running)
+            await running.pop(_controller_nodes(running)[0].host_id).stop()
+            assert await second.abort() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            assert await first.wait_for_completion() is TransactionStatus.COMMITTED
+            assert await second.check_status() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            await transactions.close()
+
+
+def _leave_after_the_first(method: str, running: dict[str, ClusterNode], stopping: list[asyncio.Task[None]],
+                           monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Make ``Controller.<method>``'s first call take effect and then have the controller leave its node
+    under the request, as when its container moves (the endpoint's ``rpc`` cleared, the call's store
+    closed: ``ClusterControllerEndpoint`` answers ``ContainerUnavailable``, outcome unknown), and stop
+    that node.  Returns the list the first call's result is put in."""
+    original = getattr(Controller, method)
+    results: list[object] = []
+
+    async def leaving(controller: Controller, *args: object) -> object:
+        result = await original(controller, *args)
+        if results:
+            return result
+        results.append(result)
+        node = next(node for node in running.values() if node.controller is controller)
+        node.endpoint.rpc = None  # (what the node does first when the controller's container leaves it)
+        stopping.append(asyncio.get_running_loop().create_task(running.pop(node.host_id).stop()))
+        raise ObjectClosedError(f"the controller's store was closed under {method} (injected)")
+    monkeypatch.setattr(Controller, method, leaving)
+    return results
+
+
+@in_loop
+async def test_create_transaction_is_sent_again_after_the_controller_left_under_it(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``create_transaction`` whose controller left under it (outcome unknown) is sent again to the new
+    controller.  That is safe: the transaction the first request may have made was never acknowledged,
+    so nobody writes to it or pings it, and the controller aborts it when its lease lapses -- as here."""
+    stopping: list[asyncio.Task[None]] = []
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        async with AsyncClient(seeds, config=_client_config()) as client:
+            await client.stream_manager().create_scope("moves")
+            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+            orphans = _leave_after_the_first("create_transaction", running, stopping, monkeypatch)
+            controller = client.controller()
+            info = await controller.create_transaction("moves", "s", lease_seconds=limits.TRANSACTION_LEASE_MIN_SECONDS)
+            assert len(orphans) == 1
+            orphan = orphans[0]
+            assert isinstance(orphan, TransactionInfo) and orphan.txn_id != info.txn_id
+            # Neither is pinged: both leases lapse, and the controller (on its new node) aborts both.
+            lapsed = (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            statuses: dict[UUID, TransactionStatus] = {}
+
+            async def poll() -> None:
+                while not all(statuses.get(t) in lapsed for t in (orphan.txn_id, info.txn_id)):
+                    statuses.update(await controller.list_transactions("moves", "s"))
+                    await asyncio.sleep(0.1)
+            await asyncio.wait_for(poll(), 120.0)
+        await asyncio.gather(*stopping)
+
+
+@in_loop
+async def test_commit_and_abort_are_resolved_after_the_controller_left_under_them(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit, and an abort, whose controller left under them (outcome unknown) are resolved with the
+    new controller: the commit by asking the transaction's status (committing again would be refused),
+    the abort by sending it again (aborting an aborting transaction changes nothing)."""
+    stopping: list[asyncio.Task[None]] = []
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        async with AsyncClient(seeds, config=_client_config()) as client:
+            await client.stream_manager().create_scope("moves")
+            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+            transactions = client.transactional_writer("moves/s")
+            kept = await transactions.begin()
+            dropped = await transactions.begin()
+            await kept.write_event(b"kept", routing_key="k")
+            await dropped.write_event(b"dropped", routing_key="k")
+            committed = _leave_after_the_first("commit_transaction", running, stopping, monkeypatch)
+            assert await kept.commit() in (TransactionStatus.COMMITTING, TransactionStatus.COMMITTED)
+            assert len(committed) == 1
+            await _settled(running)
+            aborted = _leave_after_the_first("abort_transaction", running, stopping, monkeypatch)
+            assert await dropped.abort() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            assert len(aborted) == 1
+            assert await kept.wait_for_completion() is TransactionStatus.COMMITTED
+            await transactions.close()
+        await asyncio.gather(*stopping)
+
+
+@in_loop
+async def test_create_transaction_is_sent_again_when_no_reply_came_in_time(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The campaign's transactions of unknown outcome included ``create_transaction`` timing out (a node
+    too busy or dying to answer): in a cluster it is sent again, as after a lost connection."""
+    release = asyncio.Event()
+    hung: list[Controller] = []
+    original = Controller.create_transaction
+
+    async def hang_first(controller: Controller, scope: str, stream: str, lease: float | None = None,
+                         ) -> TransactionInfo:
+        if not hung:
+            hung.append(controller)
+            await release.wait()  # (no reply until the test ends: the client's request timeout passes)
+        return await original(controller, scope, stream, lease)
+    monkeypatch.setattr(Controller, "create_transaction", hang_first)
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        config = ClientConfig(connect_timeout_seconds=5.0, request_timeout_seconds=1.0, reconnect_budget_seconds=60.0,
+                              reconnect_delay_max_seconds=0.2)
+        try:
+            async with AsyncClient(seeds, config=config) as client:
+                await client.stream_manager().create_scope("slow")
+                await client.stream_manager().create_stream("slow/s", StreamConfig(scaling=ScalingPolicy.fixed(1)))
+                transaction = await client.transactional_writer("slow/s").begin()
+                assert len(hung) == 1
+                assert await transaction.abort() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+        finally:
+            release.set()

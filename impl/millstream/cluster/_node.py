@@ -518,4 +518,11 @@ class ClusterControllerEndpoint:
             raise InvalidArgumentError(f"{LOCATE_CONTROLLER}: the body is {{}} or {{\"token\": str}}")
         if self._authorizer is not None:
             self._authorizer.check_authentic(request.get("token", ""))
-        return canonical_json({"uri": await self._node.controller_uri()})
+        try:
+            uri = await self._node.controller_uri()
+        except ObjectClosedError as error:
+            # This node is stopping (or not yet a member): the caller's objects are fine, and another node
+            # can say -- a retryable error, not the caller's "closed".
+            raise ContainerUnavailableError(f"{self._node.host_id} is not a running member of the cluster: ask "
+                                            f"another node where the controller runs ({error})") from error
+        return canonical_json({"uri": uri})
