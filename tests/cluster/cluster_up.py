@@ -56,11 +56,15 @@ class ClusterUp:
                  traceback: TracebackType | None) -> None:
         self.kill_leftovers()
 
-    def stderr_tail(self) -> str:
+    def stderr(self) -> str:
+        """What it wrote on stderr so far."""
         try:
-            return self.stderr_path.read_text(errors="replace")[-3000:]
+            return self.stderr_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def stderr_tail(self) -> str:
+        return self.stderr()[-3000:]
 
     def start(self) -> str:
         """Start it and wait (bounded) for ``millstream cluster ready``; return what it printed."""

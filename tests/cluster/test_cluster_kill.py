@@ -9,12 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
-import re
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -27,23 +22,12 @@ from millstream.testing.nats_cluster import NatsCluster
 from millstream.testing.zookeeper_server import ZooKeeperServer
 from millstream.values import ScalingPolicy, StreamConfig
 
+from .cluster_up import UP_READY_SECONDS, ClusterUp, alive
 from .workload import RecordedWorkload
 from .zookeeper_helpers import in_loop, wait_until
 
-#: Bounds on waiting for ``cluster up`` to be ready and to stop (not speed checks: a loaded machine
-#: starts ZooKeeper, three NATS servers and three Python processes).
-UP_READY_SECONDS = 300.0
-UP_STOP_SECONDS = 180.0
 #: ``cluster up``'s container count (its default).
 CONTAINER_COUNT = 4
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _status(zookeeper: str) -> dict[str, object]:
@@ -56,47 +40,18 @@ def _client_config() -> ClientConfig:
     return ClientConfig(reconnect_budget_seconds=120.0, reconnect_delay_max_seconds=0.5)
 
 
-def _cluster_up(directory: Path) -> subprocess.Popen[str]:
-    """``millstream cluster up --nodes 3`` in ``directory``, its standard output piped."""
-    return subprocess.Popen(
-        [sys.executable, "-c", "import sys; from millstream.cli import main; sys.exit(main())",
-         "cluster", "up", "--nodes", "3", "--data-dir", str(directory / "cluster")],
-        cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-
 @in_loop
 async def test_acknowledged_events_are_read_exactly_once_after_the_controllers_node_and_a_data_node_are_killed(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
     """(``zookeeper``: only for its skip when ZooKeeper is not installed; ``cluster up`` starts its own.)"""
     NatsCluster(tmp_path / "probe", size=1)  # fails now, saying how to install it, if nats-server is missing
-    process = await asyncio.to_thread(_cluster_up, tmp_path)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.put(line)
-        lines.put(None)
-    threading.Thread(target=pump, daemon=True).start()
     history = History()
-    pids: list[int] = []
-    try:
-        printed = []
-        while True:
-            line = await asyncio.to_thread(lines.get, timeout=UP_READY_SECONDS)
-            assert line is not None, f"cluster up exited early: {process.wait()}"
-            printed.append(line)
-            if line.startswith("millstream cluster ready"):
-                break
-        text = "".join(printed)
-        pids = [int(pid) for pid in re.findall(r"\(pid (\d+)", text)]
-        zookeeper_address = re.search(r"^zookeeper (\S+) \(pid \d+\)$", text, re.M)
-        assert zookeeper_address is not None, text
-        zookeeper_connect = zookeeper_address.group(1)
-        nodes = {uri: (name, int(pid)) for name, uri, pid in
-                 re.findall(r"^(node-\d) (tcp://\S+) \(pid (\d+)", text, re.M)}
-        assert len(nodes) == 3, text
-        seeds = ",".join(nodes)
+    with ClusterUp(["cluster", "up", "--nodes", "3", "--data-dir", str(tmp_path / "cluster")], tmp_path) as up:
+        await asyncio.to_thread(up.start)
+        zookeeper_connect = up.zookeeper
+        nodes = {uri: (name, pid) for name, (uri, pid) in up.nodes.items()}
+        assert len(nodes) == 3, up.text
+        seeds = up.seeds
         killed: set[str] = set()
 
         async def kill(uri: str) -> None:
@@ -138,13 +93,5 @@ async def test_acknowledged_events_are_read_exactly_once_after_the_controllers_n
         report = check(history)
         assert report.ok, report.summary()
         assert seen == 160 and len(killed) == 2
-        process.send_signal(signal.SIGINT)
-        assert await asyncio.to_thread(process.wait, UP_STOP_SECONDS) == 0
-        assert [pid for pid in pids if _alive(pid)] == []
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for pid in pids:  # (cluster up stops its children; this only catches what a failure left behind)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        assert await asyncio.to_thread(up.stop) == 0
+        assert [pid for pid in up.pids if alive(pid)] == []
