@@ -156,6 +156,18 @@ def _decoding(method: str) -> Iterator[None]:
             from error
 
 
+def _reply_object(method: str, raw: bytes) -> dict[str, Any]:
+    """A controller reply's body as the JSON object it must be; ``ProtocolError`` (the peer's fault) if
+    it is not one."""
+    try:
+        decoded = json.loads(raw)
+    except ValueError as error:
+        raise ProtocolError(f"the controller answered {method} with malformed JSON: {error}") from None
+    if not isinstance(decoded, dict):
+        raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
+    return decoded
+
+
 class ControllerClient:
     """The controller's methods over the client's connections (asyncio).  Made by
     ``AsyncClient.controller()``; ``endpoint`` is the server hosting the controller."""
@@ -202,14 +214,7 @@ class ControllerClient:
                                 else self._pool.acquire_with_retry(self._endpoint))
             reply = await connection.request(lambda rid: ControllerRequest(rid, method, payload),
                                              what=f"controller {method}")
-            raw = expect(reply, ControllerReply).body
-            try:
-                decoded = json.loads(raw)
-            except ValueError as error:
-                raise ProtocolError(f"the controller answered {method} with malformed JSON: {error}") from None
-            if not isinstance(decoded, dict):
-                raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
-            return decoded
+            return _reply_object(method, expect(reply, ControllerReply).body)
 
         if not self._cluster:
             try:
@@ -238,13 +243,7 @@ class ControllerClient:
             except (WrongHostError, ConnectionLostError, ContainerUnavailableError, RequestTimeoutError):
                 self._stale = True  # (the controller moved, or its node died or hangs: ask the seeds next time)
                 raise
-            try:
-                decoded = json.loads(raw)
-            except ValueError as error:
-                raise ProtocolError(f"the controller answered {method} with malformed JSON: {error}") from None
-            if not isinstance(decoded, dict):
-                raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
-            return decoded
+            return _reply_object(method, raw)
 
         retry_on: tuple[type[Exception], ...] = (WrongHostError, ControllerUnreachableError)
         if harmless or method in RESENT_IN_CLUSTER:
