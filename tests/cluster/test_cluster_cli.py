@@ -8,49 +8,34 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import re
 import shlex
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from millstream.cli import main
 from millstream.cluster import ClusterNode
-from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
 from millstream.server import ServerConfig
 from millstream.testing.nats_cluster import NatsCluster
 from millstream.testing.zookeeper_server import ZooKeeperServer
 
-from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
+from .cluster_up import UP_READY_SECONDS, ClusterUp, alive
+from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, file_logs, in_loop, wait_until
 
 CONTAINER_COUNT = 4
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Bounds on a child command (not speed checks): a hung command fails the test instead of hanging it.
-_UP_READY_SECONDS = 300.0
-_UP_STOP_SECONDS = 180.0
 
 
 def _unused_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def _file_logs(root: Path) -> Callable[[int], DurableDataLog]:
-    def open_log(container_id: int) -> DurableDataLog:
-        return FileLog(root / "tier1" / f"container-{container_id}")
-    return open_log
 
 
 def _status(zookeeper: str, cluster: str, *extra: str) -> tuple[int, str]:
@@ -63,7 +48,7 @@ async def test_cluster_status_shows_the_hosts_the_map_and_who_owns_what(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
     cluster = cluster_name()
     storage = FileChunkStorage(tmp_path / "tier2")
-    nodes = [ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host, open_log=_file_logs(tmp_path),
+    nodes = [ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host, open_log=file_logs(tmp_path),
                          chunk_storage=storage, config=ServerConfig(container_count=CONTAINER_COUNT),
                          session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0)
              for host in ("a", "b")]
@@ -131,14 +116,6 @@ def test_help_texts_say_what_the_cluster_commands_do() -> None:
         assert result.exit_code == 0 and phrase in " ".join(result.output.split())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _readme_cluster_commands() -> tuple[list[str], str]:
     """The README's "A cluster on one machine" commands: ``cluster up``'s arguments, and the status line."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -155,29 +132,11 @@ def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
     skip when ZooKeeper is not installed; ``cluster up`` starts its own.)"""
     NatsCluster(tmp_path / "probe", size=1)  # fails now, saying how to install it, if nats-server is missing
     up, status_line = _readme_cluster_commands()
-    process = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from millstream.cli import main; sys.exit(main())", *up],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.put(line)
-        lines.put(None)
-    threading.Thread(target=pump, daemon=True).start()
-    printed = []
-    try:
-        while True:
-            line = lines.get(timeout=_UP_READY_SECONDS)
-            assert line is not None, f"cluster up exited early: {process.wait()} {process.stderr}"
-            printed.append(line)
-            if line.startswith("millstream cluster ready"):
-                break
-        text = "".join(printed)
+    with ClusterUp(up, tmp_path) as cluster_up:
+        text = cluster_up.start()
         zookeeper_address = re.search(r"^zookeeper (\S+) \(pid \d+\)$", text, re.M)
         assert zookeeper_address is not None, text
-        pids = [int(pid) for pid in re.findall(r"\(pid (\d+)", text)]
+        pids = cluster_up.pids
         assert len(pids) == 1 + 3 + 3, text  # ZooKeeper, three NATS servers, three nodes
         nodes = re.findall(r"^node-(\d) (tcp://127\.0\.0\.1:\d+) ", text, re.M)
         assert [index for index, _ in nodes] == ["1", "2", "3"], text
@@ -192,13 +151,13 @@ def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
         assert sorted(status["hosts"]) == ["node-1", "node-2", "node-3"]
         assert {f"tcp://{entry['address']}" for entry in status["hosts"].values()} == {uri for _, uri in nodes}
         assert all(container["claimed_by"] == container["host"] for container in status["containers"].values())
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
         # A node killed: the cluster carries on, and its containers move to the other two.
         found = re.search(r"^node-2 \S+ \(pid (\d+)", text, re.M)
         assert found, text
         killed = int(found.group(1))
         os.kill(killed, signal.SIGKILL)
-        deadline = time.monotonic() + _UP_READY_SECONDS
+        deadline = time.monotonic() + UP_READY_SECONDS
 
         def moved() -> bool:
             code, output = _status(zookeeper_connect, "millstream", "--json")
@@ -209,12 +168,7 @@ def test_cluster_up_starts_everything_serves_and_stops_everything_on_sigint(
         while not moved():
             assert time.monotonic() < deadline, "node-2's containers did not move to the other nodes"
             time.sleep(0.2)
-        assert process.poll() is None
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=_UP_STOP_SECONDS) == 0
-        assert [pid for pid in pids if _alive(pid)] == []
-        assert process.stderr is not None and "node-2 exited with status -9" in process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        assert cluster_up.process is not None and cluster_up.process.poll() is None
+        assert cluster_up.stop() == 0
+        assert [pid for pid in pids if alive(pid)] == []
+        assert "node-2 exited with status -9" in cluster_up.stderr()

@@ -8,8 +8,10 @@ reads with a reader group, and follows the controller and the containers when th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -18,42 +20,51 @@ from millstream.client import AsyncClient, ClientConfig
 from millstream.client._controller import LOCATE_CONTROLLER
 from millstream.cluster import ClusterNode
 from millstream.controller import Controller
-from millstream.errors import ContainerUnavailableError
+from millstream.errors import ContainerUnavailableError, ObjectClosedError
 from millstream.naming import container_of, stream_segment_name
-from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
 from millstream.server import ServerConfig
-from millstream.testing.history import EventTag, History, Outcome, TransactionOutcome, check
+from millstream.testing.history import History, check
 from millstream.testing.zookeeper_server import ZooKeeperServer
-from millstream.values import ReaderGroupConfig, ScalingPolicy, StreamConfig, canonical_json
+from millstream.values import (
+    ReaderGroupConfig,
+    ScalingPolicy,
+    StreamConfig,
+    TransactionInfo,
+    TransactionStatus,
+    canonical_json,
+)
 from millstream.wire import ControllerReply, ControllerRequest, ErrorMessage, WrongHost
 from tests.server.raw import RawClient
 
-from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, in_loop, wait_until
+from .workload import EMPTY_READS_MAX, RecordedWorkload
+from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, cluster_name, file_logs, in_loop, wait_until
 
 CONTAINER_COUNT = 4
 HOSTS = ("a", "b", "c")
-#: Reads that return nothing before the test gives up (each waits up to a second for an event).
-EMPTY_READS_MAX = 120
 
 
-def _file_logs(root: Path) -> Callable[[int], DurableDataLog]:
-    def open_log(container_id: int) -> DurableDataLog:
-        return FileLog(root / "tier1" / f"container-{container_id}")
-    return open_log
-
-
-def _nodes(tmp_path: Path, zookeeper: ZooKeeperServer) -> tuple[dict[str, ClusterNode], list[FileChunkStorage]]:
+@contextlib.asynccontextmanager
+async def _cluster(tmp_path: Path, zookeeper: ZooKeeperServer) -> AsyncIterator[dict[str, ClusterNode]]:
+    """Three nodes started on one ZooKeeper, FileLogs and one shared Tier-2 directory, by host id.  A test
+    that stops a node takes it out of the dict; the rest are stopped on the way out, whatever happens."""
     cluster = cluster_name()
     storages = [FileChunkStorage(tmp_path / "tier2") for _ in HOSTS]
     nodes = {host: ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host,
-                               open_log=_file_logs(tmp_path), chunk_storage=storage,
+                               open_log=file_logs(tmp_path), chunk_storage=storage,
                                config=ServerConfig(container_count=CONTAINER_COUNT),
                                session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0,
                                host_options={"restart_delay_seconds": 0.01})
              for host, storage in zip(HOSTS, storages, strict=True)}
-    return nodes, storages
+    running = dict(nodes)
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        yield running
+    finally:
+        for node in running.values():
+            await node.stop()
+        for storage in storages:
+            await storage.close()
 
 
 def _controller_nodes(nodes: dict[str, ClusterNode]) -> list[ClusterNode]:
@@ -78,9 +89,7 @@ def _client_config() -> ClientConfig:
 @in_loop
 async def test_the_controller_runs_on_the_node_serving_its_metadata_container(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes, storages = _nodes(tmp_path, zookeeper)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as nodes:
         runner = await _settled(nodes)
         # Every node says where it runs; the others refuse controller methods as WrongHost.
         for request_id, node in enumerate(nodes.values()):
@@ -99,92 +108,43 @@ async def test_the_controller_runs_on_the_node_serving_its_metadata_container(
             assert await raw.request(ControllerRequest(300, LOCATE_CONTROLLER, b'{"token": ""}')) == \
                 ControllerReply(300, canonical_json({"uri": runner.uri}))
             await raw.close()
-    finally:
-        for node in nodes.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
 
 
 @in_loop
 async def test_a_client_given_seeds_writes_and_reads_exactly_once_while_the_controller_and_containers_move(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes, storages = _nodes(tmp_path, zookeeper)
     history = History()
-    running = dict(nodes)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as running:
         await _settled(running)
-        seeds = ",".join(node.uri for node in nodes.values())
+        seeds = ",".join(node.uri for node in running.values())
         async with AsyncClient(seeds, config=_client_config()) as client:
             await client.stream_manager().create_scope("shop")
             await client.stream_manager().create_stream("shop/orders", StreamConfig(scaling=ScalingPolicy.fixed(4)))
             segments = [stream_segment_name("shop", "orders", index) for index in range(4)]
-            writer = client.event_writer("shop/orders")
+            workload = RecordedWorkload(client, "shop/orders", history)
             transactions = client.transactional_writer("shop/orders")
-            sequence = 0
-
-            async def write_round(count: int) -> None:
-                nonlocal sequence
-                tags = []
-                for _ in range(count):
-                    sequence += 1
-                    tag = EventTag("w", sequence)
-                    key = f"k{sequence % 8}"
-                    history.write_invoked(tag, key=key)
-                    await writer.write_event(tag.payload(key=key), routing_key=key)
-                    tags.append(tag)
-                await writer.flush()
-                history.writes_completed(tags, Outcome.ACKED)
-
-            await write_round(50)
+            await workload.write_round(50)
             # Stop the controller's node: the controller and the containers it served move.
             first = _controller_nodes(running)[0]
             await running.pop(first.host_id).stop()
             second = await _settled(running)
             assert second is not first
-            await write_round(50)
-            transaction = await transactions.begin()
-            transaction_tags = []
-            for index in range(10):
-                tag = EventTag("t", index + 1)
-                history.write_invoked(tag, key="tk", transaction="t1")
-                await transaction.write_event(tag.payload(key="tk"), routing_key="tk")
-                transaction_tags.append(tag)
-            await transaction.commit()
-            history.writes_completed(transaction_tags, Outcome.ACKED)
-            history.transaction_completed("t1", TransactionOutcome.COMMITTED)
+            await workload.write_round(50)
+            await workload.commit_transaction(transactions, "t1", 10)
             # Stop a node serving a container that holds one of the stream's segments (and the controller,
             # if that is where it runs now).
             in_use = {container_of(name, CONTAINER_COUNT) for name in segments}
             victim = next(node for node in running.values() if node.serving & in_use)
             await running.pop(victim.host_id).stop()
             await _settled(running)
-            await write_round(50)
-            await writer.close()
+            await workload.write_round(50)
+            await workload.writer.close()
             await transactions.close()
             # Read everything back with a reader group, through the same seeds.
-            group = await client.reader_group("shop/all", config=ReaderGroupConfig(["shop/orders"]))
-            reader = await group.reader("r1")
-            seen = 0
-            empty = 0
-            while seen < sequence + len(transaction_tags) and empty < EMPTY_READS_MAX:
-                read = await reader.read_next_event(1.0)
-                if read.event is None:
-                    empty += 1
-                    continue
-                history.read("group", read.event)
-                seen += 1
-            history.pass_complete("group")
-            await group.close()
+            seen = await workload.read_back("shop/all")
         report = check(history)
         assert report.ok, report.summary()
-        assert seen == sequence + len(transaction_tags) == 160
-    finally:
-        for node in running.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
+        assert seen == workload.written == 160
 
 
 @in_loop
@@ -200,27 +160,18 @@ async def test_a_controller_that_fails_to_start_is_started_again_while_its_node_
         await start(controller)
     monkeypatch.setattr(Controller, "start", fail_first)
     monkeypatch.setattr(limits, "CLUSTER_CONTROLLER_START_DELAY_SECONDS", 0.01)
-    nodes, storages = _nodes(tmp_path, zookeeper)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as nodes:
         runner = await _settled(nodes)
         assert len(failures) == 1 and failures[0] is not runner.controller
         async with AsyncClient(",".join(node.uri for node in nodes.values()), config=_client_config()) as client:
             await client.stream_manager().create_scope("started")
             assert await client.stream_manager().list_scopes() == ["started"]
-    finally:
-        for node in nodes.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
 
 
 @in_loop
 async def test_a_client_given_one_node_without_the_controller_finds_it_and_the_segments(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes, storages = _nodes(tmp_path, zookeeper)
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
+    async with _cluster(tmp_path, zookeeper) as nodes:
         runner = await _settled(nodes)
         seed = next(node for node in nodes.values() if node is not runner)
         async with AsyncClient(seed.uri, config=_client_config()) as client:
@@ -243,8 +194,150 @@ async def test_a_client_given_one_node_without_the_controller_finds_it_and_the_s
                     break
             await group.close()
             assert seen == {b"event %d" % index for index in range(40)}
-    finally:
-        for node in nodes.values():
-            await node.stop()
-        for storage in storages:
-            await storage.close()
+
+
+@in_loop
+async def test_a_transaction_is_begun_committed_and_aborted_across_controller_moves(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    """The controller's node stops between a transactional writer's calls, and the client is not told:
+    ``begin`` (an unacknowledged ``create_transaction`` is safe to send again -- an orphan's lease
+    lapses), ``commit`` and ``abort`` find the new controller and succeed, rather than handing the
+    application a retryable error."""
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        async with AsyncClient(seeds, config=_client_config()) as client:
+            await client.stream_manager().create_scope("moves")
+            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+            transactions = client.transactional_writer("moves/s")
+            first = await transactions.begin()
+            await first.write_event(b"first", routing_key="k")
+            await first.flush()
+            # Stop the controller's node between two calls: the next begin meets the controller gone.
+            await running.pop(_controller_nodes(running)[0].host_id).stop()
+            second = await transactions.begin()
+            await second.write_event(b"second", routing_key="k")
+            await second.flush()
+            assert await first.commit() in (TransactionStatus.COMMITTING, TransactionStatus.COMMITTED)
+            # And again, between the commit and an abort.
+            await _settled(running)
+            await running.pop(_controller_nodes(running)[0].host_id).stop()
+            assert await second.abort() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            assert await first.wait_for_completion() is TransactionStatus.COMMITTED
+            assert await second.check_status() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            await transactions.close()
+
+
+def _leave_after_the_first(method: str, running: dict[str, ClusterNode], stopping: list[asyncio.Task[None]],
+                           monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Make ``Controller.<method>``'s first call take effect and then have the controller leave its node
+    under the request, as when its container moves (the endpoint's ``rpc`` cleared, the call's store
+    closed: ``ClusterControllerEndpoint`` answers ``ContainerUnavailable``, outcome unknown), and stop
+    that node.  Returns the list the first call's result is put in."""
+    original = getattr(Controller, method)
+    results: list[object] = []
+
+    async def leaving(controller: Controller, *args: object) -> object:
+        result = await original(controller, *args)
+        if results:
+            return result
+        results.append(result)
+        node = next(node for node in running.values() if node.controller is controller)
+        node.endpoint.rpc = None  # (what the node does first when the controller's container leaves it)
+        stopping.append(asyncio.get_running_loop().create_task(running.pop(node.host_id).stop()))
+        raise ObjectClosedError(f"the controller's store was closed under {method} (injected)")
+    monkeypatch.setattr(Controller, method, leaving)
+    return results
+
+
+@in_loop
+async def test_create_transaction_is_sent_again_after_the_controller_left_under_it(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``create_transaction`` whose controller left under it (outcome unknown) is sent again to the new
+    controller.  That is safe: the transaction the first request may have made was never acknowledged,
+    so nobody writes to it or pings it, and the controller aborts it when its lease lapses -- as here."""
+    stopping: list[asyncio.Task[None]] = []
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        async with AsyncClient(seeds, config=_client_config()) as client:
+            await client.stream_manager().create_scope("moves")
+            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+            orphans = _leave_after_the_first("create_transaction", running, stopping, monkeypatch)
+            controller = client.controller()
+            info = await controller.create_transaction("moves", "s", lease_seconds=limits.TRANSACTION_LEASE_MIN_SECONDS)
+            assert len(orphans) == 1
+            orphan = orphans[0]
+            assert isinstance(orphan, TransactionInfo) and orphan.txn_id != info.txn_id
+            # Neither is pinged: both leases lapse, and the controller (on its new node) aborts both.
+            lapsed = (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            statuses: dict[UUID, TransactionStatus] = {}
+
+            async def poll() -> None:
+                while not all(statuses.get(t) in lapsed for t in (orphan.txn_id, info.txn_id)):
+                    statuses.update(await controller.list_transactions("moves", "s"))
+                    await asyncio.sleep(0.1)
+            await asyncio.wait_for(poll(), 120.0)
+        await asyncio.gather(*stopping)
+
+
+@in_loop
+async def test_commit_and_abort_are_resolved_after_the_controller_left_under_them(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit, and an abort, whose controller left under them (outcome unknown) are resolved with the
+    new controller: the commit by asking the transaction's status (committing again would be refused),
+    the abort by sending it again (aborting an aborting transaction changes nothing)."""
+    stopping: list[asyncio.Task[None]] = []
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        async with AsyncClient(seeds, config=_client_config()) as client:
+            await client.stream_manager().create_scope("moves")
+            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+            transactions = client.transactional_writer("moves/s")
+            kept = await transactions.begin()
+            dropped = await transactions.begin()
+            await kept.write_event(b"kept", routing_key="k")
+            await dropped.write_event(b"dropped", routing_key="k")
+            committed = _leave_after_the_first("commit_transaction", running, stopping, monkeypatch)
+            assert await kept.commit() in (TransactionStatus.COMMITTING, TransactionStatus.COMMITTED)
+            assert len(committed) == 1
+            await _settled(running)
+            aborted = _leave_after_the_first("abort_transaction", running, stopping, monkeypatch)
+            assert await dropped.abort() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+            assert len(aborted) == 1
+            assert await kept.wait_for_completion() is TransactionStatus.COMMITTED
+            await transactions.close()
+        await asyncio.gather(*stopping)
+
+
+@in_loop
+async def test_create_transaction_is_sent_again_when_no_reply_came_in_time(
+        tmp_path: Path, zookeeper: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The campaign's transactions of unknown outcome included ``create_transaction`` timing out (a node
+    too busy or dying to answer): in a cluster it is sent again, as after a lost connection."""
+    release = asyncio.Event()
+    hung: list[Controller] = []
+    original = Controller.create_transaction
+
+    async def hang_first(controller: Controller, scope: str, stream: str, lease: float | None = None,
+                         ) -> TransactionInfo:
+        if not hung:
+            hung.append(controller)
+            await release.wait()  # (no reply until the test ends: the client's request timeout passes)
+        return await original(controller, scope, stream, lease)
+    monkeypatch.setattr(Controller, "create_transaction", hang_first)
+    async with _cluster(tmp_path, zookeeper) as running:
+        await _settled(running)
+        seeds = ",".join(node.uri for node in running.values())
+        config = ClientConfig(connect_timeout_seconds=5.0, request_timeout_seconds=1.0, reconnect_budget_seconds=60.0,
+                              reconnect_delay_max_seconds=0.2)
+        try:
+            async with AsyncClient(seeds, config=config) as client:
+                await client.stream_manager().create_scope("slow")
+                await client.stream_manager().create_stream("slow/s", StreamConfig(scaling=ScalingPolicy.fixed(1)))
+                transaction = await client.transactional_writer("slow/s").begin()
+                assert len(hung) == 1
+                assert await transaction.abort() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
+        finally:
+            release.set()

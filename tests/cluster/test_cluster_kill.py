@@ -9,12 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
-import re
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -22,29 +17,17 @@ from click.testing import CliRunner
 from millstream.cli import main
 from millstream.client import AsyncClient, ClientConfig
 from millstream.naming import container_of, stream_segment_name
-from millstream.testing.history import EventTag, History, Outcome, TransactionOutcome, check
+from millstream.testing.history import History, check
 from millstream.testing.nats_cluster import NatsCluster
 from millstream.testing.zookeeper_server import ZooKeeperServer
-from millstream.values import ReaderGroupConfig, ScalingPolicy, StreamConfig
+from millstream.values import ScalingPolicy, StreamConfig
 
+from .cluster_up import UP_READY_SECONDS, ClusterUp, alive
+from .workload import RecordedWorkload
 from .zookeeper_helpers import in_loop, wait_until
 
-#: Bounds on waiting for ``cluster up`` to be ready and to stop (not speed checks: a loaded machine
-#: starts ZooKeeper, three NATS servers and three Python processes).
-UP_READY_SECONDS = 300.0
-UP_STOP_SECONDS = 180.0
 #: ``cluster up``'s container count (its default).
 CONTAINER_COUNT = 4
-#: Reads that return nothing before the test gives up (each waits up to a second for an event).
-EMPTY_READS_MAX = 120
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _status(zookeeper: str) -> dict[str, object]:
@@ -57,47 +40,18 @@ def _client_config() -> ClientConfig:
     return ClientConfig(reconnect_budget_seconds=120.0, reconnect_delay_max_seconds=0.5)
 
 
-def _cluster_up(directory: Path) -> subprocess.Popen[str]:
-    """``millstream cluster up --nodes 3`` in ``directory``, its standard output piped."""
-    return subprocess.Popen(
-        [sys.executable, "-c", "import sys; from millstream.cli import main; sys.exit(main())",
-         "cluster", "up", "--nodes", "3", "--data-dir", str(directory / "cluster")],
-        cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-
 @in_loop
 async def test_acknowledged_events_are_read_exactly_once_after_the_controllers_node_and_a_data_node_are_killed(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
     """(``zookeeper``: only for its skip when ZooKeeper is not installed; ``cluster up`` starts its own.)"""
     NatsCluster(tmp_path / "probe", size=1)  # fails now, saying how to install it, if nats-server is missing
-    process = await asyncio.to_thread(_cluster_up, tmp_path)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.put(line)
-        lines.put(None)
-    threading.Thread(target=pump, daemon=True).start()
     history = History()
-    pids: list[int] = []
-    try:
-        printed = []
-        while True:
-            line = await asyncio.to_thread(lines.get, timeout=UP_READY_SECONDS)
-            assert line is not None, f"cluster up exited early: {process.wait()}"
-            printed.append(line)
-            if line.startswith("millstream cluster ready"):
-                break
-        text = "".join(printed)
-        pids = [int(pid) for pid in re.findall(r"\(pid (\d+)", text)]
-        zookeeper_address = re.search(r"^zookeeper (\S+) \(pid \d+\)$", text, re.M)
-        assert zookeeper_address is not None, text
-        zookeeper_connect = zookeeper_address.group(1)
-        nodes = {uri: (name, int(pid)) for name, uri, pid in
-                 re.findall(r"^(node-\d) (tcp://\S+) \(pid (\d+)", text, re.M)}
-        assert len(nodes) == 3, text
-        seeds = ",".join(nodes)
+    with ClusterUp(["cluster", "up", "--nodes", "3", "--data-dir", str(tmp_path / "cluster")], tmp_path) as up:
+        await asyncio.to_thread(up.start)
+        zookeeper_connect = up.zookeeper
+        nodes = {uri: (name, pid) for name, (uri, pid) in up.nodes.items()}
+        assert len(nodes) == 3, up.text
+        seeds = up.seeds
         killed: set[str] = set()
 
         async def kill(uri: str) -> None:
@@ -116,38 +70,14 @@ async def test_acknowledged_events_are_read_exactly_once_after_the_controllers_n
         async with AsyncClient(seeds, config=_client_config()) as client:
             await client.stream_manager().create_scope("shop")
             await client.stream_manager().create_stream("shop/orders", StreamConfig(scaling=ScalingPolicy.fixed(4)))
-            writer = client.event_writer("shop/orders")
-            sequence = 0
-
-            async def write_round(count: int) -> None:
-                nonlocal sequence
-                tags = []
-                for _ in range(count):
-                    sequence += 1
-                    tag = EventTag("w", sequence)
-                    key = f"k{sequence % 8}"
-                    history.write_invoked(tag, key=key)
-                    await writer.write_event(tag.payload(key=key), routing_key=key)
-                    tags.append(tag)
-                await writer.flush()
-                history.writes_completed(tags, Outcome.ACKED)
-
-            await write_round(50)
+            workload = RecordedWorkload(client, "shop/orders", history)
+            await workload.write_round(50)
             # SIGKILL the controller's node (it serves containers too), then write on.
             controller_uri = str(client.controller().endpoint)
             assert controller_uri in nodes, (controller_uri, nodes)
             await kill(controller_uri)
-            await write_round(50)
-            transaction = await client.transactional_writer("shop/orders").begin()
-            transaction_tags = []
-            for index in range(10):
-                tag = EventTag("t", index + 1)
-                history.write_invoked(tag, key="tk", transaction="t1")
-                await transaction.write_event(tag.payload(key="tk"), routing_key="tk")
-                transaction_tags.append(tag)
-            await transaction.commit()
-            history.writes_completed(transaction_tags, Outcome.ACKED)
-            history.transaction_completed("t1", TransactionOutcome.COMMITTED)
+            await workload.write_round(50)
+            await workload.commit_transaction(client.transactional_writer("shop/orders"), "t1", 10)
             # SIGKILL a live node serving one of the stream's containers, then write on.
             in_use = {container_of(stream_segment_name("shop", "orders", index), CONTAINER_COUNT)
                       for index in range(4)}
@@ -157,30 +87,11 @@ async def test_acknowledged_events_are_read_exactly_once_after_the_controllers_n
             victim = next(f"tcp://{hosts[c['host']]['address']}" for key, c in sorted(containers.items())
                           if int(key) in in_use and c["host"] in hosts)
             await kill(victim)
-            await write_round(50)
-            await writer.close()
-            group = await client.reader_group("shop/all", config=ReaderGroupConfig(["shop/orders"]))
-            reader = await group.reader("r1")
-            seen = empty = 0
-            while seen < sequence + len(transaction_tags) and empty < EMPTY_READS_MAX:
-                read = await reader.read_next_event(1.0)
-                if read.event is None:
-                    empty += 1
-                    continue
-                history.read("group", read.event)
-                seen += 1
-            history.pass_complete("group")
-            await group.close()
+            await workload.write_round(50)
+            await workload.writer.close()
+            seen = await workload.read_back("shop/all")
         report = check(history)
         assert report.ok, report.summary()
         assert seen == 160 and len(killed) == 2
-        process.send_signal(signal.SIGINT)
-        assert await asyncio.to_thread(process.wait, UP_STOP_SECONDS) == 0
-        assert [pid for pid in pids if _alive(pid)] == []
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for pid in pids:  # (cluster up stops its children; this only catches what a failure left behind)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        assert await asyncio.to_thread(up.stop) == 0
+        assert [pid for pid in up.pids if alive(pid)] == []

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from millstream.client._controller import LOCATE_CONTROLLER
 from millstream.cluster._node import ClusterControllerEndpoint
 from millstream.errors import ContainerUnavailableError, ObjectClosedError
 
@@ -50,3 +51,16 @@ def test_an_object_closed_while_the_controller_stays_is_raised_as_it_is() -> Non
     served.rpc = rpc
     with pytest.raises(ObjectClosedError):
         asyncio.run(served.handle("create_transaction", b"{}"))
+
+
+def test_a_node_that_is_not_a_running_member_answers_where_the_controller_runs_retryably() -> None:
+    """A node leaving the cluster was asked ``locate_controller`` by a client following the controller
+    to its next node, and answered ObjectClosed ("the node is not a running member"): the client took it
+    as final and gave up.  It is ContainerUnavailable now (retryable: ask another node)."""
+    async def controller_uri() -> str:
+        raise ObjectClosedError("the node is not a running member of the cluster")
+    node: Any = SimpleNamespace(host_id="node-1", controller_uri=controller_uri)
+    served = ClusterControllerEndpoint(node, None)
+    with pytest.raises(ContainerUnavailableError, match="node-1 is not a running member") as caught:
+        asyncio.run(served.handle(LOCATE_CONTROLLER, b"{}"))
+    assert isinstance(caught.value.__cause__, ObjectClosedError)

@@ -14,25 +14,17 @@ import pytest
 from millstream.cluster._containers import ContainerClaims, ContainerManager
 from millstream.cluster._zookeeper import Assignment, ClusterMember, write_claim
 from millstream.errors import WrongHostError
-from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
 from millstream.testing.zookeeper_server import ZooKeeperServer
 
 from .test_start_race import _Claims
-from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, in_loop, wait_until
+from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, file_logs, in_loop, wait_until
 
 CONTAINER_COUNT = 1
 
 
-def _file_logs(root: Path) -> Callable[[int], DurableDataLog]:
-    def open_log(container_id: int) -> DurableDataLog:
-        return FileLog(root / "tier1" / f"container-{container_id}")
-    return open_log
-
-
 def _manager(root: Path, host_id: str, claims: ContainerClaims, left: list[int] | None = None) -> ContainerManager:
-    return ContainerManager(host_id, _file_logs(root), chunk_storage=FileChunkStorage(root / "tier2"),
+    return ContainerManager(host_id, file_logs(root), chunk_storage=FileChunkStorage(root / "tier2"),
                             host_options={"restart_delay_seconds": 0.01}, claims=claims,
                             on_leaving=None if left is None else left.append)
 

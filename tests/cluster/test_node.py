@@ -5,7 +5,6 @@ ZooKeeper's map gives it.  Two nodes on real ZooKeeper, FileLogs and one Tier-2 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,23 +14,15 @@ from millstream.client._controller import ControllerSegmentLocator
 from millstream.cluster import ClusterNode
 from millstream.errors import CoordinationUnavailableError, SessionLostError
 from millstream.naming import container_of
-from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.file_chunk_storage import FileChunkStorage
-from millstream.segmentstore.file_log import FileLog
 from millstream.server import ServerConfig, ServerState
 from millstream.testing.zookeeper_server import ZooKeeperServer
 from millstream.wire import CreateSegment, SegmentCreated, WrongHost, codec
 from tests.server.raw import RawClient
 
-from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, in_loop, wait_until
+from .zookeeper_helpers import SESSION_TIMEOUT_SECONDS, WAIT_SECONDS, cluster_name, file_logs, in_loop, wait_until
 
 CONTAINER_COUNT = 4
-
-
-def _file_logs(root: Path) -> Callable[[int], DurableDataLog]:
-    def open_log(container_id: int) -> DurableDataLog:
-        return FileLog(root / "tier1" / f"container-{container_id}")
-    return open_log
 
 
 def _segment_in(container_id: int, prefix: str) -> str:
@@ -45,7 +36,7 @@ async def test_two_nodes_share_the_containers_and_one_takes_all_when_the_other_s
     cluster = cluster_name()
     storages = {host: FileChunkStorage(tmp_path / "tier2") for host in ("a", "b")}
     nodes = {host: ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host,
-                               open_log=_file_logs(tmp_path), chunk_storage=storages[host],
+                               open_log=file_logs(tmp_path), chunk_storage=storages[host],
                                config=ServerConfig(container_count=CONTAINER_COUNT),
                                session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0,
                                host_options={"restart_delay_seconds": 0.01})
@@ -114,7 +105,7 @@ async def test_a_node_given_a_wrong_zookeeper_address_fails_to_start_and_leaves_
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     storage = FileChunkStorage(tmp_path / "tier2")
-    node = ClusterNode(f"127.0.0.1:{port}", cluster=cluster_name(), host_id="lonely", open_log=_file_logs(tmp_path),
+    node = ClusterNode(f"127.0.0.1:{port}", cluster=cluster_name(), host_id="lonely", open_log=file_logs(tmp_path),
                        chunk_storage=storage, config=ServerConfig(container_count=CONTAINER_COUNT),
                        connect_timeout_seconds=1.0)
     try:
@@ -134,7 +125,7 @@ async def test_a_node_cut_off_from_zookeeper_stops_serving_its_containers(
     its server answers WrongHost for every segment (rather than risk two owners)."""
     storage = FileChunkStorage(tmp_path / "tier2")
     node = ClusterNode(zookeeper_own.connect_string, cluster=cluster_name(), host_id="alone",
-                       open_log=_file_logs(tmp_path), chunk_storage=storage,
+                       open_log=file_logs(tmp_path), chunk_storage=storage,
                        config=ServerConfig(container_count=CONTAINER_COUNT),
                        session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0)
     try:
@@ -175,7 +166,7 @@ async def test_a_writer_and_a_reader_follow_a_container_that_moves(
     cluster = cluster_name()
     storages = {host: FileChunkStorage(tmp_path / "tier2") for host in ("a", "b")}
     nodes = {host: ClusterNode(zookeeper.connect_string, cluster=cluster, host_id=host,
-                               open_log=_file_logs(tmp_path), chunk_storage=storages[host],
+                               open_log=file_logs(tmp_path), chunk_storage=storages[host],
                                config=ServerConfig(container_count=CONTAINER_COUNT),
                                session_timeout_seconds=SESSION_TIMEOUT_SECONDS, connect_timeout_seconds=30.0,
                                host_options={"restart_delay_seconds": 0.01})

@@ -1,4 +1,4 @@
-"""Helpers of the ZooKeeper cluster tests: an event loop per test, bounded waits for conditions."""
+"""Helpers of the ZooKeeper cluster tests: an event loop per test, bounded waits for conditions, file logs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import asyncio
 import functools
 import itertools
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
+
+from millstream.segmentstore.durable_data_log import DurableDataLog
+from millstream.segmentstore.file_log import FileLog
 
 #: Small enough that expiry tests finish quickly, large enough that a loaded machine keeps sessions.
 SESSION_TIMEOUT_SECONDS = 2.0
@@ -39,3 +43,11 @@ async def wait_until(condition: Callable[[], bool], what: str, seconds: float = 
         await asyncio.sleep(0.02)
 
 
+
+
+def file_logs(root: Path) -> Callable[[int], DurableDataLog]:
+    """A node's Tier-1 logs as ``FileLog``s under ``root/tier1`` (one directory per container, shared by
+    every node in the process: the shared-disk case)."""
+    def open_log(container_id: int) -> DurableDataLog:
+        return FileLog(root / "tier1" / f"container-{container_id}")
+    return open_log

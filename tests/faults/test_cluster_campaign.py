@@ -41,9 +41,7 @@ import asyncio
 import contextlib
 import os
 import random
-import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,10 +55,9 @@ from millstream.errors import MillstreamError
 from millstream.naming import container_of
 from millstream.testing.history import EventTag, History, Outcome, TransactionOutcome, check
 from millstream.testing.nats_cluster import NatsCluster
+from millstream.testing.processes import MillstreamProcess, free_port
 from millstream.testing.zookeeper_server import ZooKeeperServer, zookeeper_installed
 from millstream.values import ReaderGroupConfig, ScalingPolicy, StreamConfig, TransactionStatus
-
-from .test_server_kill import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NIGHTLY = os.environ.get("MILLSTREAM_PROFILE", "ci") == "nightly"
@@ -118,62 +115,25 @@ def probe_segments() -> dict[int, str]:
     return found
 
 
-@attrs.define
-class Node:
+class Node(MillstreamProcess):
     """One ``millstream serve --zookeeper`` process on a fixed port, started and SIGKILLed by PID."""
 
-    name: str
-    port: int
-    data_dir: Path
-    logs: Path
-    process: asyncio.subprocess.Process | None = None
-    incarnation: int = 0
+    def __init__(self, name: str, port: int, data_dir: Path, logs: Path) -> None:
+        super().__init__(name, (), logs, cwd=ROOT, ready_timeout_seconds=NODE_READY_TIMEOUT_SECONDS,
+                         reap_timeout_seconds=REAP_TIMEOUT_SECONDS, stop_timeout_seconds=STOP_TIMEOUT_SECONDS)
+        self.port = port
+        self.data_dir = data_dir
 
     @property
     def uri(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    def log_path(self) -> Path:
-        return self.logs / f"{self.name}-{self.incarnation}.log"
-
-    async def start(self, zookeeper: str, tier1: str, tier2_dir: Path) -> None:
-        self.incarnation += 1
-        with self.log_path().open("wb") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", "from millstream.cli import main; main()", "serve",
-                "--zookeeper", zookeeper, "--cluster", CLUSTER, "--host-id", self.name, "--tier1", tier1,
-                "--tier2-dir", str(tier2_dir), "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
-                "--port", str(self.port), "--containers", str(CONTAINERS),
-                cwd=ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        assert self.process.stdout is not None
-        try:
-            line = await asyncio.wait_for(self.process.stdout.readline(), NODE_READY_TIMEOUT_SECONDS)
-        except TimeoutError:
-            raise AssertionError(f"{self.name} did not listen within {NODE_READY_TIMEOUT_SECONDS} s: "
-                                 f"{self.log_tail()}") from None
-        assert b"listening on" in line, f"{self.name} said {line!r}: {self.log_tail()}"
-
-    def log_tail(self) -> str:
-        return self.log_path().read_text(errors="replace")[-3000:]
-
-    async def kill(self) -> None:
-        process = self.process
-        assert process is not None and process.returncode is None, f"{self.name} exited by itself: {self.log_tail()}"
-        process.send_signal(signal.SIGKILL)  # by PID: this child and nothing else
-        assert await asyncio.wait_for(process.wait(), REAP_TIMEOUT_SECONDS) == -signal.SIGKILL
-
-    async def terminate(self) -> None:
-        """SIGTERM (a graceful stop), then SIGKILL if it does not stop in time; reaped either way."""
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), STOP_TIMEOUT_SECONDS)
-        except TimeoutError:
-            process.send_signal(signal.SIGKILL)
-            await asyncio.wait_for(process.wait(), REAP_TIMEOUT_SECONDS)
+    async def start_node(self, zookeeper: str, tier1: str, tier2_dir: Path) -> None:
+        self.arguments = (
+            "serve", "--zookeeper", zookeeper, "--cluster", CLUSTER, "--host-id", self.name, "--tier1", tier1,
+            "--tier2-dir", str(tier2_dir), "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
+            "--port", str(self.port), "--containers", str(CONTAINERS))
+        await self.start(f"millstream node {self.name} of cluster {CLUSTER} listening on {self.uri}")
 
 
 @attrs.define
@@ -254,7 +214,7 @@ class Campaign:
         self.tier1 = "jetstream://" + ",".join(url.removeprefix("nats://") for url in self.nats.client_urls)
 
     async def start_node(self, node: Node) -> None:
-        await node.start(self.zookeeper.connect_string, self.tier1, self.tier2)
+        await node.start_node(self.zookeeper.connect_string, self.tier1, self.tier2)
 
     async def serves(self, client: AsyncClient, container: int) -> bool:
         """Whether ``container`` answers a request for its probe segment now (its owner serves it)."""

@@ -33,9 +33,6 @@ import asyncio
 import contextlib
 import os
 import random
-import signal
-import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +42,7 @@ import attrs
 from millstream.client import AsyncClient, ClientConfig
 from millstream.errors import MillstreamError
 from millstream.testing.history import EventTag, History, Outcome, check
+from millstream.testing.processes import MillstreamProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NIGHTLY = os.environ.get("MILLSTREAM_PROFILE", "ci") == "nightly"
@@ -87,13 +85,6 @@ CLIENT_CONFIG = ClientConfig(connect_timeout_seconds=5.0, request_timeout_second
                              append_ack_timeout_seconds=10.0)
 
 
-def free_port() -> int:
-    """A port nothing listens on now (the server binds it with SO_REUSEADDR on every restart)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @attrs.define
 class Statistics:
     kills: int = 0
@@ -117,75 +108,22 @@ class Statistics:
                 f"{elapsed:.1f} s" + "".join(f"\n  gave up: {line}" for line in self.give_ups[:5]))
 
 
-def _log_file(path: Path) -> Any:
-    """A file for a child's stderr (the child keeps its own descriptor; ours is closed once it runs)."""
-    return path.open("wb")
-
-
-class Server:
+class Server(MillstreamProcess):
     """``millstream standalone`` on one directory and port, started and SIGKILLed by PID."""
 
     def __init__(self, data_dir: Path, port: int, logs: Path) -> None:
+        super().__init__("server", ("standalone", "--data-dir", str(data_dir), "--port", str(port)), logs, cwd=ROOT,
+                         ready_timeout_seconds=READY_TIMEOUT_SECONDS, reap_timeout_seconds=REAP_TIMEOUT_SECONDS,
+                         stop_timeout_seconds=STOP_TIMEOUT_SECONDS)
         self.data_dir = data_dir
         self.port = port
-        self.logs = logs
-        self.process: asyncio.subprocess.Process | None = None
-        self.incarnation = 0
-        self.spawned_at = 0.0
-        #: Seconds from spawn to "listening", per incarnation that got there.
-        self.start_seconds: list[float] = []
 
-    async def spawn(self) -> asyncio.subprocess.Process:
-        self.incarnation += 1
-        self.spawned_at = time.monotonic()
-        stderr = _log_file(self.logs / f"server-{self.incarnation}.stderr")
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", "from millstream.cli import main; main()", "standalone",
-                "--data-dir", str(self.data_dir), "--port", str(self.port),
-                cwd=ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        finally:
-            stderr.close()
-        return self.process
+    async def wait_listening(self) -> None:
+        await self.wait_ready(f"millstream standalone listening on tcp://127.0.0.1:{self.port}")
 
-    async def wait_ready(self) -> None:
-        process = self.process
-        assert process is not None and process.stdout is not None
-        try:
-            line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_SECONDS)
-        except TimeoutError:
-            raise AssertionError(f"server {self.incarnation} did not listen within {READY_TIMEOUT_SECONDS} s: "
-                                 f"{self.stderr_tail()}") from None
-        expected = f"millstream standalone listening on tcp://127.0.0.1:{self.port}"
-        assert line.decode().startswith(expected), (
-            f"server {self.incarnation} said {line!r} (exit {process.returncode}): {self.stderr_tail()}")
-        self.start_seconds.append(time.monotonic() - self.spawned_at)
-
-    def stderr_tail(self) -> str:
-        text = (self.logs / f"server-{self.incarnation}.stderr").read_text(errors="replace")
-        return text[-3000:]
-
-    async def kill(self) -> None:
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        process.send_signal(signal.SIGKILL)  # by PID: this child and nothing else
-        returncode = await asyncio.wait_for(process.wait(), REAP_TIMEOUT_SECONDS)
-        assert returncode == -signal.SIGKILL, f"server {self.incarnation} exited by itself ({returncode}) " \
-                                              f"before the kill: {self.stderr_tail()}"
-
-    async def terminate(self) -> None:
-        """SIGTERM (a graceful stop), then SIGKILL if it does not stop in time; reaped either way."""
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), STOP_TIMEOUT_SECONDS)
-        except TimeoutError:
-            process.send_signal(signal.SIGKILL)
-            await asyncio.wait_for(process.wait(), REAP_TIMEOUT_SECONDS)
+    async def kill(self, *, must_be_running: bool = False) -> None:
+        """SIGKILL the current incarnation if it runs (it may not have been spawned yet, or be reaped)."""
+        await super().kill(must_be_running=must_be_running)
 
 
 @attrs.define
@@ -272,7 +210,7 @@ class Campaign:
 
     async def start_server(self) -> None:
         await self.server.spawn()
-        await self.server.wait_ready()
+        await self.server.wait_listening()
 
     async def kill_once(self) -> None:
         """Start the server again and SIGKILL it: ``delay`` after it listens, or (early) after the spawn."""
@@ -282,12 +220,12 @@ class Campaign:
         ready = True
         if early:
             try:
-                await asyncio.wait_for(self.server.wait_ready(), delay)
+                await asyncio.wait_for(self.server.wait_listening(), delay)
             except TimeoutError:
                 ready = False
             await asyncio.sleep(max(0.0, self.server.spawned_at + delay - time.monotonic()))
         else:
-            await self.server.wait_ready()
+            await self.server.wait_listening()
             await self.wait_for_progress()
             await asyncio.sleep(delay)
             await self.until_events_in_flight()

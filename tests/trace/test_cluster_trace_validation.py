@@ -16,7 +16,6 @@ Default profile: 40 runs of 50 steps (over a thousand recorded spec steps beside
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,11 +25,19 @@ from millstream.cluster._containers import ContainerManager
 from millstream.testing.tracing import TraceEvent
 from proofs.tlc import TlcOutcome
 from tests.trace import cluster_run as driver
+from tests.trace.flat_trace import (
+    DEEP,
+    EXIT_DEADLOCK,
+    EXIT_SAFETY,
+    assert_accepted,
+    fenced_flushes,
+    most,
+    recorded_steps,
+    trace_data_module,
+)
 from tests.trace.tla_trace import check_trace, tla
 
-DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 RUNS, STEPS = (400, 50) if DEEP else (40, 50)
-EXIT_SAFETY, EXIT_DEADLOCK = 12, 11
 ACTIONS = {"Assign", "Start", "ClientAppend", "QuorumCommit", "Acknowledge", "LogWriteFenced", "WriteChunk",
            "CommitFlush", "Truncate", "SessionExpires", "Reconnect", "Crash", "Restart", "Observe"}
 
@@ -54,29 +61,17 @@ INVARIANTS
 """
 
 
-def count(run: Sequence[TraceEvent], action: str) -> int:
-    return sum(1 for event in run if event.action == action)
-
-
 def trace_module(runs: Sequence[Sequence[TraceEvent]]) -> str:
-    records = [[{"a": event.action, **event.fields} for event in events] for events in runs]
-
-    def most(action: str) -> int:
-        return max((count(run, action) for run in runs), default=0)
-
-    return f"""---- MODULE TraceData ----
-EXTENDS Integers, Sequences
-TraceHosts == {tla(set(driver.HOSTS))}
-TraceContainer == {tla(driver.CONTAINER)}
-TraceContainers == {{TraceContainer}}
-TraceReplicas == 3
-TraceMaxAppends == {most("ClientAppend")}
-TraceMaxCrashes == {most("Crash")}
-TraceMaxExpiries == {most("SessionExpires")}
-TraceMaxReplicaLosses == 0
-Traces == {tla(records)}
-====
-"""
+    return trace_data_module(runs, {
+        "TraceHosts": tla(set(driver.HOSTS)),
+        "TraceContainer": tla(driver.CONTAINER),
+        "TraceContainers": "{TraceContainer}",
+        "TraceReplicas": "3",
+        "TraceMaxAppends": str(most(runs, "ClientAppend")),
+        "TraceMaxCrashes": str(most(runs, "Crash")),
+        "TraceMaxExpiries": str(most(runs, "SessionExpires")),
+        "TraceMaxReplicaLosses": "0",
+    })
 
 
 def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
@@ -86,20 +81,16 @@ def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
 def test_cluster_runs_are_accepted(tmp_path: Path) -> None:
     done = driver.record_runs(range(RUNS), STEPS)
     runs = [run.trace for run in done]
-    steps = sum(1 for run in runs for event in run if event.action != "Observe")
+    steps = recorded_steps(runs)
     assert steps >= (10_000 if DEEP else 1_000), f"only {steps} recorded steps besides the observations"
     assert {event.action for run in runs for event in run} >= ACTIONS
-    fenced_flushes = sum(1 for run in runs for before, after in itertools.pairwise(run)
-                         if before.action == "WriteChunk" and after.action == "LogWriteFenced")
-    assert fenced_flushes > 0, "no zombie's chunk write was recorded with its refused flush record"
+    assert fenced_flushes(runs) > 0, "no zombie's chunk write was recorded with its refused flush record"
     fenced_appends = sum(1 for run in runs for before, after in itertools.pairwise(run)
                          if before.action != "WriteChunk" and after.action == "LogWriteFenced")
     assert fenced_appends > 0, "no zombie's append was refused"
     cut = sum(1 for run in done if run.cut is not None)
     assert cut <= len(done) // 4, f"{cut} of {len(done)} runs were cut at a partial adoption"
-    outcome = check(runs, tmp_path)
-    assert outcome.returncode == 0, outcome.output[-4000:]
-    assert outcome.distinct is not None and outcome.distinct >= max(len(run) for run in runs)
+    assert_accepted(check(runs, tmp_path), runs)
 
 
 def test_serving_on_after_the_session_is_lost_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

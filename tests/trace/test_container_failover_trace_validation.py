@@ -15,8 +15,6 @@ Default profile: 30 runs of 60 steps (over a thousand recorded spec steps beside
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,11 +24,19 @@ from millstream.segmentstore.storage_writer import StorageWriter
 from millstream.testing.tracing import TraceEvent
 from proofs.tlc import TlcOutcome
 from tests.trace import container_failover_run as driver
+from tests.trace.flat_trace import (
+    DEEP,
+    EXIT_DEADLOCK,
+    EXIT_SAFETY,
+    assert_accepted,
+    fenced_flushes,
+    most,
+    recorded_steps,
+    trace_data_module,
+)
 from tests.trace.tla_trace import check_trace, tla
 
-DEEP = os.environ.get("MILLSTREAM_PROFILE") == "nightly"
 RUNS, STEPS = (300, 60) if DEEP else (30, 60)
-EXIT_SAFETY, EXIT_DEADLOCK = 12, 11
 ACTIONS = {"Start", "ClientAppend", "LogWriteFenced", "WriteChunk", "CommitFlush", "Adopt", "Checkpoint",
            "Truncate", "Crash", "Observe"}
 
@@ -52,26 +58,14 @@ INVARIANTS
 """
 
 
-def count(run: Sequence[TraceEvent], action: str) -> int:
-    return sum(1 for event in run if event.action == action)
-
-
 def trace_module(runs: Sequence[Sequence[TraceEvent]]) -> str:
-    records = [[{"a": event.action, **event.fields} for event in events] for events in runs]
-
-    def most(action: str) -> int:
-        return max((count(run, action) for run in runs), default=0)
-
-    return f"""---- MODULE TraceData ----
-EXTENDS Integers, Sequences
-TraceOwners == {tla(set(driver.OWNERS))}
-TraceMaxAppends == {most("ClientAppend")}
-TraceMaxEpoch == {most("Start")}
-TraceMaxCrashes == {most("Crash")}
-TraceMaxCheckpoints == {most("Checkpoint")}
-Traces == {tla(records)}
-====
-"""
+    return trace_data_module(runs, {
+        "TraceOwners": tla(set(driver.OWNERS)),
+        "TraceMaxAppends": str(most(runs, "ClientAppend")),
+        "TraceMaxEpoch": str(most(runs, "Start")),
+        "TraceMaxCrashes": str(most(runs, "Crash")),
+        "TraceMaxCheckpoints": str(most(runs, "Checkpoint")),
+    })
 
 
 def check(runs: Sequence[Sequence[TraceEvent]], workdir: Path) -> TlcOutcome:
@@ -85,15 +79,11 @@ def test_container_failover_runs_are_accepted(tmp_path: Path) -> None:
     assert any(adoptions), "no new owner adopted the whole of an earlier owner's unrecorded write"
     assert not all(adoptions), "no new owner adopted a prefix of the unflushed tail only"
     runs = [run.trace for run in done]
-    steps = sum(1 for run in runs for event in run if event.action != "Observe")
+    steps = recorded_steps(runs)
     assert steps >= (10_000 if DEEP else 1_000), f"only {steps} recorded steps besides the observations"
     assert {event.action for run in runs for event in run} >= ACTIONS
-    fenced_flushes = sum(1 for run in runs for before, after in itertools.pairwise(run)
-                         if before.action == "WriteChunk" and after.action == "LogWriteFenced")
-    assert fenced_flushes > 0, "no fenced owner's chunk write was recorded"
-    outcome = check(runs, tmp_path)
-    assert outcome.returncode == 0, outcome.output[-4000:]
-    assert outcome.distinct is not None and outcome.distinct >= max(len(run) for run in runs)
+    assert fenced_flushes(runs) > 0, "no fenced owner's chunk write was recorded"
+    assert_accepted(check(runs, tmp_path), runs)
 
 
 def test_truncating_before_the_flush_is_rejected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

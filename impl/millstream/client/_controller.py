@@ -15,7 +15,8 @@ fenced ``commit_transactions``), are re-sent after a broken connection within th
 reconnect budget (``ConnectionPool.retrying``); the others (creations, deletions, scaling,
 configuration updates, ``create_transaction``, ``commit_transaction``) retry only connecting: once
 sent, their outcome is unknown, and ``ConnectionLostError`` says so (``Transaction.commit`` resolves
-it by asking for the transaction's status).
+it by asking for the transaction's status).  In a cluster ``create_transaction`` is re-sent too
+(``RESENT_IN_CLUSTER`` says why that is safe).
 
 In a cluster (issue 23) the controller runs on one node and moves with its metadata container; the
 client is given *seeds*, any of the cluster's nodes.  Every node answers ``locate_controller`` with
@@ -23,8 +24,9 @@ the controller node's URI, and a node without the controller answers every contr
 ``WrongHostError`` (nothing was done).  So a client given several seeds -- or one whose single server
 answered ``WrongHost`` -- first asks the seeds in turn where the controller runs, and asks again
 after a ``WrongHost`` reply or when the controller's node cannot be reached; any call may then be
-sent again, since none was.  A call that was sent and lost its connection keeps the rule above
-(resent only if harmless).  The asking is bounded by the same per-outage reconnect budget.
+sent again, since none was.  A call that was sent and lost its connection, or whose controller left
+its node under it (``ContainerUnavailableError``), keeps the rule above (resent only if harmless, or
+``create_transaction``).  The asking is bounded by the same per-outage reconnect budget.
 
 ``ControllerSegmentLocator`` is the ``SegmentLocator`` the stream layer uses: it asks the controller
 where a segment is served (``get_segment_uri``), remembers the answer, and forgets it after a
@@ -56,6 +58,8 @@ from millstream.errors import (
     LeaseTooLargeError,
     OperationUnsupportedError,
     ProtocolError,
+    RequestTimeoutError,
+    RetryableError,
     WrongHostError,
 )
 from millstream.naming import validate_scope_or_stream_name
@@ -101,6 +105,20 @@ CONTROLLER_METHODS: Final[dict[str, bool]] = {
 }
 
 
+#: Controller methods that are not harmless to repeat in general, yet are sent again in a cluster when
+#: their outcome is unknown -- the controller's node died or the controller left it under the request,
+#: or no reply came within the request timeout -- within the reconnect budget, as a Pravega or Kafka
+#: client does.  ``create_transaction``: a transaction the lost request may have made was never
+#: acknowledged, so nobody writes to it or pings it, and the controller aborts it when its lease lapses
+#: (``ExpireLease``, ``controller._transaction_workflows.expire_leases``; the lease and deadline are in
+#: the metadata log, so the controller's next node expires it too).  It holds a place among the
+#: stream's live transactions (``limits.TRANSACTIONS_ACTIVE_PER_STREAM_MAX``) until then: at most one
+#: per lost attempt.  (``commit_transaction`` is not here: committing twice is refused, so
+#: ``Transaction.commit`` resolves a lost reply by asking the transaction's status;
+#: ``abort_transaction`` is harmless already -- aborting an aborting transaction changes nothing.)
+RESENT_IN_CLUSTER: Final = frozenset({"create_transaction"})
+
+
 #: Asked of any node of a cluster: where the controller runs (``cluster._node.LOCATE_CONTROLLER``).
 LOCATE_CONTROLLER: Final = "locate_controller"
 
@@ -136,6 +154,18 @@ def _decoding(method: str) -> Iterator[None]:
     except (LookupError, TypeError, ValueError) as error:
         raise ProtocolError(f"the controller's reply to {method} is malformed: {type(error).__name__}: {error}") \
             from error
+
+
+def _reply_object(method: str, raw: bytes) -> dict[str, Any]:
+    """A controller reply's body as the JSON object it must be; ``ProtocolError`` (the peer's fault) if
+    it is not one."""
+    try:
+        decoded = json.loads(raw)
+    except ValueError as error:
+        raise ProtocolError(f"the controller answered {method} with malformed JSON: {error}") from None
+    if not isinstance(decoded, dict):
+        raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
+    return decoded
 
 
 class ControllerClient:
@@ -184,14 +214,7 @@ class ControllerClient:
                                 else self._pool.acquire_with_retry(self._endpoint))
             reply = await connection.request(lambda rid: ControllerRequest(rid, method, payload),
                                              what=f"controller {method}")
-            raw = expect(reply, ControllerReply).body
-            try:
-                decoded = json.loads(raw)
-            except ValueError as error:
-                raise ProtocolError(f"the controller answered {method} with malformed JSON: {error}") from None
-            if not isinstance(decoded, dict):
-                raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
-            return decoded
+            return _reply_object(method, expect(reply, ControllerReply).body)
 
         if not self._cluster:
             try:
@@ -217,20 +240,18 @@ class ControllerClient:
                 reply = await connection.request(lambda rid: ControllerRequest(rid, method, payload),
                                                  what=f"controller {method}")
                 raw = expect(reply, ControllerReply).body
-            except (WrongHostError, ConnectionLostError):
-                self._stale = True  # (the controller moved, or its node died: ask the seeds next time)
+            except (WrongHostError, ConnectionLostError, ContainerUnavailableError, RequestTimeoutError):
+                self._stale = True  # (the controller moved, or its node died or hangs: ask the seeds next time)
                 raise
-            try:
-                decoded = json.loads(raw)
-            except ValueError as error:
-                raise ProtocolError(f"the controller answered {method} with malformed JSON: {error}") from None
-            if not isinstance(decoded, dict):
-                raise ProtocolError(f"the controller answered {method} with {decoded!r}, not a JSON object")
-            return decoded
+            return _reply_object(method, raw)
 
         retry_on: tuple[type[Exception], ...] = (WrongHostError, ControllerUnreachableError)
-        if harmless:
-            retry_on += (ConnectionLostError,)
+        if harmless or method in RESENT_IN_CLUSTER:
+            # (the request may have been carried out -- its node died, or the controller left it, before
+            # the reply: ConnectionLost, ContainerUnavailable -- and sending it again is harmless)
+            retry_on += (ConnectionLostError, ContainerUnavailableError)
+        if method in RESENT_IN_CLUSTER:
+            retry_on += (RequestTimeoutError,)  # (likewise when no reply came in time: a node that hangs)
         return await self._pool.retrying(once, retry_on=retry_on, what=f"controller {method} in the cluster")
 
     async def _locate(self) -> None:
@@ -249,7 +270,9 @@ class ControllerClient:
             except OperationUnsupportedError:  # not a cluster node: a single server, its own controller
                 self._endpoint, self._stale = seed, False
                 return
-            except (ConnectionLostError, ConnectFailedError, ContainerUnavailableError, WrongHostError) as error:
+            except (ConnectFailedError, RetryableError) as error:
+                # (RetryableError: the seed is gone or going -- ConnectionLost, WrongHost, ContainerUnavailable
+                # -- or, leaving the cluster, cannot ask ZooKeeper: CoordinationUnavailable; ask the next)
                 never_reached = never_reached and isinstance(error, ConnectFailedError)
                 reasons.append(f"{seed}: {error}")
                 continue

@@ -13,7 +13,8 @@ stay invisible to readers.  ``flush`` waits until all of them are durable.
 ``commit`` flushes, stops the writer and asks the controller to commit (``commit_transaction``); it
 returns once the commit is decided -- COMMITTING, with its place in the stream's commit order -- and
 the controller merges the transaction into the stream in the background (``wait_for_completion``
-waits for COMMITTED).  A reply lost with a broken connection is resolved by asking for the status
+waits for COMMITTED).  A reply lost with a broken connection, or with a cluster's controller that
+left its node under the request (``ContainerUnavailableError``), is resolved by asking for the status
 (and sending the commit again while it is still OPEN), so a commit is sent until it is decided, yet
 a second ``commit`` is an error (``TransactionNotOpenError``).  ``abort`` discards: the writer stops
 and the controller deletes the segments; aborting twice is harmless.
@@ -56,6 +57,7 @@ from millstream.client._writer import OVER_BUDGET, AsyncEventStreamWriter
 from millstream.clock import Clock
 from millstream.errors import (
     ConnectionLostError,
+    ContainerUnavailableError,
     InvalidArgumentError,
     MillstreamError,
     ObjectClosedError,
@@ -295,7 +297,9 @@ class AsyncTransaction(Generic[T]):
         for _ in range(limits.TRANSACTION_COMMIT_ATTEMPTS_MAX):
             try:
                 return await self._controller.commit_transaction(self._scope, self._name, self.txn_id)
-            except (ConnectionLostError, RequestTimeoutError):
+            except (ConnectionLostError, RequestTimeoutError, ContainerUnavailableError):
+                # (outcome unknown: the reply was lost, or the cluster's controller left its node under the
+                # request; committing again would be refused if it was decided, so ask)
                 info = await self._controller.get_transaction(self._scope, self._name, self.txn_id)
                 if info.status in (TransactionStatus.COMMITTING, TransactionStatus.COMMITTED):
                     return info.status  # the lost request was decided

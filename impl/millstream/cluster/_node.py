@@ -55,7 +55,7 @@ import logging
 import secrets
 import ssl
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
@@ -76,6 +76,7 @@ from millstream.errors import (
     WrongHostError,
 )
 from millstream.naming import container_of, validate_segment_name
+from millstream.retry import RetryPolicy, retry_bounded
 from millstream.segmentstore.chunk_storage import ChunkStorage
 from millstream.segmentstore.durable_data_log import DurableDataLog
 from millstream.segmentstore.host import ContainerHost
@@ -102,6 +103,13 @@ PEER_TOKEN_BYTES = 32
 _COUNTS_ENTRY_BYTES_MAX = 48
 
 log = logging.getLogger("millstream.cluster")
+
+#: How a node starts its controller again after a failure (``_run_controller``): at most
+#: ``limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX`` attempts in all.
+_CONTROLLER_START_RETRY: Final = RetryPolicy(
+    (MillstreamError,), retries_max=limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX - 1,
+    delay_seconds=limits.CLUSTER_CONTROLLER_START_DELAY_SECONDS,
+    delay_seconds_max=limits.CLUSTER_CONTROLLER_START_DELAY_SECONDS_MAX)
 
 
 class ClusterNode:
@@ -386,18 +394,11 @@ class ClusterNode:
         cancels this.)"""
         if previous is not None:
             await asyncio.wait([previous])  # (its failure, if any, was logged)
-        delay = limits.CLUSTER_CONTROLLER_START_DELAY_SECONDS
-        for attempt in range(1, limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX + 1):
-            try:
-                await self._start_controller()
-                return
-            except MillstreamError as error:
-                if attempt == limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX:
-                    raise
+        def failed(error: Exception, attempt: int, delay: float | None) -> None:
+            if delay is not None:
                 log.warning("node %s: the controller did not start (attempt %d of %d; again in %.2f s): %s",
                             self.host_id, attempt, limits.CLUSTER_CONTROLLER_START_ATTEMPTS_MAX, delay, error)
-            await self.server.clock.sleep(delay)
-            delay = min(delay * 2, limits.CLUSTER_CONTROLLER_START_DELAY_SECONDS_MAX)
+        await retry_bounded(self._start_controller, _CONTROLLER_START_RETRY, self.server.clock, on_failure=failed)
 
     async def _start_controller(self) -> None:
         await self.refresh_addresses()
@@ -517,4 +518,11 @@ class ClusterControllerEndpoint:
             raise InvalidArgumentError(f"{LOCATE_CONTROLLER}: the body is {{}} or {{\"token\": str}}")
         if self._authorizer is not None:
             self._authorizer.check_authentic(request.get("token", ""))
-        return canonical_json({"uri": await self._node.controller_uri()})
+        try:
+            uri = await self._node.controller_uri()
+        except ObjectClosedError as error:
+            # This node is stopping (or not yet a member): the caller's objects are fine, and another node
+            # can say -- a retryable error, not the caller's "closed".
+            raise ContainerUnavailableError(f"{self._node.host_id} is not a running member of the cluster: ask "
+                                            f"another node where the controller runs ({error})") from error
+        return canonical_json({"uri": uri})

@@ -47,7 +47,7 @@ from millstream.client._pool import ConnectionPool
 from millstream.client._replies import expect
 from millstream.client._segments import AsyncSegments
 from millstream.clock import Clock
-from millstream.controller._segment_store import AppendCounts, LocalSegmentStore, SegmentState
+from millstream.controller._segment_store import AppendCounts, LocalSegmentStore, SegmentState, store_retry_policy
 from millstream.errors import (
     BadOffsetError,
     ConnectionLostError,
@@ -63,6 +63,7 @@ from millstream.errors import (
     WrongHostError,
 )
 from millstream.naming import container_of
+from millstream.retry import retry_bounded
 from millstream.segmentstore import event_boundaries
 from millstream.server import SegmentStoreServer
 from millstream.values import ReadResult, canonical_json
@@ -113,7 +114,7 @@ class ClusterSegmentStore:
         self._map = cluster_map
         self._clock = clock or server.clock
         self._local = LocalSegmentStore(server, clock=self._clock, retry_attempts_max=retry_attempts_max)
-        self._retry_attempts_max = retry_attempts_max
+        self._policy = store_retry_policy(_MOVED, retry_attempts_max)
         self._locator = CachingSegmentLocator(cluster_map.segment_uri)  # (one answer per segment until forgotten)
         # A short outage budget: a host that went away is looked up again in the map (``_anywhere``)
         # instead of being retried for a client's whole budget.
@@ -136,21 +137,13 @@ class ClusterSegmentStore:
                         remote: Callable[[AsyncSegments], Awaitable[_T]]) -> _T:
         """``local()`` if this node serves ``name``'s container, else ``remote(segments)`` on its host;
         after a move or a lost host, again (bounded, doubling delays on the clock)."""
-        delay = limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS
-        attempt = 0
-        while True:
+        async def attempt() -> _T:
             try:
-                try:
-                    return await local()
-                except WrongHostError:
-                    return await remote(self._segments)
-            except _MOVED:
-                self._locator.forget(name)
-                attempt += 1
-                if attempt > self._retry_attempts_max:
-                    raise
-                await self._clock.sleep(delay)
-                delay = min(delay * 2, limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX)
+                return await local()
+            except WrongHostError:
+                return await remote(self._segments)
+        return await retry_bounded(attempt, self._policy, self._clock,
+                                   on_failure=lambda error, failures, delay: self._locator.forget(name))
 
     async def create_segment(self, name: str) -> bool:
         async def remote(segments: AsyncSegments) -> bool:

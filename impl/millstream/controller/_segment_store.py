@@ -47,10 +47,11 @@ from millstream.naming import (
     is_hidden_segment,
     parse_stream_segment_name,
 )
+from millstream.retry import RetryPolicy, retry_bounded
 from millstream.segmentstore.event_boundaries import EVENT_SEGMENT_ATTRIBUTES
 from millstream.values import ReadResult
 
-__all__ = ["AppendCounts", "LocalSegmentStore", "SegmentState", "SegmentStore"]
+__all__ = ["AppendCounts", "LocalSegmentStore", "SegmentState", "SegmentStore", "store_retry_policy"]
 
 _T = TypeVar("_T")
 
@@ -131,6 +132,14 @@ class SegmentStore(Protocol):
         ...
 
 
+def store_retry_policy(retryable: tuple[type[Exception], ...],
+                       retries_max: int = limits.CONTROLLER_STORE_RETRY_ATTEMPTS_MAX) -> RetryPolicy:
+    """How a controller's store retries a segment operation after ``retryable`` errors: the delays of
+    ``limits.CONTROLLER_STORE_RETRY_*``, at most ``retries_max`` times."""
+    return RetryPolicy(retryable, retries_max=retries_max, delay_seconds=limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS,
+                       delay_seconds_max=limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX)
+
+
 class _StatisticsSource(Protocol):
     def drain(self) -> dict[str, tuple[int, int]]: ...
 
@@ -183,21 +192,11 @@ class LocalSegmentStore:
                  retry_attempts_max: int = limits.CONTROLLER_STORE_RETRY_ATTEMPTS_MAX) -> None:
         self._server = server
         self._clock = clock or server.clock
-        self._retry_attempts_max = retry_attempts_max
+        self._policy = store_retry_policy((ContainerUnavailableError,), retry_attempts_max)
 
     async def _with_container(self, name: str, operation: Callable[[_Container], Awaitable[_T]]) -> _T:
         """Run ``operation`` on ``name``'s container, waiting (bounded) while it restarts."""
-        delay = limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS
-        attempt = 0
-        while True:
-            try:
-                return await operation(self._server.container_for(name))
-            except ContainerUnavailableError:
-                attempt += 1
-                if attempt > self._retry_attempts_max:
-                    raise
-                await self._clock.sleep(delay)
-                delay = min(delay * 2, limits.CONTROLLER_STORE_RETRY_DELAY_SECONDS_MAX)
+        return await retry_bounded(lambda: operation(self._server.container_for(name)), self._policy, self._clock)
 
     async def create_segment(self, name: str) -> bool:
         attributes = EVENT_SEGMENT_ATTRIBUTES if _holds_events(name) else ()
