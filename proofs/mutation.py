@@ -149,7 +149,7 @@ SCOPE: tuple[Target, ...] = (
            (_STATEFUL + "test_segment_writer_state_vs_model.py", "tests/unit/test_segment_writer_refusals.py")),
     Target("controller", "impl/millstream/controller/_transactions.py",
            ("tests/transactions/test_decisions.py", "tests/transactions/test_service.py",
-            _STATEFUL + "test_transactions_vs_model.py")),
+            _STATEFUL + "test_transactions_vs_model.py", "tests/unit/test_transactions_survivors.py")),
     Target("readers", "impl/millstream/client/_reader_group_state.py", ("tests/readers/test_state.py",
                                                                             "tests/readers/test_state_vs_model.py",
                                                                             "tests/unit/test_reader_group_state_survivors.py")),
