@@ -18,7 +18,7 @@ from millstream.client._reader_group import (
     SegmentCompleted,
     UpdateDistanceToTail,
 )
-from millstream.client._reader_group_state import CheckpointState, FutureSegment, _offset, validate_name
+from millstream.client._reader_group_state import CheckpointState, FutureSegment, _names, _offset, validate_name
 from millstream.errors import InternalError, InvalidArgumentError
 from tests.readers.topology import A0, A1, A3, A4, B0, CONFIG, START, successors
 
@@ -121,3 +121,14 @@ def test_invariants_refuse_a_complete_checkpoint_that_lacks_a_stream() -> None:
     lacking = attrs.evolve(state, checkpoints=(CheckpointState("c1", False, frozenset(), {A1: 0}),))
     with pytest.raises(InternalError, match="checkpoint c1 lacks a stream"):
         lacking.check_invariants()
+
+
+def test_a_collection_of_segment_names_is_neither_a_str_nor_a_scalar() -> None:
+    """A future segment's ``waiting`` and ``predecessors``, read from the group's JSON, are collections
+    of names: a bare name (a str, itself iterable) or a number is refused with the same typed error.
+    Kills ``isinstance(value, str) or not isinstance(value, Iterable)`` -> ``and`` in ``_names``
+    (seed-2711 sample: a number failed with a ``TypeError`` from ``frozenset``)."""
+    assert _names([A3, A1], "waiting") == frozenset({A1, A3})
+    for bad in (A3, 5, None):
+        with pytest.raises(InvalidArgumentError, match="collection of segment names"):
+            _names(bad, "waiting")
