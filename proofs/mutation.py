@@ -139,7 +139,7 @@ SCOPE: tuple[Target, ...] = (
             "tests/unit/test_operation_processor_checkpoints.py", _STATEFUL + "test_operation_processor_vs_model.py")),
     Target("segmentstore", "impl/millstream/segmentstore/metadata_transaction.py",
            ("tests/unit/test_container_bad_input.py", "tests/unit/test_event_boundaries.py",
-            _STATEFUL + "test_operation_processor_vs_model.py")),
+            "tests/unit/test_operation_processor_checkpoints.py", _STATEFUL + "test_operation_processor_vs_model.py")),
     Target("segmentstore", "impl/millstream/segmentstore/durable_log.py",
            ("tests/unit/test_recovery_corruption.py", "tests/unit/test_durable_log_executor.py")),
     Target("server", "impl/millstream/server/_appends.py",

@@ -12,6 +12,7 @@ from millstream.segmentstore.metadata import ContainerMetadata
 from millstream.segmentstore.operation_processor import Acknowledge, OperationProcessor, Reject, Trace, WriteFrame
 from millstream.segmentstore.operations import (
     MetadataCheckpointOperation,
+    StorageFlushOperation,
     StreamSegmentAppendOperation,
     StreamSegmentMapOperation,
     StreamSegmentTruncateOperation,
@@ -153,3 +154,21 @@ def test_a_checkpoint_is_due_once_exactly_its_bytes_were_committed() -> None:
         frame = _write_one_append(processor)
         processor.complete(frame, LogAddress(frame))
         assert _queued_checkpoints(processor) == queued, (threshold, length)
+
+
+def test_a_tier_2_flush_of_no_bytes_is_refused_and_one_of_a_byte_is_not() -> None:
+    """A flush record covers at least one byte: ``length`` 0 (a layout entry that names nothing) is
+    refused as a bad offset, as a negative one is; ``length`` 1 of a segment of one byte is recorded.
+    Kills ``operation.length <= 0`` -> ``<= -1`` in the metadata transaction's check (seed-2711 sample:
+    an empty flush was recorded)."""
+    processor = _processor()
+    _write_one_append(processor)
+    segment = processor.peek("s")
+    assert segment is not None
+    segment_id = segment.id
+    for length, accepted in ((0, False), (-1, False), (1, True)):
+        flush = StorageFlushOperation(segment_id, 0, length, "chunk-1", 0)
+        processor.submit(flush)
+        outcome = processor.process()
+        rejected = [i for i in outcome if isinstance(i, Reject)]
+        assert not rejected if accepted else isinstance(rejected[0].error, BadOffsetError), (length, outcome)
