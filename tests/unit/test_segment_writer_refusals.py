@@ -8,7 +8,13 @@ import uuid
 
 import pytest
 
-from millstream.client._segment_writer_state import EVENT_LENGTH_MAX, REROUTE, SegmentWriterState, WriterBudget
+from millstream.client._segment_writer_state import (
+    EVENT_LENGTH_MAX,
+    REROUTE,
+    EndSession,
+    SegmentWriterState,
+    WriterBudget,
+)
 from millstream.errors import PayloadTooLargeError, WriterIdInUseError
 from millstream.testing.clock import ManualClock
 from millstream.wire import codec
@@ -87,4 +93,27 @@ def test_a_retired_writer_holds_nothing_and_keeps_its_invariants() -> None:
     handed_over = state.retire()
     assert [payload for payload, _key, _future, _sequence in handed_over] == [bytes([n]) * 20 for n in range(5)]
     assert state.charged() == 0
+    state.check_invariants()
+
+
+def test_a_new_writer_told_its_id_already_stored_an_event_ends_the_session() -> None:
+    """A writer that never sent anything, told by ``AppendSetup`` (or after a seal) that its id already
+    holds event 1, has met another writer with its id: the session ends with ``WriterIdInUseError``.
+    Kills ``_sent_max = 0`` -> ``1`` (seed-2611 sample: event 1 of another writer was taken as this
+    writer's own)."""
+    state = _state()
+    (end,) = state.setup(1)
+    assert isinstance(end, EndSession) and isinstance(end.reason, WriterIdInUseError)
+    with pytest.raises(WriterIdInUseError, match="already holds events"):
+        state.check_stored(1)
+    assert not any(isinstance(i, EndSession) for i in state.setup(0))   # nothing stored: the session goes on
+
+
+def test_a_batch_window_over_no_open_events_closes_nothing() -> None:
+    """When the batch window of the open block passes with no event open, nothing is closed or shipped.
+    Kills the second ``or`` -> ``and`` in ``batch_window_passed``'s early return (seed-2611 sample: an
+    empty block was closed)."""
+    state = _state()
+    assert state.batch_window_passed(state.last_assigned) is False
+    assert state.take_closed() == [] and state.charged() == 0
     state.check_invariants()
