@@ -119,3 +119,21 @@ def test_an_excused_append_does_not_excuse_the_appends_after_it() -> None:
     moved = attrs.evolve(state.metadata["c"], start_offset=1)
     with pytest.raises(InternalError, match="AckedAppendsReadable"):
         attrs.evolve(state, metadata=state.metadata.set("c", moved)).check_invariants()
+
+
+def test_acked_appends_readable_looks_at_each_appends_own_result() -> None:
+    """An append refused (its segment does not exist) and then an acknowledged append to ``c``: the
+    check of ``c``'s append reads that append's own result, so a doctored ``c`` whose start moved past
+    it breaks ``AckedAppendsReadable``.  Kills ``results[operation.id - 1]`` -> ``results[operation.id -
+    2]`` (seed-2711 sample: the refused operation's result excused the acknowledged one)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("c",))
+    for request in (Request(OperationKind.APPEND, "missing", data=b"x"), Request(OperationKind.APPEND, "c", data=b"z")):
+        state = dl.process(dl.submit(state, request))
+    state = dl.complete(dl.persist(dl.seal_frame(state)), 1)
+    assert [result.kind for result in state.results] != [dl.ResultKind.ACKED] * 2
+    assert state.results[1].kind is dl.ResultKind.ACKED
+    state = dl.crash(state)
+    state.check_invariants()
+    moved = attrs.evolve(state.metadata["c"], start_offset=1)
+    with pytest.raises(InternalError, match="AckedAppendsReadable"):
+        attrs.evolve(state, metadata=state.metadata.set("c", moved)).check_invariants()
