@@ -31,8 +31,10 @@ model module's smallest CI configurations is computed once and cached (``proofs/
 built before the first mutant), and each mutant's tests explore only the model and compare
 (``proofs/test_model_agreement_cached.py``, run where the test command sets ``MILLSTREAM_MUTATION=1``).
 What it cannot see: guards the agreement's ``successors`` apply themselves before calling the action
-(the sink's and the cluster's), and behaviour outside the small configurations; direct guard tests in
-``tests/model`` cover those.
+(the sink's, the cluster's, LargeEvents', ContainerFailover's, DurableLog's), and behaviour outside the
+small configurations.  ``tests/model/test_guards_refuse.py`` covers the first: it calls every action
+instance in every reachable state, guard or no guard, and requires each step the model takes to be one
+``Next`` offers; it is in the selections of the sink, the cluster and LargeEvents (``_guards``).
 
 **Bounds.**  Each mutant's tests run under ``--per-mutant-seconds`` (a timeout counts as detected, and
 is reported apart).  The whole run stops at ``--budget-seconds``: the tool's process group is killed,
@@ -105,6 +107,13 @@ def _agreement(*ids: str) -> tuple[str, ...]:
 
 
 
+def _guards(spec: str) -> str:
+    """The test that calls every one of the spec's model actions where ``Next`` does not enable it
+    (``tests/model/test_guards_refuse.py``): the agreement's ``successors`` checks a guard before it calls
+    the action, so only this sees a weakened guard of these modules."""
+    return f"tests/model/test_guards_refuse.py::test_every_{spec}_action_refuses_where_its_guard_fails"
+
+
 #: Each mutated module with the fast tests that exercise it -- no JVM, no whole suite.
 SCOPE: tuple[Target, ...] = (
     Target("model", "model/transactions.py", ("tests/model/test_transactions_model.py",
@@ -113,12 +122,15 @@ SCOPE: tuple[Target, ...] = (
                                                  *_agreement("stream_ordering-StreamOrdering_checkpoint"))),
     Target("model", "model/idempotent_writer.py", ("tests/model/test_idempotent_writer_model.py",)),
     Target("model", "model/large_events.py", ("tests/model/test_large_events_model.py",
+                                              _guards("large_events"),
                                               *_agreement("large_events-LargeEvents_reconnects",
                                                           "large_events-LargeEvents_inline"))),
     Target("model", "model/exactly_once_sink.py", ("tests/model/test_exactly_once_sink_model.py",
+                                                   _guards("sink"),
                                                    *_agreement("exactly_once_sink-ExactlyOnceSink_faults",
                                                                "exactly_once_sink-ExactlyOnceSink_small"))),
-    Target("model", "model/cluster.py", ("tests/model/test_cluster_model.py", *_agreement("cluster-Cluster_small"))),
+    Target("model", "model/cluster.py", ("tests/model/test_cluster_model.py", _guards("cluster"),
+                                         *_agreement("cluster-Cluster_small"))),
     Target("model", "model/durable_log.py", ("tests/model", _STATEFUL + "test_operation_processor_vs_model.py",
                                              *_agreement("durable_log-DurableLog_truncate",
                                                          "durable_log-DurableLog_append_seal"))),
@@ -127,7 +139,7 @@ SCOPE: tuple[Target, ...] = (
             "tests/unit/test_operation_processor_checkpoints.py", _STATEFUL + "test_operation_processor_vs_model.py")),
     Target("segmentstore", "impl/millstream/segmentstore/metadata_transaction.py",
            ("tests/unit/test_container_bad_input.py", "tests/unit/test_event_boundaries.py",
-            _STATEFUL + "test_operation_processor_vs_model.py")),
+            "tests/unit/test_operation_processor_checkpoints.py", _STATEFUL + "test_operation_processor_vs_model.py")),
     Target("segmentstore", "impl/millstream/segmentstore/durable_log.py",
            ("tests/unit/test_recovery_corruption.py", "tests/unit/test_durable_log_executor.py")),
     Target("server", "impl/millstream/server/_appends.py",
@@ -137,13 +149,13 @@ SCOPE: tuple[Target, ...] = (
            (_STATEFUL + "test_segment_writer_state_vs_model.py", "tests/unit/test_segment_writer_refusals.py")),
     Target("controller", "impl/millstream/controller/_transactions.py",
            ("tests/transactions/test_decisions.py", "tests/transactions/test_service.py",
-            _STATEFUL + "test_transactions_vs_model.py")),
+            _STATEFUL + "test_transactions_vs_model.py", "tests/unit/test_transactions_survivors.py")),
     Target("readers", "impl/millstream/client/_reader_group_state.py", ("tests/readers/test_state.py",
                                                                             "tests/readers/test_state_vs_model.py",
                                                                             "tests/unit/test_reader_group_state_survivors.py")),
     Target("spark", "spark_pipeline/_writer.py",
            ("tests/spark/test_sink_protocol.py", "tests/spark/test_sink_vs_model.py",
-            "tests/spark/test_writer_survivors.py")),
+            "tests/spark/test_writer_survivors.py", "tests/unit/test_spark_writer_survivors.py")),
 )
 
 #: cosmic-ray's operators kept: one plausible slip per site (see the module's docstring).

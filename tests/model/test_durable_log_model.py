@@ -101,3 +101,39 @@ def test_type_ok_fails_on_a_commit_point_beyond_the_log() -> None:
     state.check_invariants()
     with pytest.raises(InternalError, match="TypeOK"):
         attrs.evolve(state, committed=len(state.log) + 1).check_invariants()
+
+
+def test_an_excused_append_does_not_excuse_the_appends_after_it() -> None:
+    """An acknowledged append to ``a`` later merged away is excused, but an acknowledged append to ``c``
+    after it is still checked: a doctored ``c`` whose start moved past it breaks
+    ``AckedAppendsReadable``.  Kills the excuse's ``continue`` -> ``break`` (seed-2711 sample: the first
+    excused append ended the check of every later one)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("a", "b", "c"))
+    for request in (Request(OperationKind.APPEND, "a", data=b"x"), Request(OperationKind.SEAL, "a"),
+                    Request(OperationKind.MERGE, "b", source="a"), Request(OperationKind.APPEND, "c", data=b"z")):
+        state = dl.process(dl.submit(state, request))
+    state = dl.complete(dl.persist(dl.seal_frame(state)), 1)
+    assert [result.kind for result in state.results] == [dl.ResultKind.ACKED] * 4
+    state = dl.crash(state)
+    state.check_invariants()
+    moved = attrs.evolve(state.metadata["c"], start_offset=1)
+    with pytest.raises(InternalError, match="AckedAppendsReadable"):
+        attrs.evolve(state, metadata=state.metadata.set("c", moved)).check_invariants()
+
+
+def test_acked_appends_readable_looks_at_each_appends_own_result() -> None:
+    """An append refused (its segment does not exist) and then an acknowledged append to ``c``: the
+    check of ``c``'s append reads that append's own result, so a doctored ``c`` whose start moved past
+    it breaks ``AckedAppendsReadable``.  Kills ``results[operation.id - 1]`` -> ``results[operation.id -
+    2]`` (seed-2711 sample: the refused operation's result excused the acknowledged one)."""
+    state = dl.initial_state(dl.FrameLayout(64, 1), active_segments=("c",))
+    for request in (Request(OperationKind.APPEND, "missing", data=b"x"), Request(OperationKind.APPEND, "c", data=b"z")):
+        state = dl.process(dl.submit(state, request))
+    state = dl.complete(dl.persist(dl.seal_frame(state)), 1)
+    assert [result.kind for result in state.results] != [dl.ResultKind.ACKED] * 2
+    assert state.results[1].kind is dl.ResultKind.ACKED
+    state = dl.crash(state)
+    state.check_invariants()
+    moved = attrs.evolve(state.metadata["c"], start_offset=1)
+    with pytest.raises(InternalError, match="AckedAppendsReadable"):
+        attrs.evolve(state, metadata=state.metadata.set("c", moved)).check_invariants()

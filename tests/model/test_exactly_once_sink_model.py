@@ -207,3 +207,17 @@ def test_the_driver_commits_only_when_running_and_every_task_is_done() -> None:
     assert eos.commit_batch(done).driver is eos.DriverPhase.COMMITTED
     with pytest.raises(NotEnabled):
         eos.commit_batch(eos.driver_crash(done))
+
+
+def test_a_sink_may_start_with_no_events_but_not_fewer() -> None:
+    """``Init`` takes any ``NumEvents >= 0`` (a query with nothing to write yet) and at least one
+    partition.  Kills ``num_events < 0`` -> ``<= 0`` in ``initial_state`` (seed-2711 sample: an empty
+    input was refused)."""
+    empty = eos.initial_state(0, 1)
+    assert empty.num_events == 0 and empty.last_end == 0
+    empty.check_invariants()
+    with pytest.raises(NotEnabled):
+        eos.plan_batch(eos.driver_start(empty), 1)   # nothing to plan
+    for num_events, partitions in ((-1, 1), (2, 0)):
+        with pytest.raises(ValueError, match="need num_events >= 0 and partitions >= 1"):
+            eos.initial_state(num_events, partitions)

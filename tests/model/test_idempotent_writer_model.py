@@ -142,3 +142,14 @@ def test_a_changed_segment_is_reported_at_its_first_difference() -> None:
     with pytest.raises(NotEnabled, match=r"position 1 held Event\(writer='a', number=2\), now "
                                          r"Event\(writer='b', number=1\) \(2 events seen before, 2 now\)"):
         iw.observe(state, [Event("a", 1), Event("b", 1)])
+
+
+def test_invariants_fail_on_a_negative_acknowledgement() -> None:
+    """``0 <= acknowledged``: a writer acknowledged below zero breaks the invariants even with nothing
+    written or stored.  Kills ``0 <= state.acknowledged`` -> ``-1 <= ...`` in ``check_invariants``
+    (seed-2711 sample)."""
+    state = iw.initial_state(["w"])
+    state.check_invariants()
+    below = attrs.evolve(state, writers=state.writers.set("w", iw.WriterState(acknowledged=-1)))
+    with pytest.raises(AssertionError):
+        below.check_invariants()

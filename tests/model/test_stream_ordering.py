@@ -318,3 +318,14 @@ def test_no_acknowledged_event_lost_counts_the_writers_first_event() -> None:
     (_first, second), *rest = state.data
     with pytest.raises(InternalError, match="NoAcknowledgedEventLost"):
         attrs.evolve(state, data=((second,), *rest)).check_invariants()
+
+
+def test_type_ok_fails_on_an_online_reader_the_group_does_not_know() -> None:
+    """``TypeOK`` holds only while every online reader is one of the group's; an unknown online reader
+    breaks it even where the segments and their data agree.  Kills the ``and`` before
+    ``state.online <= frozenset(readers)`` -> ``or`` (seed-2711 sample), which let the segment checks
+    alone satisfy ``TypeOK``."""
+    state = so.acquire_segment(store(fresh(), 0), R1, 1)
+    state.check_invariants()
+    with pytest.raises(InternalError, match="TypeOK"):
+        attrs.evolve(state, online=state.online | {"stranger"}).check_invariants()

@@ -289,3 +289,23 @@ def test_a_key_with_no_recorded_value_reads_zero() -> None:
     assert tx.recorded_value(state, "q") == tx.recorded_value(state, "unfenced") == 0
     requested = tx.request_fenced_commit(state, tx.FencedRequest(frozenset({1}), "q", 1))
     assert requested.inbox[-1].seen == 0
+
+
+def test_each_keys_recorded_value_is_the_largest_its_own_commits_recorded() -> None:
+    """``AlreadyRecordedCommitsNothing`` compares a key's recorded value with its own committed
+    decisions only: neither another key's larger commit nor a larger refused request of the same key
+    counts.  Kills ``d.request.key == key and d.outcome is COMMITTED`` -> ``or`` in
+    ``check_invariants`` (seed-2711 sample), which failed this reachable state."""
+    state = _state(ONE_SEGMENT, txns=3, fence_keys=("p", "q"))
+    for t in (1, 2):
+        state = tx.write_event(tx.begin(state, t), t, "k1")
+    state = tx.decide_fenced_commit(tx.request_fenced_commit(state, tx.FencedRequest(frozenset({1}), "p", 5)), 1)
+    state = tx.decide_fenced_commit(tx.request_fenced_commit(state, tx.FencedRequest(frozenset({2}), "q", 1)), 1)
+    refused = tx.request_fenced_commit(state, tx.FencedRequest(frozenset({3}), "q", 9))   # 3 never began
+    state = tx.decide_fenced_commit(refused, 1)
+    assert [d.outcome for d in state.fence_log] == [tx.FenceOutcome.COMMITTED, tx.FenceOutcome.COMMITTED,
+                                                    tx.FenceOutcome.REJECTED]
+    assert (tx.recorded_value(state, "p"), tx.recorded_value(state, "q")) == (5, 1)
+    state.check_invariants()
+    state = tx.settle(state)
+    state.check_invariants()

@@ -12,6 +12,7 @@ from millstream.segmentstore.metadata import ContainerMetadata
 from millstream.segmentstore.operation_processor import Acknowledge, OperationProcessor, Reject, Trace, WriteFrame
 from millstream.segmentstore.operations import (
     MetadataCheckpointOperation,
+    StorageFlushOperation,
     StreamSegmentAppendOperation,
     StreamSegmentMapOperation,
     StreamSegmentTruncateOperation,
@@ -123,3 +124,51 @@ def test_a_late_completion_notice_is_traced_only_when_tracing() -> None:
     Kills ``if self._tracing:`` -> ``if not self._tracing:`` on the late-notice branch of ``complete``."""
     assert _late_notice_instructions(tracing=False) == []
     assert _late_notice_instructions(tracing=True) == [Trace("Complete", {"frame": 1, "acked": []})]
+
+
+def _bytes_processor(checkpoint_frame_bytes: int) -> OperationProcessor:
+    """A recovered processor that queues a checkpoint only by bytes committed (never by frame count)."""
+    processor = OperationProcessor(ContainerMetadata(0), checkpoint_frame_count=1_000,
+                                   checkpoint_frame_bytes=checkpoint_frame_bytes)
+    processor.recover(1, 1, 0, found_checkpoint=True)
+    create = StreamSegmentMapOperation("s")
+    create.segment_name = "s"
+    processor.submit(create)
+    processor.process()
+    return processor
+
+
+def test_a_checkpoint_is_due_once_exactly_its_bytes_were_committed() -> None:
+    """``checkpoint_frame_bytes`` is reached, not only passed, by a frame of exactly that many bytes: its
+    notice queues a checkpoint; with one byte more to go it does not.  Kills ``_bytes_since_checkpoint >=
+    _checkpoint_frame_bytes`` -> ``>`` (seed-2711 sample: a checkpoint came one frame late)."""
+    probe = _bytes_processor(1 << 40)
+    append = StreamSegmentAppendOperation(-1, b"x")
+    append.segment_name = "s"
+    probe.submit(append)
+    probe.process()
+    (written,) = [i for i in probe.seal_frame() if isinstance(i, WriteFrame)]
+    length = len(written.data)
+    for threshold, queued in ((length, 1), (length + 1, 0)):
+        processor = _bytes_processor(threshold)
+        frame = _write_one_append(processor)
+        processor.complete(frame, LogAddress(frame))
+        assert _queued_checkpoints(processor) == queued, (threshold, length)
+
+
+def test_a_tier_2_flush_of_no_bytes_is_refused_and_one_of_a_byte_is_not() -> None:
+    """A flush record covers at least one byte: ``length`` 0 (a layout entry that names nothing) is
+    refused as a bad offset, as a negative one is; ``length`` 1 of a segment of one byte is recorded.
+    Kills ``operation.length <= 0`` -> ``<= -1`` in the metadata transaction's check (seed-2711 sample:
+    an empty flush was recorded)."""
+    processor = _processor()
+    _write_one_append(processor)
+    segment = processor.peek("s")
+    assert segment is not None
+    segment_id = segment.id
+    for length, accepted in ((0, False), (-1, False), (1, True)):
+        flush = StorageFlushOperation(segment_id, 0, length, "chunk-1", 0)
+        processor.submit(flush)
+        outcome = processor.process()
+        rejected = [i for i in outcome if isinstance(i, Reject)]
+        assert not rejected if accepted else isinstance(rejected[0].error, BadOffsetError), (length, outcome)

@@ -18,9 +18,9 @@ from millstream.client._reader_group import (
     SegmentCompleted,
     UpdateDistanceToTail,
 )
-from millstream.client._reader_group_state import FutureSegment, validate_name
+from millstream.client._reader_group_state import CheckpointState, FutureSegment, _names, _offset, validate_name
 from millstream.errors import InternalError, InvalidArgumentError
-from tests.readers.topology import A0, A1, A3, A4, CONFIG, START, successors
+from tests.readers.topology import A0, A1, A3, A4, B0, CONFIG, START, successors
 
 
 def _state_with_a_merge_waiting() -> ReaderGroupState:
@@ -87,3 +87,48 @@ def test_invariants_refuse_a_future_segment_waiting_for_nothing_or_for_a_non_pre
                         completed={A1: 3, A3: 2}, unassigned=unassigned)
     with pytest.raises(InternalError, match="waits for nothing, or for a non-predecessor"):
         idle.check_invariants()
+
+
+def test_an_offset_is_a_non_negative_int_zero_included() -> None:
+    """Offsets, generations and heartbeat counts read from the group's JSON are ints from 0 up: 0 is
+    accepted and -1 refused.  Kills ``value < 0`` -> ``value < 1`` and -> ``value < -1`` in
+    ``_offset`` (seed-2711 sample)."""
+    assert _offset(0, "offset") == 0 and _offset(7, "offset") == 7
+    for bad in (-1, -2, 1.0, True, "1"):
+        with pytest.raises(InvalidArgumentError, match="non-negative int"):
+            _offset(bad, "offset")
+
+
+def test_invariants_refuse_a_future_segment_waiting_for_an_ended_predecessor() -> None:
+    """A successor never waits for a predecessor that has ended (nor for a completed one): a state where
+    A4 still waits for A3 though A3 is among the ended segments is refused.  Kills
+    ``completed | ended`` -> ``completed & ended`` in ``check_invariants`` (seed-2711 sample: only a
+    segment both completed and ended was then caught, which the holders check already refuses)."""
+    state = _state_with_a_merge_waiting()
+    unassigned = {s: o for s, o in state.unassigned.items() if s != A3}
+    ended = attrs.evolve(state, unassigned=unassigned, ended={**state.ended, A3: 2})
+    with pytest.raises(InternalError, match="waits for a completed predecessor"):
+        ended.check_invariants()
+
+
+def test_invariants_refuse_a_complete_checkpoint_that_lacks_a_stream() -> None:
+    """A complete checkpoint records a position in every stream of the group; one with positions in
+    s/a only is refused, one with both streams accepted.  Kills the loop over ``self.checkpoints`` in
+    ``check_invariants`` run zero times (seed-2711 sample)."""
+    state = ReaderGroupState.initial(CONFIG, 0, START, {})
+    whole = attrs.evolve(state, checkpoints=(CheckpointState("c1", False, frozenset(), {A1: 0, B0: 0}),))
+    whole.check_invariants()
+    lacking = attrs.evolve(state, checkpoints=(CheckpointState("c1", False, frozenset(), {A1: 0}),))
+    with pytest.raises(InternalError, match="checkpoint c1 lacks a stream"):
+        lacking.check_invariants()
+
+
+def test_a_collection_of_segment_names_is_neither_a_str_nor_a_scalar() -> None:
+    """A future segment's ``waiting`` and ``predecessors``, read from the group's JSON, are collections
+    of names: a bare name (a str, itself iterable) or a number is refused with the same typed error.
+    Kills ``isinstance(value, str) or not isinstance(value, Iterable)`` -> ``and`` in ``_names``
+    (seed-2711 sample: a number failed with a ``TypeError`` from ``frozenset``)."""
+    assert _names([A3, A1], "waiting") == frozenset({A1, A3})
+    for bad in (A3, 5, None):
+        with pytest.raises(InvalidArgumentError, match="collection of segment names"):
+            _names(bad, "waiting")

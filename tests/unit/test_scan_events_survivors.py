@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from millstream.errors import MalformedEventError
 from millstream.server import _appends
 from millstream.wire.codec import encode_event
 
@@ -51,3 +52,24 @@ def test_a_block_sliced_from_a_larger_buffer_takes_the_strided_check(monkeypatch
     assert _appends.scan_events(memoryview(buffer)[7:7 + len(events)]) == (10, 10)
     assert counting.offsets == [0]
     assert _appends.scan_events(events) == (10, 10) and counting.offsets == [0, 0]
+
+
+def test_a_single_empty_event_takes_the_one_event_shortcut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block of exactly one event is answered from its header alone, an empty event too (a header and
+    nothing else: length 0 is a whole event).  Kills ``length >= 0`` -> ``length > 0`` in the one-event
+    shortcut (seed-2611 sample, round 5): the result was right, but an empty event was unpacked twice."""
+    counting = _CountingHeader()
+    monkeypatch.setattr(_appends, "_EVENT_HEADER", counting)
+    assert _appends.scan_events(encode_event(b"")) == (1, 0)
+    assert counting.offsets == [0]
+    assert _appends.scan_events(encode_event(b"x" * 3)) == (1, 3) and counting.offsets == [0, 0]
+
+
+def test_a_truncated_header_after_whole_events_is_reported_with_its_size_and_offset() -> None:
+    """The refusal of a block that ends in a partial header names how many bytes are left and where
+    they start.  Kills ``size - position`` -> ``size + position`` in that message (seed-2611 sample,
+    round 5: it reported the block's size plus the offset)."""
+    events = _events(2)
+    with pytest.raises(MalformedEventError,
+                       match=rf"^3 bytes at offset {len(events)} are too few for an event header$"):
+        _appends.scan_events(events + b"\0\0\0")
