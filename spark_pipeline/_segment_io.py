@@ -21,7 +21,8 @@ Writing is the same framing the other way round, also per buffer: ``route`` send
 where the stream's writer would (``StreamRouter`` over the transaction's segments, asked once per
 distinct key, not per row), ``frame_events`` builds the frames of a whole Arrow array of payloads in
 C (the 8-byte headers from the array's offsets in numpy, joined to the payloads element-wise by
-Arrow), and a ``TransactionAppender`` appends those bytes to the transaction's hidden segments, each
+Arrow), and a ``TransactionAppender`` appends those bytes to the transaction's hidden segments -- handed
+to the client's event loop a few MiB at a time, every segment's at once, not per Arrow batch -- each
 through an offset-conditional raw append pipeline (``AsyncByteStreamWriter``: the bytes of a
 transaction segment land once and in order however often a reconnect resends them, and the task is
 the segment's only writer).  A transaction segment holds nothing but whole frames, so what the
@@ -412,44 +413,75 @@ def route(values: pa.Array, keys: pa.Array | None, router: StreamRouter) -> list
 
 class TransactionAppender:
     """Appends framed events to the hidden segments of one stream transaction, one raw-append
-    pipeline per segment (opened on first use), from a thread other than the client's loop.  ``flush``
-    returns once every byte is durable; ``close`` flushes and stops the pipelines (the transaction
-    stays open: the driver commits it)."""
+    pipeline per segment (opened on first use), from a thread other than the client's loop.
+    ``append`` queues the bytes in this thread; they go to the loop -- every segment's in one hand-over
+    -- once ``buffer_bytes`` are queued, and at ``flush`` and ``close``: each hand-over is a round trip
+    between two threads taking turns on the GIL, which cost more than the rest of a task's work when
+    made per Arrow batch and segment.  ``flush`` returns once every byte is durable; ``close`` flushes
+    and stops the pipelines (the transaction stays open: the driver commits it), in one hand-over."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, buffer_bytes: int = limits.SPARK_SINK_APPEND_BUFFER_BYTES) -> None:
         self._client = client
         self._writers: dict[str, AsyncByteStreamWriter] = {}
+        self._buffer_bytes = buffer_bytes
+        self._queued: dict[str, list[bytes | pa.Buffer]] = {}  # segment -> its pieces, in order
+        self._queued_bytes = 0
 
     def append(self, segment: str, data: bytes | pa.Buffer) -> None:
-        """Queue ``data`` (whole frames) for ``segment``; waits only while too much is unacknowledged."""
-        async def write() -> None:
+        """Queue ``data`` (whole frames) for ``segment``; hands what is queued to the loop once
+        ``buffer_bytes`` are (waiting there only while too much is unacknowledged)."""
+        if not len(data):
+            return
+        self._queued.setdefault(segment, []).append(data)
+        self._queued_bytes += len(data)
+        if self._queued_bytes >= self._buffer_bytes:
+            self._client.run(self._write_queued(self._take_queued()))
+
+    def _take_queued(self) -> dict[str, list[bytes | pa.Buffer]]:
+        queued, self._queued, self._queued_bytes = self._queued, {}, 0
+        return queued
+
+    async def _write_queued(self, queued: dict[str, list[bytes | pa.Buffer]]) -> None:
+        """On the loop: each segment's pieces into its pipeline, in order."""
+        for segment, pieces in queued.items():
             writer = self._writers.get(segment)
             if writer is None:
                 # A transaction segment is created empty and this task is its only writer: it starts at 0.
                 writer = self._writers[segment] = self._client.async_client.segment_byte_writer(segment, base_offset=0)
-            await writer.write(memoryview(data))
-        self._client.run(write())
+            for piece in pieces:
+                await writer.write(memoryview(piece))
 
     def flush(self) -> None:
         """Wait until every segment's bytes are durable (all segments at once: one round of
         acknowledgements, not one per segment)."""
+        queued = self._take_queued()
+
         async def flush() -> None:
+            await self._write_queued(queued)
             await asyncio.gather(*(writer.flush() for writer in self._writers.values()))
         self._client.run(flush())
 
     def close(self) -> None:
-        """Stop every pipeline after flushing what it holds (all at once); the first error is raised
-        after all are stopped."""
+        """Hand over what is queued, then stop every pipeline after flushing what it holds (all at
+        once); the first error is raised after all are stopped."""
+        queued = self._take_queued()
+
         async def close() -> None:
-            writers, self._writers = list(self._writers.values()), {}
-            results = await asyncio.gather(*(writer.close() for writer in writers), return_exceptions=True)
+            try:
+                await self._write_queued(queued)
+            finally:
+                writers, self._writers = list(self._writers.values()), {}
+                results = await asyncio.gather(*(writer.close() for writer in writers), return_exceptions=True)
             errors = [result for result in results if isinstance(result, BaseException)]
             if errors:
                 raise errors[0]
         self._client.run(close())
 
     def discard(self) -> None:
-        """Stop every pipeline without waiting for its bytes (the transaction is being aborted)."""
+        """Drop what is queued and stop every pipeline without waiting for its bytes (the transaction
+        is being aborted)."""
+        self._take_queued()
+
         async def discard() -> None:
             for writer in self._writers.values():
                 await writer.pipeline.close()

@@ -62,9 +62,11 @@ if TYPE_CHECKING:  # pyspark is the `spark` extra: imported where the pipeline r
 
 __all__ = [
     "FAULT_ENVIRONMENT_VARIABLE",
+    "INPUT_COLUMNS_DDL",
     "INPUT_SCHEMA_DDL",
     "PipelineConfig",
     "build_session",
+    "input_events",
     "parse_fault",
     "run",
     "sensor_pipeline",
@@ -78,6 +80,8 @@ FAULT_ENVIRONMENT_VARIABLE: Final = "MILLSTREAM_SPARK_FAULT"
 #: What ``from_json`` reads from an input event.  Temperatures are exact decimals (two places), so
 #: sums are exact and the verification compares them with ``==``.
 INPUT_SCHEMA_DDL: Final = "kind STRING, sensor_id STRING, ts_ms BIGINT, temperature_c DECIMAL(7,2)"
+#: The one column of the input stream the query reads (the source's ``value``, the raw event).
+INPUT_COLUMNS_DDL: Final = "value BINARY"
 
 #: The RocksDB state store provider (Spark's default is still the HDFS-backed one in 4.x).
 ROCKSDB_PROVIDER: Final = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -242,15 +246,24 @@ def sensor_pipeline(events: DataFrame, config: PipelineConfig) -> DataFrame:
         F.when(F.col("kind") == "alert", F.to_json(alert)).otherwise(F.to_json(aggregate)).alias("value"))
 
 
-def start_query(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
-    """Start the pipeline from ``config.input_stream`` to ``config.output_stream``."""
+def input_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    """The query's input: the events of ``config.input_stream``, their payload (``value``) only."""
+    # The logic reads only the payload: asking for that column alone (not the stream, segment, offset
+    # and routing-key columns too) spares every batch their Arrow building in the tasks, their
+    # transfer to the JVM and their conversion to rows there.
     reader = (spark.readStream.format("millstream")
               .option("controller", config.controller)
-              .option("stream", config.input_stream))
+              .option("stream", config.input_stream)
+              .schema(INPUT_COLUMNS_DDL))
     if config.max_rows_per_batch is not None:
         reader = reader.option("maxRowsPerBatch", str(config.max_rows_per_batch))
+    return reader.load()
+
+
+def start_query(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
+    """Start the pipeline from ``config.input_stream`` to ``config.output_stream``."""
     sink_format = _FAULT_FORMAT if os.environ.get(FAULT_ENVIRONMENT_VARIABLE) else "millstream"
-    writer = (sensor_pipeline(reader.load(), config).writeStream
+    writer = (sensor_pipeline(input_events(spark, config), config).writeStream
               .format(sink_format)
               .queryName(config.query_name)
               .outputMode("append")
