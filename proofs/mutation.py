@@ -155,7 +155,7 @@ SCOPE: tuple[Target, ...] = (
                                                                             "tests/unit/test_reader_group_state_survivors.py")),
     Target("spark", "spark_pipeline/_writer.py",
            ("tests/spark/test_sink_protocol.py", "tests/spark/test_sink_vs_model.py",
-            "tests/spark/test_writer_survivors.py", "tests/unit/test_spark_writer_survivors.py")),
+            "tests/spark/test_writer_survivors.py", "tests/spark/test_spark_writer_survivors.py")),
 )
 
 #: cosmic-ray's operators kept: one plausible slip per site (see the module's docstring).
