@@ -30,6 +30,7 @@ import click
 
 from millstream import limits
 from millstream.cli._group import main
+from millstream.cli._security import load_security
 
 __all__ = ["cluster", "run_cluster_node"]
 
@@ -195,9 +196,7 @@ def _tls_options(tls_cert: Path | None, tls_key: Path | None, peer_tls_ca: Path 
     """``serve``'s TLS options for every node (absolute paths: the nodes run elsewhere), after checking
     here, once, what each node would refuse -- a certificate without its key, one that does not load, an
     authority without a certificate -- so that a mistake fails at once, naming the option."""
-    from millstream.cli.server import _load_security
-
-    _load_security(None, tls_cert, tls_key, "--tls-cert/--tls-key")
+    load_security(None, tls_cert, tls_key, "--tls-cert/--tls-key")
     if tls_cert is None or tls_key is None:
         if peer_tls_ca is not None:
             raise click.BadParameter("the nodes serve TLS only with --tls-cert and --tls-key",

@@ -21,6 +21,7 @@ import click
 from millstream import limits
 from millstream.cli._group import main
 from millstream.cli._logging import configure_logging, logging_options
+from millstream.cli._security import load_security
 from millstream.config import CONFIG_ENVIRONMENT_VARIABLE, environment_variable
 
 __all__ = ["serve", "standalone"]
@@ -166,33 +167,6 @@ def _config_option(required: bool) -> Callable[[F], F]:
         help="A TOML file of these options (keys as in docs/configuration.md: data_dir, port, "
              "metrics_port, ...; relative paths relative to the file).  The command line and the "
              "environment take precedence over it.")
-
-
-def _load_security(secret_file: Path | None, tls_cert: Path | None, tls_key: Path | None,
-                   hint: str) -> tuple[bytes | None, Any]:
-    """The node's secret (None: authentication off) and server-side ``ssl.SSLContext`` (None: no TLS)
-    from the files given; a file that cannot be used is a ``click.BadParameter`` naming ``hint``."""
-    import ssl
-
-    from millstream.auth import read_secret_file
-    from millstream.errors import InvalidArgumentError
-
-    secret = None
-    if secret_file is not None:
-        try:
-            secret = read_secret_file(secret_file)
-        except InvalidArgumentError as error:
-            raise click.BadParameter(str(error), param_hint=hint) from error
-    if (tls_cert is None) != (tls_key is None):
-        raise click.BadParameter("a TLS certificate and its key go together", param_hint=hint)
-    ssl_context = None
-    if tls_cert is not None and tls_key is not None:
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            ssl_context.load_cert_chain(tls_cert, tls_key)
-        except (OSError, ssl.SSLError) as error:
-            raise click.BadParameter(f"cannot load the TLS certificate: {error}", param_hint=hint) from error
-    return secret, ssl_context
 
 
 @main.command(short_help="Run a whole node on this machine, listening on loopback.")
@@ -350,7 +324,7 @@ def _serve_cluster_node(data_dir: Path, container_count: int | None, options: di
         if options[name] is not None:
             raise click.BadParameter("a cluster node takes no such option: the map decides its containers, and "
                                      "it serves no metrics yet", param_hint=flag)
-    secret, ssl_context = _load_security(options["auth_secret_file"], options["tls_cert_file"],
+    secret, ssl_context = load_security(options["auth_secret_file"], options["tls_cert_file"],
                                          options["tls_key_file"], "--auth-secret-file/--tls-cert/--tls-key")
     if cluster["peer_tls_ca"] is not None and ssl_context is None:
         raise click.BadParameter("the nodes serve TLS only with --tls-cert and --tls-key", param_hint="--peer-tls-ca")
@@ -365,7 +339,7 @@ def _serve_node(data_dir: Path, container_count: int | None, options: dict[str, 
     from millstream.errors import InvalidArgumentError
     from millstream.standalone import Node
 
-    secret, ssl_context = _load_security(options["auth_secret_file"], options["tls_cert_file"],
+    secret, ssl_context = load_security(options["auth_secret_file"], options["tls_cert_file"],
                                          options["tls_key_file"], "--auth-secret-file/--tls-cert/--tls-key")
     try:
         node = Node(data_dir, host=options["host"], port=options["port"], container_count=container_count,
