@@ -80,6 +80,18 @@ async def _settled(nodes: dict[str, ClusterNode]) -> ClusterNode:
     return _controller_nodes(nodes)[0]
 
 
+@contextlib.asynccontextmanager
+async def _client_with_stream(nodes: dict[str, ClusterNode], stream: str, *, segments: int,
+                              config: ClientConfig | None = None) -> AsyncIterator[AsyncClient]:
+    """A client given every node as a seed, with ``stream`` (``scope/name``) created, fixed at
+    ``segments`` segments."""
+    seeds = ",".join(node.uri for node in nodes.values())
+    async with AsyncClient(seeds, config=config or _client_config()) as client:
+        await client.stream_manager().create_scope(stream.partition("/")[0])
+        await client.stream_manager().create_stream(stream, StreamConfig(scaling=ScalingPolicy.fixed(segments)))
+        yield client
+
+
 def _client_config() -> ClientConfig:
     # Generous budgets: an outage here lasts a ZooKeeper session timeout and a container's recovery.
     return ClientConfig(connect_timeout_seconds=5.0, request_timeout_seconds=10.0, reconnect_budget_seconds=60.0,
@@ -205,10 +217,7 @@ async def test_a_transaction_is_begun_committed_and_aborted_across_controller_mo
     application a retryable error."""
     async with _cluster(tmp_path, zookeeper) as running:
         await _settled(running)
-        seeds = ",".join(node.uri for node in running.values())
-        async with AsyncClient(seeds, config=_client_config()) as client:
-            await client.stream_manager().create_scope("moves")
-            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+        async with _client_with_stream(running, "moves/s", segments=2) as client:
             transactions = client.transactional_writer("moves/s")
             first = await transactions.begin()
             await first.write_event(b"first", routing_key="k")
@@ -259,10 +268,7 @@ async def test_create_transaction_is_sent_again_after_the_controller_left_under_
     stopping: list[asyncio.Task[None]] = []
     async with _cluster(tmp_path, zookeeper) as running:
         await _settled(running)
-        seeds = ",".join(node.uri for node in running.values())
-        async with AsyncClient(seeds, config=_client_config()) as client:
-            await client.stream_manager().create_scope("moves")
-            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+        async with _client_with_stream(running, "moves/s", segments=2) as client:
             orphans = _leave_after_the_first("create_transaction", running, stopping, monkeypatch)
             controller = client.controller()
             info = await controller.create_transaction("moves", "s", lease_seconds=limits.TRANSACTION_LEASE_MIN_SECONDS)
@@ -290,10 +296,7 @@ async def test_commit_and_abort_are_resolved_after_the_controller_left_under_the
     stopping: list[asyncio.Task[None]] = []
     async with _cluster(tmp_path, zookeeper) as running:
         await _settled(running)
-        seeds = ",".join(node.uri for node in running.values())
-        async with AsyncClient(seeds, config=_client_config()) as client:
-            await client.stream_manager().create_scope("moves")
-            await client.stream_manager().create_stream("moves/s", StreamConfig(scaling=ScalingPolicy.fixed(2)))
+        async with _client_with_stream(running, "moves/s", segments=2) as client:
             transactions = client.transactional_writer("moves/s")
             kept = await transactions.begin()
             dropped = await transactions.begin()
@@ -329,13 +332,10 @@ async def test_create_transaction_is_sent_again_when_no_reply_came_in_time(
     monkeypatch.setattr(Controller, "create_transaction", hang_first)
     async with _cluster(tmp_path, zookeeper) as running:
         await _settled(running)
-        seeds = ",".join(node.uri for node in running.values())
         config = ClientConfig(connect_timeout_seconds=5.0, request_timeout_seconds=1.0, reconnect_budget_seconds=60.0,
                               reconnect_delay_max_seconds=0.2)
         try:
-            async with AsyncClient(seeds, config=config) as client:
-                await client.stream_manager().create_scope("slow")
-                await client.stream_manager().create_stream("slow/s", StreamConfig(scaling=ScalingPolicy.fixed(1)))
+            async with _client_with_stream(running, "slow/s", segments=1, config=config) as client:
                 transaction = await client.transactional_writer("slow/s").begin()
                 assert len(hung) == 1
                 assert await transaction.abort() in (TransactionStatus.ABORTING, TransactionStatus.ABORTED)
